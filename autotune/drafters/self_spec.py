@@ -1,0 +1,86 @@
+"""Draft & Verify: the target itself, with some sublayers skipped, drafts for itself."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from autotune.drafters.base import Draft, DraftContext, VerifyResult
+from autotune.engine.sampling import probabilities, sample
+from autotune.engine.skip import SkipMask
+
+
+@dataclass(frozen=True)
+class AdaptiveExit:
+    """Draft & Verify's rule for moving the exit threshold towards a target acceptance."""
+
+    target_acceptance: float = 0.9
+    step: float = 0.01
+    beta1: float = 0.5
+    beta2: float = 0.9
+
+
+@dataclass(frozen=True)
+class DraftExitPolicy:
+    """Stop drafting when the draft's top-1 probability falls below ``exit_threshold``
+    or after ``max_tokens``; the first draft token is always proposed."""
+
+    max_tokens: int = 12
+    exit_threshold: float = 0.8
+    adaptive: AdaptiveExit | None = AdaptiveExit()
+
+
+DV_DEFAULT_POLICY = DraftExitPolicy()  # Draft & Verify's published defaults
+
+
+class LayerSkipDrafter:
+    def __init__(self, skip: SkipMask, policy: DraftExitPolicy = DV_DEFAULT_POLICY):
+        if skip.size == 0:
+            raise ValueError("a layer-skip draft must skip at least one sublayer")
+        self.skip = skip
+        self.policy = policy
+        self.reset()
+
+    def reset(self) -> None:
+        self.threshold = self.policy.exit_threshold
+        self._acceptance_ema = 0.0 if self.policy.adaptive is None else \
+            self.policy.adaptive.target_acceptance
+        self._hit_max = False
+
+    def propose(self, context: DraftContext) -> Draft:
+        runner = context.runner
+        limit = max(1, min(self.policy.max_tokens, context.max_tokens - 1))
+        token, tokens, dists = context.last_token, [], []
+        for i in range(limit):
+            position = torch.tensor([context.position + i], device=runner.device)
+            logits = runner.forward(torch.tensor([token], device=runner.device), position,
+                                    context.cache, skip=self.skip).logits[-1]
+            if context.sampling.greedy:
+                probs = torch.softmax(logits, dim=-1)
+                top = probs.max(dim=-1)
+                confidence, token = float(top.values), int(top.indices)
+            else:
+                probs = probabilities(logits, context.sampling)
+                confidence = float(probs.max())
+                token = sample(probs, context.generator)
+            if i > 0 and confidence < self.threshold:
+                break
+            tokens.append(token)
+            dists.append(probs)
+        self._hit_max = len(tokens) == limit
+        draft_probs = None if context.sampling.greedy else torch.stack(dists)
+        return Draft(tokens=tokens, draft_probs=draft_probs)
+
+    def observe(self, result: VerifyResult) -> None:
+        rule = self.policy.adaptive
+        if rule is None or result.num_drafted == 0:
+            return
+        rate = result.num_accepted / result.num_drafted
+        self._acceptance_ema = rule.beta1 * self._acceptance_ema + (1 - rule.beta1) * rate
+        if self._acceptance_ema < rule.target_acceptance:
+            proposal = self.threshold + rule.step
+        elif self._hit_max:
+            proposal = self.threshold
+        else:
+            proposal = self.threshold - rule.step
+        self.threshold = rule.beta2 * self.threshold + (1 - rule.beta2) * proposal

@@ -1,0 +1,107 @@
+"""Plain and speculative decoding on the runner.
+
+Both stop after ``max_new_tokens`` or at an end-of-sequence token (kept in the output),
+so that their outputs can be compared token for token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from autotune.drafters.base import DraftContext, Drafter, VerifyResult
+from autotune.engine.runner import Runner
+from autotune.engine.sampling import GREEDY, SamplingConfig, probabilities, sample
+from autotune.engine.verify import accept_greedy, accept_sampled
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[int]
+    steps: int = 0                 # target forward passes after prefill
+    drafted: int = 0
+    accepted: int = 0
+    draft_lengths: list[int] = field(default_factory=list)
+
+    @property
+    def tokens_per_step(self) -> float:
+        return len(self.tokens) / max(self.steps, 1)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+def _pick(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator) -> int:
+    if sampling.greedy:
+        return int(logits.argmax())
+    return sample(probabilities(logits, sampling), generator)
+
+
+def _prefill(runner: Runner, prompt: list[int], max_new_tokens: int):
+    cache = runner.new_cache(capacity=len(prompt) + max_new_tokens + 64)
+    ids = torch.tensor(prompt, device=runner.device)
+    out = runner.forward(ids, torch.arange(len(prompt), device=runner.device), cache,
+                         last_only=True)
+    return cache, out.logits[-1]
+
+
+def _finished(tokens: list[int], max_new_tokens: int, eos: frozenset[int]) -> bool:
+    return len(tokens) >= max_new_tokens or (bool(tokens) and tokens[-1] in eos)
+
+
+def _truncate(tokens: list[int], max_new_tokens: int, eos: frozenset[int]) -> list[int]:
+    for i, token in enumerate(tokens[:max_new_tokens]):
+        if token in eos:
+            return tokens[: i + 1]
+    return tokens[:max_new_tokens]
+
+
+def decode_plain(runner: Runner, prompt: list[int], max_new_tokens: int,
+                 sampling: SamplingConfig = GREEDY) -> DecodeResult:
+    """One target forward per token: the baseline every method is measured against."""
+    generator = torch.Generator().manual_seed(sampling.seed)
+    cache, logits = _prefill(runner, prompt, max_new_tokens)
+    tokens = [_pick(logits, sampling, generator)]
+    steps = 0
+    while not _finished(tokens, max_new_tokens, runner.eos_token_ids):
+        position = len(prompt) + len(tokens) - 1
+        out = runner.forward(torch.tensor([tokens[-1]], device=runner.device),
+                             torch.tensor([position], device=runner.device), cache)
+        tokens.append(_pick(out.logits[-1], sampling, generator))
+        steps += 1
+    return DecodeResult(tokens=tokens, steps=steps)
+
+
+def decode_speculative(runner: Runner, drafter: Drafter, prompt: list[int],
+                       max_new_tokens: int, sampling: SamplingConfig = GREEDY) -> DecodeResult:
+    """Draft, verify the whole draft in one target forward, keep the accepted prefix."""
+    generator = torch.Generator().manual_seed(sampling.seed)
+    drafter.reset()
+    cache, logits = _prefill(runner, prompt, max_new_tokens)
+    tokens = [_pick(logits, sampling, generator)]
+    result = DecodeResult(tokens=tokens)
+    while not _finished(tokens, max_new_tokens, runner.eos_token_ids):
+        committed = len(prompt) + len(tokens) - 1  # the last token is not in the cache yet
+        budget = max_new_tokens - len(tokens)
+        draft = drafter.propose(DraftContext(runner, cache, tokens[-1], committed,
+                                             budget, sampling, generator))
+        cache.crop(committed)
+        chain = torch.tensor([tokens[-1], *draft.tokens], device=runner.device)
+        positions = torch.arange(committed, committed + len(chain), device=runner.device)
+        target_logits = runner.forward(chain, positions, cache).logits
+        if sampling.greedy:
+            accepted, bonus = accept_greedy(draft.tokens, target_logits)
+        else:
+            accepted, bonus = accept_sampled(draft.tokens, draft.draft_probs,
+                                             probabilities(target_logits, sampling), generator)
+        cache.crop(committed + 1 + accepted)
+        tokens.extend(draft.tokens[:accepted])
+        tokens.append(bonus)
+        drafter.observe(VerifyResult(len(draft.tokens), accepted))
+        result.steps += 1
+        result.drafted += len(draft.tokens)
+        result.accepted += accepted
+        result.draft_lengths.append(len(draft.tokens))
+    result.tokens = _truncate(tokens, max_new_tokens, runner.eos_token_ids)
+    return result

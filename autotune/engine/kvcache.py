@@ -1,0 +1,68 @@
+"""A per-layer key/value cache that can be cropped and compacted.
+
+Each layer keeps its own length: a draft pass that skips a layer's attention writes
+nothing there, so layers may briefly disagree until verification crops them back.
+"""
+from __future__ import annotations
+
+import torch
+
+_GROWTH = 256  # tokens added per reallocation; decode lengths here are a few hundred
+
+
+class KVCache:
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str, capacity: int = 512):
+        shape = (1, num_kv_heads, capacity, head_dim)
+        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.lengths = [0] * num_layers
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+    def length(self, layer: int) -> int:
+        return self.lengths[layer]
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int):
+        """Append key/value [1, kv_heads, S, head_dim]; return the layer's whole cache.
+
+        Named and shaped like transformers' ``Cache.update`` so that the model's own
+        attention modules can write into it.
+        """
+        start = self.lengths[layer_idx]
+        end = start + key.shape[2]
+        if end > self.keys[layer_idx].shape[2]:
+            self._grow(layer_idx, end)
+        self.keys[layer_idx][:, :, start:end] = key
+        self.values[layer_idx][:, :, start:end] = value
+        self.lengths[layer_idx] = end
+        return self.keys[layer_idx][:, :, :end], self.values[layer_idx][:, :, :end]
+
+    def _grow(self, layer: int, needed: int) -> None:
+        new_cap = needed + _GROWTH
+        for store in (self.keys, self.values):
+            old = store[layer]
+            grown = old.new_empty((*old.shape[:2], new_cap, old.shape[3]))
+            grown[:, :, : self.lengths[layer]] = old[:, :, : self.lengths[layer]]
+            store[layer] = grown
+
+    def crop(self, length: int) -> None:
+        """Forget everything at or after ``length`` in every layer."""
+        self.lengths = [min(n, length) for n in self.lengths]
+
+    def keep(self, start: int, offsets: torch.Tensor) -> None:
+        """Keep positions ``start + offsets`` (ascending) and move them to ``start``.
+
+        Used after tree verification: the accepted path's entries are scattered among
+        the tree's, and must become contiguous.
+        """
+        index = offsets.to(self.keys[0].device) + start
+        n = int(offsets.numel())
+        for layer in range(len(self.keys)):
+            if self.lengths[layer] <= start:
+                continue
+            for store in (self.keys, self.values):
+                store[layer][:, :, start:start + n] = store[layer].index_select(2, index)
+            self.lengths[layer] = start + n

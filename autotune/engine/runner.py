@@ -1,0 +1,95 @@
+"""One forward pass over the target's own modules, for every decoding method.
+
+The runner calls each decoder layer's ``self_attn`` and ``mlp`` itself, so that a draft
+pass can leave sublayers out without touching the model, tokens can carry explicit
+positions, and attention can follow any mask (chains, trees, the proxy's prefix mask).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from autotune.engine.kvcache import KVCache
+from autotune.engine.skip import NO_SKIP, SkipMask
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor   # [S, V] (or [1, V] when only the last position was asked for)
+    hidden: torch.Tensor   # [S, H] output of the last layer, before the final norm
+
+
+class Runner:
+    """Wraps a LLaMA-family ``*ForCausalLM`` (LLaMA, Vicuna, Mistral, Qwen2 blocks)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model.eval()
+        self.config = model.config
+        inner = model.model
+        self.embed = inner.embed_tokens
+        self.layers = list(inner.layers)
+        self.norm = inner.norm
+        self.rotary = inner.rotary_emb
+        self.lm_head = model.lm_head
+        self.num_layers = len(self.layers)
+        self.device = self.embed.weight.device
+        self.dtype = self.embed.weight.dtype
+        self.eos_token_ids = _eos_ids(self.config)
+
+    def new_cache(self, capacity: int = 512) -> KVCache:
+        cfg = self.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return KVCache(self.num_layers, cfg.num_key_value_heads, head_dim,
+                       self.dtype, self.device, capacity)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, *,
+                mask: torch.Tensor | None = None, skip: SkipMask = NO_SKIP,
+                last_only: bool = False) -> ForwardOutput:
+        """Run ``tokens`` [S] at ``positions`` [S], appending their keys/values to ``cache``.
+
+        mask: bool, True = may attend. [S, S] over the new tokens (the cached prefix is
+        fully visible), or [S, P + S] over the prefix and the new tokens. None means
+        causal. Layers whose attention is skipped neither read nor write the cache.
+        """
+        seq = tokens.shape[0]
+        hidden = self.embed(tokens.view(1, seq))
+        rope = self.rotary(hidden, positions.view(1, seq))
+        masks: dict[int, torch.Tensor | None] = {}
+        for index, layer in enumerate(self.layers):
+            if index not in skip.attention:
+                prefix = cache.length(index)
+                if prefix not in masks:
+                    masks[prefix] = self._additive_mask(mask, prefix, seq)
+                attn_out, _ = layer.self_attn(
+                    hidden_states=layer.input_layernorm(hidden), position_embeddings=rope,
+                    attention_mask=masks[prefix], past_key_values=cache)
+                hidden = hidden + attn_out
+            if index not in skip.mlp:
+                hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        hidden = hidden[0]
+        head_in = hidden[-1:] if last_only else hidden
+        logits = self.lm_head(self.norm(head_in)).float()
+        return ForwardOutput(logits=logits, hidden=hidden)
+
+    def _additive_mask(self, mask: torch.Tensor | None, prefix: int, seq: int):
+        if mask is None:
+            if seq == 1:
+                return None  # one query sees the whole cache: no mask needed
+            mask = torch.ones(seq, seq, dtype=torch.bool, device=self.device).tril()
+        if mask.shape[1] == seq:
+            visible = torch.ones(seq, prefix, dtype=torch.bool, device=self.device)
+            mask = torch.cat([visible, mask.to(self.device)], dim=1)
+        elif mask.shape[1] != prefix + seq:
+            raise ValueError(f"mask has {mask.shape[1]} columns; expected {seq} or {prefix + seq}")
+        additive = torch.zeros(mask.shape, dtype=self.dtype, device=self.device)
+        additive.masked_fill_(~mask.to(self.device), torch.finfo(self.dtype).min)
+        return additive.view(1, 1, seq, -1)
+
+
+def _eos_ids(config) -> frozenset[int]:
+    eos = getattr(config, "eos_token_id", None)
+    if eos is None:
+        return frozenset()
+    return frozenset(eos if isinstance(eos, (list, tuple)) else [eos])
