@@ -1,0 +1,119 @@
+"""Side-by-side wall-clock measurement of a method against plain greedy decoding.
+
+Both run in this process on the same prompts, interleaved prompt by prompt (the order
+alternates so that neither always runs on a warmer cache), after a warm-up.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from autotune.drafters.base import Drafter
+from autotune.engine.decoding import DecodeResult, decode_plain, decode_speculative
+from autotune.engine.runner import Runner
+from autotune.engine.sampling import GREEDY, SamplingConfig
+
+WARMUP_TOKENS = 8
+
+
+@dataclass
+class PromptMeasurement:
+    prompt_id: str
+    baseline_tokens: int
+    baseline_seconds: float
+    method_tokens: int
+    method_seconds: float
+    steps: int
+    drafted: int
+    accepted: int
+    lossless: bool | None  # None when sampling: outputs are not expected to match
+
+
+@dataclass
+class Measurement:
+    prompts: list[PromptMeasurement] = field(default_factory=list)
+
+    def _total(self, name: str) -> float:
+        return sum(getattr(p, name) for p in self.prompts)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self._total("method_tokens") / max(self._total("method_seconds"), 1e-9)
+
+    @property
+    def baseline_tokens_per_s(self) -> float:
+        return self._total("baseline_tokens") / max(self._total("baseline_seconds"), 1e-9)
+
+    @property
+    def speedup(self) -> float:
+        return self.tokens_per_s / max(self.baseline_tokens_per_s, 1e-9)
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self._total("method_tokens") / max(self._total("steps"), 1)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self._total("accepted") / max(self._total("drafted"), 1)
+
+    @property
+    def lossless(self) -> bool | None:
+        flags = [p.lossless for p in self.prompts if p.lossless is not None]
+        return all(flags) if flags else None
+
+    def summary(self) -> dict:
+        return {
+            "speedup": round(self.speedup, 4),
+            "tokens_per_step": round(self.tokens_per_step, 4),
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "tokens_per_s": round(self.tokens_per_s, 3),
+            "baseline_tokens_per_s": round(self.baseline_tokens_per_s, 3),
+            "lossless": self.lossless,
+            "prompts": len(self.prompts),
+        }
+
+
+def _timed(fn: Callable[[], DecodeResult]) -> tuple[DecodeResult, float]:
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def measure_side_by_side(runner: Runner, make_drafter: Callable[[], Drafter],
+                         prompts: list[tuple[str, list[int]]], max_new_tokens: int,
+                         sampling: SamplingConfig = GREEDY,
+                         on_prompt: Callable[[PromptMeasurement], None] | None = None,
+                         ) -> Measurement:
+    """prompts: (id, token ids) pairs, already templated."""
+    drafter = make_drafter()
+    warm_ids = prompts[0][1]
+    decode_plain(runner, warm_ids, WARMUP_TOKENS, sampling)
+    decode_speculative(runner, drafter, warm_ids, WARMUP_TOKENS, sampling)
+    measurement = Measurement()
+    for index, (prompt_id, ids) in enumerate(prompts):
+        run_plain = lambda: decode_plain(runner, ids, max_new_tokens, sampling)  # noqa: E731
+        run_method = lambda: decode_speculative(runner, drafter, ids, max_new_tokens, sampling)  # noqa: E731
+        if index % 2 == 0:
+            plain, plain_s = _timed(run_plain)
+            method, method_s = _timed(run_method)
+        else:
+            method, method_s = _timed(run_method)
+            plain, plain_s = _timed(run_plain)
+        row = PromptMeasurement(
+            prompt_id=prompt_id, baseline_tokens=len(plain.tokens), baseline_seconds=plain_s,
+            method_tokens=len(method.tokens), method_seconds=method_s, steps=method.steps + 1,
+            drafted=method.drafted, accepted=method.accepted,
+            lossless=(method.tokens == plain.tokens) if sampling.greedy else None)
+        measurement.prompts.append(row)
+        if on_prompt:
+            on_prompt(row)
+    return measurement
+
+
+def set_threads(threads: int | None) -> int:
+    if threads:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()

