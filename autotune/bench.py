@@ -1,0 +1,46 @@
+"""`autotune bench`: measure a profile's methods again, on prompts of the user's choice."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from autotune.drafters.self_spec import AdaptiveExit, DraftExitPolicy, LayerSkipDrafter
+from autotune.engine.skip import SkipMask
+from autotune.measure.timing import measure_side_by_side
+from autotune.profile.io import read_profile
+from autotune.progress import say, step
+from autotune.prompts import split_prompts
+from autotune.studies.worker import TargetRef
+from autotune.workspace import Workspace
+
+
+def self_spec_drafter(block) -> callable:
+    skip = SkipMask.of(block.skip.attention, block.skip.mlp)
+    rule = block.draft.adaptive
+    policy = DraftExitPolicy(block.draft.max_tokens, block.draft.exit_threshold,
+                             None if rule is None else AdaptiveExit(**rule.model_dump()))
+    return lambda: LayerSkipDrafter(skip, policy)
+
+
+DRAFTERS = {"self_spec": self_spec_drafter}
+
+
+def bench_profile(path: Path, prompts: str | None, max_new_tokens: int,
+                  model_path: str | None = None) -> dict:
+    profile = read_profile(Path(path))
+    ref = TargetRef(profile.model.name, model_path or profile.model.path)
+    ws = Workspace.open(ref, prompts or profile.workload.prompts, storage=None,
+                        need_storage=False)
+    if ws.target.fingerprint != profile.model.fingerprint:
+        say(f"[yellow]warning: model fingerprint {ws.target.fingerprint} differs from the "
+            f"profile's {profile.model.fingerprint}[/yellow]")
+    chosen = ws.prompts if prompts else split_prompts(ws.prompts)[1]
+    encoded = ws.encode(chosen)
+    results = {}
+    for name, block in profile.methods:
+        if block is None:
+            continue
+        with step(f"bench {name}", len(encoded)) as advance:
+            measured = measure_side_by_side(ws.runner, DRAFTERS[name](block), encoded,
+                                            max_new_tokens, on_prompt=lambda _: advance())
+        results[name] = measured.summary()
+    return results

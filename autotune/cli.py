@@ -1,0 +1,113 @@
+"""Command line. Heavy libraries are imported inside commands so that --help is instant."""
+from __future__ import annotations
+
+import json
+import sys
+from functools import wraps
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from autotune.errors import AutotuneError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Fit speculative-decoding settings to your model, hardware and workload.")
+models_app = typer.Typer(no_args_is_help=True, help="Models autotune knows about.")
+app.add_typer(models_app, name="models")
+
+
+def _user_errors(command):
+    """An AutotuneError is the user's to fix: one line on stderr, exit status 2."""
+    @wraps(command)
+    def run(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except AutotuneError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+    return run
+
+
+def _threads(threads: Optional[int]) -> None:
+    if threads:
+        import torch
+        torch.set_num_threads(threads)
+
+
+@app.command()
+@_user_errors
+def profile(
+    model: str = typer.Option("smollm2-135m", help="Alias, local model folder or .gguf file."),
+    model_path: Optional[str] = typer.Option(None, help="Where the weights of the alias are."),
+    methods: str = typer.Option("self-spec", help="Comma-separated methods to tune."),
+    prompts: Optional[str] = typer.Option(None, help="JSONL calibration prompts (default: MT-bench)."),
+    out: Optional[Path] = typer.Option(None, help="Profile path (default profiles/<model>.yaml)."),
+    storage: Optional[str] = typer.Option(None, help="Study database SQLAlchemy URL "
+                                          "(default $AUTOTUNE_STORAGE or sqlite:///studies/autotune.db)."),
+    trials: Optional[int] = typer.Option(None, min=1, help="Skip-mask search trials."),
+    time_budget: Optional[float] = typer.Option(None, min=1, help="Seconds for the searches."),
+    search_space: Optional[str] = typer.Option(None, help="Search-space YAML (default search_spaces/self_spec.yaml)."),
+    ray_address: Optional[str] = typer.Option(None, help="Join this Ray cluster instead of a local one."),
+    threads: Optional[int] = typer.Option(None, min=1, help="Torch threads (default: all cores)."),
+):
+    """Tune the methods on this model and device; write a YAML decoding profile."""
+    from autotune.profiling import ProfileOptions, parse_methods, run_profile, verdict
+
+    _threads(threads)
+    options = ProfileOptions(model=model, model_path=model_path, methods=parse_methods(methods),
+                             prompts=prompts, out=out, storage=storage, trials=trials,
+                             time_budget_s=time_budget, search_space=search_space,
+                             ray_address=ray_address)
+    result, path = run_profile(options)
+    typer.echo(f"wrote {path}")
+    for line in verdict(result):
+        typer.echo(line)
+
+
+@app.command()
+@_user_errors
+def bench(
+    profile_path: Path = typer.Argument(..., metavar="PROFILE"),
+    prompts: Optional[str] = typer.Option(None, help="JSONL prompts (default: the profile's held-back split)."),
+    max_new_tokens: int = typer.Option(128, min=1),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object keyed by method."),
+    model_path: Optional[str] = typer.Option(None, help="Override where the model is."),
+    threads: Optional[int] = typer.Option(None, min=1),
+):
+    """Re-measure a profile's methods against plain greedy decoding, independently."""
+    from autotune.bench import bench_profile
+
+    _threads(threads)
+    results = bench_profile(profile_path, prompts, max_new_tokens, model_path)
+    if json_out:
+        typer.echo(json.dumps(results, indent=2))
+        return
+    for method, row in results.items():
+        typer.echo(f"{method}: {row['speedup']:.3f}x ({row['tokens_per_s']:.1f} vs "
+                   f"{row['baseline_tokens_per_s']:.1f} tokens/s), {row['tokens_per_step']:.2f} "
+                   f"tokens/step, lossless {row['lossless']}")
+
+
+@app.command()
+@_user_errors
+def validate(profile_path: Path = typer.Argument(..., metavar="PROFILE")):
+    """Check a profile against the schema."""
+    from autotune.profile.io import read_profile
+
+    read_profile(profile_path)
+    typer.echo(f"{profile_path}: valid")
+
+
+@models_app.command("list")
+@_user_errors
+def models_list():
+    """Aliases and whether their weights are on this machine."""
+    from autotune.models import list_models
+
+    for alias, source, status in list_models():
+        typer.echo(f"{alias:14} {source:40} {status}")
+
+
+def main() -> None:  # pragma: no cover
+    sys.exit(app())

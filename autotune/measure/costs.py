@@ -1,0 +1,99 @@
+"""What a forward pass costs on this device: the verify-latency curve and sublayer costs."""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from autotune.engine.runner import Runner
+from autotune.engine.skip import NO_SKIP, SkipMask
+
+CONTEXT_TOKENS = 160  # a typical prompt plus part of an answer
+
+
+@dataclass
+class LatencyCurve:
+    """seconds[n - 1]: median time of one target forward over n new tokens."""
+
+    seconds: list[float]
+
+    def __call__(self, n: int) -> float:
+        if n <= len(self.seconds):
+            return self.seconds[n - 1]
+        # past the measured range, extrapolate linearly from the last two points
+        slope = self.seconds[-1] - self.seconds[-2] if len(self.seconds) > 1 else self.seconds[-1]
+        return self.seconds[-1] + slope * (n - len(self.seconds))
+
+    def relative(self) -> list[float]:
+        return [s / self.seconds[0] for s in self.seconds]
+
+
+@dataclass
+class SublayerCosts:
+    """Seconds of one single-token forward, split into fixed, per-attention and per-MLP."""
+
+    fixed: float
+    attention: float
+    mlp: float
+    num_layers: int
+
+    def forward_seconds(self, skip: SkipMask = NO_SKIP) -> float:
+        kept_attention = self.num_layers - len(skip.attention)
+        kept_mlp = self.num_layers - len(skip.mlp)
+        return self.fixed + kept_attention * self.attention + kept_mlp * self.mlp
+
+    def draft_ratio(self, skip: SkipMask) -> float:
+        """Cost of a draft forward relative to a full one."""
+        return self.forward_seconds(skip) / self.forward_seconds()
+
+
+def _prepared_cache(runner: Runner, context: int):
+    cache = runner.new_cache(capacity=context + 160)
+    tokens = torch.randint(0, runner.config.vocab_size, (context,), device=runner.device,
+                           generator=torch.Generator().manual_seed(0))
+    runner.forward(tokens, torch.arange(context, device=runner.device), cache, last_only=True)
+    return cache
+
+
+def _time_forward(runner: Runner, cache, context: int, n: int, skip: SkipMask) -> float:
+    cache.crop(context)
+    tokens = torch.ones(n, dtype=torch.long, device=runner.device)
+    start = time.perf_counter()
+    runner.forward(tokens, torch.arange(context, context + n, device=runner.device), cache,
+                   skip=skip)
+    if runner.device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def measure_latency_curve(runner: Runner, max_tokens: int = 16, repeats: int = 7,
+                          context: int = CONTEXT_TOKENS, progress=None) -> LatencyCurve:
+    """Rounds over all sizes, so that a slow spell of the machine hits every size alike."""
+    cache = _prepared_cache(runner, context)
+    samples: list[list[float]] = [[] for _ in range(max_tokens)]
+    for _ in range(repeats + 1):  # the first round is warm-up
+        for n in range(1, max_tokens + 1):
+            samples[n - 1].append(_time_forward(runner, cache, context, n, NO_SKIP))
+        if progress:
+            progress()
+    return LatencyCurve([statistics.median(s[1:]) for s in samples])
+
+
+def measure_sublayer_costs(runner: Runner, repeats: int = 15,
+                           context: int = CONTEXT_TOKENS) -> SublayerCosts:
+    cache = _prepared_cache(runner, context)
+    layers = range(runner.num_layers)
+    variants = {"full": NO_SKIP, "no_attention": SkipMask.of(attention=layers),
+                "no_mlp": SkipMask.of(mlp=layers)}
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(repeats + 1):
+        for name, skip in variants.items():
+            samples[name].append(_time_forward(runner, cache, context, 1, skip))
+    full, no_attn, no_mlp = (statistics.median(samples[k][1:]) for k in variants)
+    count = runner.num_layers
+    attention = max(full - no_attn, 0.0) / count
+    mlp = max(full - no_mlp, 0.0) / count
+    return SublayerCosts(fixed=max(full - count * (attention + mlp), 0.0),
+                         attention=attention, mlp=mlp, num_layers=count)

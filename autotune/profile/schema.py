@@ -1,0 +1,100 @@
+"""The decoding profile, schema ``autotune/profile@1`` (see DESIGN.md)."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA = "autotune/profile@1"
+
+
+class _Block(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelInfo(_Block):
+    name: str
+    path: str
+    fingerprint: str
+    architecture: str
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    dtype: str
+
+
+class HardwareInfo(_Block):
+    device: str
+    device_name: str
+    threads: int
+    torch_version: str
+
+
+class Workload(_Block):
+    prompts: str
+    num_prompts: int
+    max_new_tokens: int
+    temperature: float = 0.0
+
+
+class Measured(_Block):
+    """Wall-clock figures against plain greedy decoding, same process, interleaved."""
+
+    speedup: float
+    tokens_per_step: float
+    acceptance_rate: float
+    tokens_per_s: float
+    baseline_tokens_per_s: float
+    lossless: bool | None
+    prompts: int
+
+
+class SkipLayers(_Block):
+    attention: list[int]
+    mlp: list[int]
+
+
+class Adaptive(_Block):
+    target_acceptance: float
+    step: float
+    beta1: float
+    beta2: float
+
+
+class DraftSettings(_Block):
+    max_tokens: int = Field(ge=1)
+    exit_threshold: float = Field(ge=0.0, le=1.0)
+    adaptive: Adaptive | None = None
+
+
+class SelfSpecMethod(_Block):
+    skip: SkipLayers
+    draft: DraftSettings
+    cape: dict | None = None
+    measured: Measured
+    study: str
+    search: dict = Field(default_factory=dict)   # how the setting was found, for the curious
+
+
+class Methods(_Block):
+    self_spec: SelfSpecMethod | None = None
+
+
+class Profile(_Block):
+    schema_: Literal["autotune/profile@1"] = Field(SCHEMA, alias="schema")
+    model: ModelInfo
+    hardware: HardwareInfo
+    workload: Workload
+    recommended: str
+    methods: Methods
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+def recommend(methods: Methods) -> str:
+    """The fastest method measured faster than plain greedy, else 'none'."""
+    best, best_speedup = "none", 1.0
+    for name, method in methods:
+        if method is not None and method.measured.speedup > best_speedup:
+            best, best_speedup = name, method.measured.speedup
+    return best

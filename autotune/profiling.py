@@ -1,0 +1,114 @@
+"""`autotune profile`: tune each requested method, write the profile."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from autotune.engine.sampling import GREEDY
+from autotune.errors import AutotuneError
+from autotune.profile.io import check_writable, write_profile
+from autotune.profile.schema import (Adaptive, DraftSettings, HardwareInfo, Measured, Methods,
+                                     ModelInfo, Profile, SelfSpecMethod, SkipLayers, Workload,
+                                     recommend)
+from autotune.studies.worker import TargetRef
+from autotune.workspace import Workspace
+
+KNOWN_METHODS = ("self-spec",)
+
+
+@dataclass
+class ProfileOptions:
+    model: str
+    model_path: str | None = None
+    methods: tuple[str, ...] = KNOWN_METHODS
+    prompts: str | None = None
+    out: Path | None = None
+    storage: str | None = None
+    trials: int | None = None
+    time_budget_s: float | None = None
+    search_space: str | None = None
+    ray_address: str | None = None
+    workers: int = 1
+    dtype: str = "float32"
+    device: str = "cpu"
+
+
+def parse_methods(text: str) -> tuple[str, ...]:
+    methods = tuple(m.strip() for m in text.split(",") if m.strip())
+    unknown = [m for m in methods if m not in KNOWN_METHODS]
+    if unknown or not methods:
+        raise AutotuneError(f"unknown method {', '.join(unknown) or '(none)'}: "
+                            f"choose from {', '.join(KNOWN_METHODS)}")
+    return methods
+
+
+def default_out(model_name: str) -> Path:
+    return Path("profiles") / f"{model_name}.yaml"
+
+
+def model_info(ws: Workspace) -> ModelInfo:
+    cfg = ws.runner.config
+    return ModelInfo(name=ws.target.name, path=str(ws.target.path),
+                     fingerprint=ws.target.fingerprint, architecture=ws.target.architecture,
+                     num_layers=ws.runner.num_layers, hidden_size=cfg.hidden_size,
+                     vocab_size=cfg.vocab_size, dtype=ws.target.dtype)
+
+
+def measured_block(measurement) -> Measured:
+    return Measured(**measurement.summary())
+
+
+def self_spec_block(result) -> SelfSpecMethod:
+    rule = result.policy.adaptive
+    return SelfSpecMethod(
+        skip=SkipLayers(**result.skip.as_dict()),
+        draft=DraftSettings(max_tokens=result.policy.max_tokens,
+                            exit_threshold=round(result.policy.exit_threshold, 4),
+                            adaptive=None if rule is None else Adaptive(**rule.__dict__)),
+        measured=measured_block(result.measured), study=result.study, search=result.search)
+
+
+def run_profile(options: ProfileOptions) -> tuple[Profile, Path]:
+    from autotune.tuners.self_spec import SearchLimits, tune_self_spec
+    from autotune.tuners.space import load_self_spec_space
+
+    space = load_self_spec_space(options.search_space)
+    ref = TargetRef(options.model, options.model_path, options.dtype, options.device)
+    if options.out is not None:
+        check_writable(options.out)
+    ws = Workspace.open(ref, options.prompts, options.storage)
+    out = options.out or default_out(ws.target.name)
+    check_writable(out)
+    limits = SearchLimits(options.trials, options.time_budget_s, options.workers,
+                          options.ray_address)
+    methods = Methods()
+    if "self-spec" in options.methods:
+        methods.self_spec = self_spec_block(tune_self_spec(ws, space, limits))
+    profile = Profile(
+        model=model_info(ws), hardware=HardwareInfo(**ws.hardware),
+        workload=Workload(prompts=str(ws.prompts_path), num_prompts=len(ws.prompts),
+                          max_new_tokens=space.measure.confirm_tokens,
+                          temperature=GREEDY.temperature),
+        recommended=recommend(methods), methods=methods)
+    write_profile(profile, out)
+    return profile, out
+
+
+def verdict(profile: Profile) -> list[str]:
+    """One line per method: what was measured and what it means."""
+    lines = []
+    for name, method in profile.methods:
+        if method is None:
+            continue
+        m = method.measured
+        word = "faster" if m.speedup > 1.0 else "slower"
+        lines.append(f"{name}: {m.speedup:.3f}x plain greedy ({m.tokens_per_s:.1f} vs "
+                     f"{m.baseline_tokens_per_s:.1f} tokens/s, {m.tokens_per_step:.2f} tokens/step, "
+                     f"acceptance {m.acceptance_rate:.2f}, lossless {m.lossless}) on {m.prompts} "
+                     f"held-back prompts: {word} than plain greedy on this device")
+    if profile.recommended == "none":
+        lines.append("recommended: none. No method measured faster than plain greedy "
+                     "decoding here; serve without speculation on this device.")
+    else:
+        lines.append(f"recommended: {profile.recommended}")
+    return lines

@@ -1,0 +1,69 @@
+"""Expected speed of chain drafting, replayed on measured draft traces. Pure functions.
+
+Costs are in units of one single-token target forward, so the estimate is directly a
+speedup over plain greedy decoding.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from autotune.measure.draft_trace import DraftTrace
+
+
+@dataclass(frozen=True)
+class ChainEstimate:
+    speedup: float
+    tokens_per_step: float
+    max_tokens: int
+    exit_threshold: float
+
+
+def replay(traces: Sequence[DraftTrace], max_tokens: int, exit_threshold: float,
+           draft_ratio: float, verify_relative: Sequence[float]) -> ChainEstimate:
+    """Replay a static draft-exit policy along each trace.
+
+    draft_ratio: cost of one draft forward; verify_relative[n - 1]: cost of verifying
+    n tokens (the input token plus n - 1 drafted).
+    """
+    tokens = steps = 0
+    cost = 0.0
+    for trace in traces:
+        length = len(trace.matches)
+        t = 0
+        while t < length:
+            drafted, forwards = 1, 1
+            while drafted < max_tokens and t + drafted < length:
+                forwards += 1
+                if trace.confidences[t + drafted] < exit_threshold:
+                    break
+                drafted += 1
+            accepted = 0
+            while accepted < drafted and trace.matches[t + accepted]:
+                accepted += 1
+            produced = min(accepted + 1, length - t)
+            tokens += produced
+            steps += 1
+            cost += forwards * draft_ratio + _verify(verify_relative, drafted + 1)
+            t += produced
+    speedup = tokens / cost if cost else 0.0
+    return ChainEstimate(speedup, tokens / max(steps, 1), max_tokens, exit_threshold)
+
+
+def _verify(curve: Sequence[float], n: int) -> float:
+    if n <= len(curve):
+        return curve[n - 1]
+    return curve[-1] + (curve[-1] - curve[-2]) * (n - len(curve))
+
+
+def best_static_policy(traces: Sequence[DraftTrace], draft_ratio: float,
+                       verify_relative: Sequence[float], max_tokens_choices: Sequence[int],
+                       threshold_choices: Sequence[float]) -> ChainEstimate:
+    """The fastest (max_tokens, exit_threshold) pair on the grid."""
+    best = None
+    for max_tokens in max_tokens_choices:
+        for threshold in (threshold_choices if max_tokens > 1 else [0.0]):
+            estimate = replay(traces, max_tokens, threshold, draft_ratio, verify_relative)
+            if best is None or estimate.speedup > best.speedup:
+                best = estimate
+    return best

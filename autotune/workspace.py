@@ -1,0 +1,90 @@
+"""What every command works on: the target, its prompts, the device, the study database."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autotune import hardware
+from autotune.engine.runner import Runner
+from autotune.measure.costs import LatencyCurve, SublayerCosts
+from autotune.progress import say, step
+from autotune.prompts import Prompt, default_prompts_path, load_prompts
+from autotune.studies.storage import MeasurementCache, storage_url
+from autotune.studies.worker import TargetRef
+
+
+@dataclass
+class Workspace:
+    ref: TargetRef
+    target: object
+    runner: Runner
+    prompts_path: Path
+    prompts: list[Prompt]
+    storage: str
+    hardware: dict = field(default_factory=dict)
+    _cache: MeasurementCache | None = None
+
+    @classmethod
+    def open(cls, ref: TargetRef, prompts: str | Path | None, storage: str | None,
+             need_storage: bool = True) -> "Workspace":
+        path = Path(prompts) if prompts else default_prompts_path()
+        loaded = load_prompts(path)  # fail on a bad prompts file before loading weights
+        url = storage_url(storage)
+        cache = MeasurementCache(url) if need_storage else None
+        target = ref.load()
+        return cls(ref=ref, target=target, runner=ref.runner(), prompts_path=path,
+                   prompts=loaded, storage=url, hardware=hardware.describe(ref.device),
+                   _cache=cache)
+
+    def encode(self, prompts: list[Prompt]) -> list[tuple[str, list[int]]]:
+        return [(p.id, self.target.encode_chat(p.text)) for p in prompts]
+
+    # Measurements reused between runs: same model, same device, same inputs.
+    def _cached(self, kind: str, key: str, build, device_bound: bool = True):
+        hw = hardware.key(self.hardware) if device_bound else "any"
+        if self._cache is not None:
+            hit = self._cache.get(kind, self.target.fingerprint, hw, key)
+            if hit is not None:
+                say(f"[dim]reusing {kind} measured earlier for this model"
+                    f"{' on this device' if device_bound else ''}[/dim]")
+                return hit
+        value = build()
+        if self._cache is not None:
+            self._cache.put(kind, self.target.fingerprint, hw, key, value)
+        return value
+
+    def continuations(self, prompts: list[tuple[str, list[int]]], tokens: int):
+        """The target's greedy continuations: what a drafter must predict."""
+        from autotune.engine.decoding import decode_plain
+
+        def build():
+            out = []
+            with step("calibration: greedy continuations", len(prompts)) as advance:
+                for _, ids in prompts:
+                    out.append(decode_plain(self.runner, ids, tokens).tokens)
+                    advance()
+            return out
+
+        key = _digest([ids for _, ids in prompts], tokens)
+        continuations = self._cached("continuations", key, build, device_bound=False)
+        return [(ids, cont) for (_, ids), cont in zip(prompts, continuations) if len(cont) > 1]
+
+    def device_costs(self, max_tokens: int = 16) -> tuple[LatencyCurve, SublayerCosts]:
+        from autotune.measure.costs import measure_latency_curve, measure_sublayer_costs
+
+        def build():
+            repeats = 7
+            with step("latency: verify curve and sublayer costs", repeats + 2) as advance:
+                curve = measure_latency_curve(self.runner, max_tokens, repeats, progress=advance)
+                costs = measure_sublayer_costs(self.runner)
+                advance()
+            return {"curve": curve.seconds, "costs": costs.__dict__}
+
+        data = self._cached("latency", f"verify<= {max_tokens}", build)
+        return LatencyCurve(data["curve"]), SublayerCosts(**data["costs"])
+
+
+def _digest(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
