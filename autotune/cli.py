@@ -11,7 +11,7 @@ import typer
 
 from autotune.errors import AutotuneError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
                   help="Fit speculative-decoding settings to your model, hardware and workload.")
 models_app = typer.Typer(no_args_is_help=True, help="Models autotune knows about.")
 app.add_typer(models_app, name="models")

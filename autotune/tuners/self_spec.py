@@ -144,7 +144,7 @@ def _mask_id(skip: SkipMask) -> str:
 def _top_masks(study, count: int):
     import optuna
 
-    done = [t for t in study.get_trials(deep=False, states=(optuna.trial.TrialState.COMPLETE,))
+    done = [t for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
             if t.user_attrs.get("feasible", True) and t.value and t.value > 0]
     done.sort(key=lambda t: t.value, reverse=True)
     seen, out = set(), []

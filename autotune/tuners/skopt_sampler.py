@@ -20,7 +20,7 @@ class SkoptSampler(BaseSampler):
         self._fallback = RandomSampler(seed=seed)
 
     def infer_relative_search_space(self, study, trial):
-        space = optuna.search_space.intersection_search_space(study.get_trials(deep=False))
+        space = optuna.search_space.intersection_search_space(study.get_trials())
         return {k: d for k, d in space.items()
                 if isinstance(d, (IntDistribution, FloatDistribution)) and not d.log}
 
@@ -35,7 +35,7 @@ class SkoptSampler(BaseSampler):
         optimizer = skopt.Optimizer(dims, base_estimator="GP", acq_func=self._acq_func,
                                     n_initial_points=self._n_initial,
                                     random_state=self._seed)
-        done = [t for t in study.get_trials(deep=False, states=(optuna.trial.TrialState.COMPLETE,))
+        done = [t for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
                 if all(n in t.params for n in names)]
         if done:
             sign = -1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else 1.0
