@@ -46,7 +46,7 @@ def profile(
     storage: Optional[str] = typer.Option(None, help="Study database SQLAlchemy URL "
                                           "(default $AUTOTUNE_STORAGE or sqlite:///studies/autotune.db)."),
     trials: Optional[int] = typer.Option(None, min=1, help="Skip-mask search trials."),
-    time_budget: Optional[float] = typer.Option(None, min=1, help="Seconds for the searches."),
+    time_budget: Optional[float] = typer.Option(600, min=1, help="Seconds for the searches (held-back confirmation comes after)."),
     search_space: Optional[str] = typer.Option(None, help="Search-space YAML (default search_spaces/self_spec.yaml)."),
     ray_address: Optional[str] = typer.Option(None, help="Join this Ray cluster instead of a local one."),
     threads: Optional[int] = typer.Option(None, min=1, help="Torch threads (default: all cores)."),

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import sys
 from typing import Callable, Iterator
 
 from rich.console import Console
@@ -17,7 +16,7 @@ def step(label: str, total: int) -> Iterator[Callable[..., None]]:
     """Yields ``advance(n=1)``."""
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-                   console=console, transient=not sys.stderr.isatty())
+                   console=console)
     task = bar.add_task(label, total=total)
     with bar:
         yield lambda n=1: bar.advance(task, n)

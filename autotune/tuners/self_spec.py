@@ -50,15 +50,32 @@ def measure_policy(ws: Workspace, skip: SkipMask, policy: DraftExitPolicy,
                                     tokens, on_prompt=lambda _: advance())
 
 
+@dataclass
+class SelfSpecChoice:
+    skip: SkipMask
+    policy: DraftExitPolicy
+    search: dict
+
+
 def tune_self_spec(ws: Workspace, space: SelfSpecSpace, limits: SearchLimits) -> SelfSpecResult:
+    """Search on the search split, then measure on the held-back split."""
+    choice = search_self_spec(ws, space, limits)
+    held = ws.encode(split_prompts(ws.prompts)[1][: space.measure.confirm_prompts])
+    measured = measure_policy(ws, choice.skip, choice.policy, held,
+                              space.measure.confirm_tokens, "held-back confirmation")
+    return SelfSpecResult(choice.skip, choice.policy, measured, f"{ws.target.name}/self_spec",
+                          choice.search)
+
+
+def search_self_spec(ws: Workspace, space: SelfSpecSpace, limits: SearchLimits) -> SelfSpecChoice:
+    """Mask and draft-exit rule from the search split of the prompts only."""
     started = time.monotonic()
     budget = limits.time_budget_s
 
     def remaining(share: float) -> float | None:
         return None if budget is None else max(1.0, share * (budget - (time.monotonic() - started)))
 
-    search_prompts, held_back = split_prompts(ws.prompts)
-    search = ws.encode(search_prompts)
+    search = ws.encode(split_prompts(ws.prompts)[0])
     calibration = ws.continuations(search[: space.calibration.prompts], space.calibration.tokens)
     curve, costs = ws.device_costs()
     verify_relative = curve.relative()
@@ -109,11 +126,6 @@ def tune_self_spec(ws: Workspace, space: SelfSpecSpace, limits: SearchLimits) ->
         draft_exit.DraftExitObjective(ws.ref, skip, trial_prompts, measure.search_tokens),
         label="draft-exit tuning (measured)", ray_address=limits.ray_address, workers=1)
     policy = draft_exit.policy_from_params(exit_study.best_trial.params)
-
-    # 4. Held-back confirmation: the figures that go into the profile.
-    held = ws.encode(held_back[: measure.confirm_prompts])
-    measured = measure_policy(ws, skip, policy, held, measure.confirm_tokens,
-                              "held-back confirmation")
     search_info = {
         "mask_trials": len(mask_study.trials), "exit_trials": len(exit_study.trials),
         "proxy_best": round(mask_study.best_value, 4),
@@ -126,7 +138,7 @@ def tune_self_spec(ws: Workspace, space: SelfSpecSpace, limits: SearchLimits) ->
         "skip_ratio": round(skip.ratio(num_layers), 4),
         "seconds": round(time.monotonic() - started, 1),
     }
-    return SelfSpecResult(skip, policy, measured, f"{name}/self_spec", search_info)
+    return SelfSpecChoice(skip, policy, search_info)
 
 
 def _exit_sampler():
