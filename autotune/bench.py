@@ -27,7 +27,7 @@ DRAFTERS = {"self_spec": self_spec_drafter}
 def bench_profile(path: Path, prompts: str | None, max_new_tokens: int,
                   model_path: str | None = None) -> dict:
     profile = read_profile(Path(path))
-    ref = TargetRef(profile.model.name, model_path or profile.model.path)
+    ref = TargetRef.for_user(profile.model.name, model_path or profile.model.path)
     ws = Workspace.open(ref, prompts or profile.workload.prompts, storage=None,
                         need_storage=False)
     if ws.target.fingerprint != profile.model.fingerprint:

@@ -73,7 +73,7 @@ def run_profile(options: ProfileOptions) -> tuple[Profile, Path]:
     from autotune.tuners.space import load_self_spec_space
 
     space = load_self_spec_space(options.search_space)
-    ref = TargetRef(options.model, options.model_path, options.dtype, options.device)
+    ref = TargetRef.for_user(options.model, options.model_path, options.dtype, options.device)
     if options.out is not None:
         check_writable(options.out)
     ws = Workspace.open(ref, options.prompts, options.storage)
@@ -86,7 +86,7 @@ def run_profile(options: ProfileOptions) -> tuple[Profile, Path]:
         methods.self_spec = self_spec_block(tune_self_spec(ws, space, limits))
     profile = Profile(
         model=model_info(ws), hardware=HardwareInfo(**ws.hardware),
-        workload=Workload(prompts=str(ws.prompts_path), num_prompts=len(ws.prompts),
+        workload=Workload(prompts=str(ws.prompts_path.resolve()), num_prompts=len(ws.prompts),
                           max_new_tokens=space.measure.confirm_tokens,
                           temperature=GREEDY.temperature),
         recommended=recommend(methods), methods=methods)

@@ -29,8 +29,12 @@ class Workspace:
     @classmethod
     def open(cls, ref: TargetRef, prompts: str | Path | None, storage: str | None,
              need_storage: bool = True) -> "Workspace":
+        from autotune.models import resolve_model
+
+        # Cheap checks first, so that bad input fails before any long work or any write.
         path = Path(prompts) if prompts else default_prompts_path()
-        loaded = load_prompts(path)  # fail on a bad prompts file before loading weights
+        loaded = load_prompts(path)
+        resolve_model(ref.spec, ref.model_path)
         url = storage_url(storage)
         cache = MeasurementCache(url) if need_storage else None
         target = ref.load()

@@ -41,7 +41,7 @@ def main() -> int:
     args = parser.parse_args()
 
     space = load_self_spec_space()
-    ws = Workspace.open(TargetRef(args.model, args.model_path), default_prompts_path(),
+    ws = Workspace.open(TargetRef.for_user(args.model, args.model_path), default_prompts_path(),
                         args.storage)
     measure_on = ws.encode(load_prompts(args.prompts)[: args.limit])
     search_split = ws.encode(split_prompts(ws.prompts)[0])

@@ -75,3 +75,12 @@ def embedded_target():
     from autotune.models import load_target
 
     return load_target("smollm2-135m")
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny matrices: one thread is fastest, and never fights other work for the cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -29,6 +29,7 @@ def probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         # keep the smallest prefix whose mass reaches top_p (the top token always stays)
         drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= config.top_p
+        drop[..., 0] = False
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
         probs = probs / probs.sum(dim=-1, keepdim=True)

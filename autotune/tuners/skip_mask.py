@@ -47,8 +47,10 @@ def seed_masks(space: SkipMaskSpace, num_layers: int) -> list[SkipMask]:
     layers = space.skippable_layers(num_layers)
     middle = layers[len(layers) // 4: len(layers) - len(layers) // 4]
     upper_alternate = [i for i in layers if i >= num_layers // 2 and i % 2 == 1]
+    allowed = set(layers)
+    middle_attention = middle_attention_mask(num_layers).attention & allowed
     seeds = [
-        middle_attention_mask(num_layers),
+        SkipMask(attention=middle_attention),
         SkipMask.of(attention=middle, mlp=middle[len(middle) // 3: -len(middle) // 3 or None]),
         SkipMask.of(attention=upper_alternate, mlp=upper_alternate),
         SkipMask.of(attention=[i for i in layers if i % 2 == 0]),

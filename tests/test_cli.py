@@ -1,0 +1,407 @@
+"""The command line: one-line errors for bad input (before any long work), the small
+commands, and one end-to-end `profile` + `bench` run on the tiny model through Ray."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import autotune.models
+import autotune.profiling
+import autotune.tuners.self_spec
+from autotune.cli import app
+from autotune.profile.io import read_profile, write_profile
+
+AUTOTUNE = Path(sys.executable).parent / "autotune"
+PROMPT_TEXTS = ["Tell me a story.", "What is 2+2?", "Name a color.", "Write a poem about rain.",
+                "Why is the sky blue?", "Give me a recipe.", "Describe a cat.",
+                "How do planes fly?"]
+SMALL_SPACE = """\
+skip_mask: {keep_first: 1, keep_last: 1}
+calibration: {prompts: 2, tokens: 12}
+measure: {search_prompts: 2, search_tokens: 8, confirm_prompts: 2, confirm_tokens: 12}
+draft_exit: {trials: 2}
+"""
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch) -> Path:
+    """An empty current folder (default profile and study-database paths land here) and
+    an empty Hugging Face cache."""
+    work = tmp_path / "work"
+    work.mkdir()
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    monkeypatch.delenv("HF_HOME", raising=False)
+    monkeypatch.delenv("AUTOTUNE_STORAGE", raising=False)
+    monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "cache"))
+    return work
+
+
+@pytest.fixture
+def no_long_work(monkeypatch):
+    """Fail the test if the tuning (the long work) starts."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("long work started: tune_self_spec was called")
+    monkeypatch.setattr(autotune.tuners.self_spec, "tune_self_spec", refuse)
+    monkeypatch.setattr(autotune.profiling, "tune_self_spec", refuse, raising=False)
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+    monkeypatch.setattr(autotune.models, "load_target", refuse)
+
+
+def write_prompts(path: Path, count: int = 8) -> Path:
+    path.write_text("".join(json.dumps({"prompt": t, "id": f"p{i}"}) + "\n"
+                            for i, t in enumerate(PROMPT_TEXTS[:count])))
+    return path
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def files_under(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def assert_user_error(result, *words: str) -> str:
+    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr,
+                                   result.exception)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    for word in words:
+        assert word in lines[0]
+    assert "Traceback" not in result.stdout + result.stderr
+    return lines[0]
+
+
+# --- bad input -----------------------------------------------------------------------
+
+def test_unknown_alias(workdir, no_long_work):
+    result = invoke("profile", "--model", "nosuch")
+    assert_user_error(result, "nosuch", "vicuna-13b")
+    assert not (workdir / "profiles").exists()
+
+
+def test_missing_weights(workdir, no_long_work):
+    result = invoke("profile", "--model", "vicuna-13b")
+    line = assert_user_error(result, "vicuna-13b", os.environ["HF_HUB_CACHE"], "--model-path")
+    assert "models--lmsys--vicuna-13b-v1.3" in line
+    assert not (workdir / "profiles").exists()
+
+
+def test_bad_model_path(workdir, no_long_work, tmp_path):
+    result = invoke("profile", "--model", "vicuna-13b", "--model-path", tmp_path / "nowhere")
+    assert_user_error(result, "--model-path", "does not exist")
+
+
+def test_unknown_alias_writes_nothing_at_all(workdir, no_long_work):
+    result = invoke("profile", "--model", "nosuch")
+    assert_user_error(result, "nosuch")
+    assert files_under(workdir) == []
+
+
+def test_malformed_prompts_file(workdir, tiny_llama_dir, no_long_work, no_model_load):
+    bad = workdir.parent / "bad.jsonl"
+    bad.write_text('{"prompt": "fine"}\nthis is not json\n')
+    out = workdir / "p.yaml"
+    result = invoke("profile", "--model", tiny_llama_dir, "--prompts", bad, "--out", out)
+    assert_user_error(result, str(bad), "line 2")
+    assert not out.exists()
+    assert files_under(workdir) == []
+
+
+def test_missing_prompts_file(workdir, tiny_llama_dir, no_long_work, no_model_load):
+    result = invoke("profile", "--model", tiny_llama_dir, "--prompts", workdir / "none.jsonl")
+    assert_user_error(result, "none.jsonl", "not found")
+    assert files_under(workdir) == []
+
+
+@pytest.mark.parametrize("where", ["proc", "under_a_file"])
+def test_unwritable_output_path(workdir, tiny_llama_dir, no_long_work, no_model_load, where):
+    if where == "proc":
+        out = Path("/proc/nope/x.yaml")
+    else:
+        blocker = workdir.parent / "a_file"
+        blocker.write_text("x")
+        out = blocker / "x.yaml"
+    result = invoke("profile", "--model", tiny_llama_dir, "--out", out)
+    assert_user_error(result, "--out")
+    assert not out.exists()
+    assert files_under(workdir) == []   # checked before the study database was created
+
+
+def test_bad_storage_url(workdir, tiny_llama_dir, no_long_work, no_model_load):
+    out = workdir / "p.yaml"
+    result = invoke("profile", "--model", tiny_llama_dir, "--storage", "notaurl", "--out", out)
+    assert_user_error(result, "notaurl", "SQLAlchemy URL")
+    assert files_under(workdir) == []
+
+
+def test_storage_in_unusable_folder(workdir, tiny_llama_dir, no_long_work, no_model_load):
+    result = invoke("profile", "--model", tiny_llama_dir, "--storage", "sqlite:////proc/nope/x.db")
+    assert_user_error(result, "/proc/nope")
+    assert files_under(workdir) == []
+
+
+def test_postgres_storage_without_driver(workdir, tiny_llama_dir, no_long_work, no_model_load):
+    result = invoke("profile", "--model", tiny_llama_dir, "--storage",
+                    "postgresql://user:secret@127.0.0.1:1/db")
+    line = assert_user_error(result, "127.0.0.1")
+    assert "secret" not in line
+
+
+def test_unknown_method(workdir, no_long_work, no_model_load):
+    result = invoke("profile", "--methods", "nope")
+    assert_user_error(result, "nope", "self-spec")
+    result = invoke("profile", "--methods", "self-spec,medusa-x")
+    assert_user_error(result, "medusa-x")
+    result = invoke("profile", "--methods", " , ")
+    assert_user_error(result, "(none)")
+    assert files_under(workdir) == []
+
+
+def test_bad_search_space(workdir, tiny_llama_dir, no_long_work, no_model_load):
+    space = workdir.parent / "space.yaml"
+    space.write_text("skip_mask: {min_skip_ratio: 0.9, max_skip_ratio: 0.1}\n")
+    result = invoke("profile", "--model", tiny_llama_dir, "--search-space", space)
+    assert_user_error(result, "space.yaml", "min_skip_ratio")
+    assert files_under(workdir) == []
+
+
+# --- small commands ------------------------------------------------------------------
+
+def test_help():
+    result = invoke("--help")
+    assert result.exit_code == 0
+    for command in ("profile", "bench", "validate", "models"):
+        assert command in result.stdout
+    result = invoke("profile", "--help")
+    assert result.exit_code == 0
+    for option in ("--model", "--methods", "--out", "--storage", "--trials", "--time-budget",
+                   "--search-space", "--prompts"):
+        assert option in result.stdout
+
+
+def test_help_is_fast_to_import():
+    """--help must not import the heavy libraries (torch, ray, transformers)."""
+    code = ("import sys; from autotune.cli import app; "
+            "heavy = [m for m in ('torch', 'ray', 'transformers', 'optuna') if m in sys.modules]; "
+            "print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_models_list(workdir, tiny_llama_dir):
+    result = invoke("models", "list")
+    assert result.exit_code == 0, result.stderr
+    rows = {line.split()[0]: line for line in result.stdout.splitlines() if line.strip()}
+    assert set(rows) >= {"vicuna-7b", "vicuna-13b", "vicuna-33b", "smollm2-135m"}
+    assert rows["vicuna-13b"].rstrip().endswith("not found")
+    assert "lmsys/vicuna-13b-v1.3" in rows["vicuna-13b"]
+    # put the tiny model where the vicuna-13b alias looks: now it is found
+    import shutil
+    repo = Path(os.environ["HF_HUB_CACHE"]) / "models--lmsys--vicuna-13b-v1.3"
+    shutil.copytree(tiny_llama_dir, repo / "snapshots" / "abc")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc")
+    result = invoke("models", "list")
+    rows = {line.split()[0]: line for line in result.stdout.splitlines() if line.strip()}
+    assert "found at" in rows["vicuna-13b"] and str(repo / "snapshots" / "abc") in rows["vicuna-13b"]
+    assert rows["vicuna-7b"].rstrip().endswith("not found")
+
+
+def a_profile():
+    from test_profile import make_profile  # the hand-built profile of test_profile.py
+    return make_profile()
+
+
+def test_validate_good_profile(tmp_path):
+    path = tmp_path / "good.yaml"
+    write_profile(a_profile(), path)
+    result = invoke("validate", path)
+    assert result.exit_code == 0, result.stderr
+    assert "valid" in result.stdout and str(path) in result.stdout
+
+
+@pytest.mark.parametrize("text,word", [
+    ("schema: autotune/profile@9\n", "autotune/profile@9"),
+    ("{{{ not yaml", "not valid YAML"),
+    (None, "not found"),
+])
+def test_validate_bad_profile(tmp_path, text, word):
+    path = tmp_path / "bad.yaml"
+    if text is not None:
+        path.write_text(text)
+    assert_user_error(invoke("validate", path), word, str(path))
+
+
+def test_validate_profile_with_wrong_field(tmp_path):
+    path = tmp_path / "bad.yaml"
+    write_profile(a_profile(), path)
+    path.write_text(path.read_text().replace("max_tokens: 6", "max_tokens: 0"))
+    assert_user_error(invoke("validate", path), "max_tokens")
+
+
+def test_bench_missing_profile(tmp_path):
+    assert_user_error(invoke("bench", tmp_path / "none.yaml"), "not found")
+
+
+# --- profile in process, with the search replaced by a stub --------------------------
+
+def stub_tuning(monkeypatch, seen: dict):
+    """Replace the search by a fixed choice, measured for real on the held-back prompts."""
+    from autotune.drafters.self_spec import DraftExitPolicy, LayerSkipDrafter
+    from autotune.engine.skip import SkipMask
+    from autotune.measure.timing import measure_side_by_side
+    from autotune.prompts import split_prompts
+
+    def fake(ws, space, limits):
+        seen["ref"], seen["limits"] = ws.ref, limits
+        skip, policy = SkipMask.of(attention=[1, 2]), DraftExitPolicy(3, 0.0, None)
+        held = ws.encode(split_prompts(ws.prompts)[1])
+        measured = measure_side_by_side(ws.runner, lambda: LayerSkipDrafter(skip, policy), held,
+                                        space.measure.confirm_tokens)
+        return SimpleNamespace(skip=skip, policy=policy, measured=measured,
+                               study=f"{ws.target.name}/self_spec", search={"stub": True})
+
+    monkeypatch.setattr(autotune.tuners.self_spec, "tune_self_spec", fake)
+    monkeypatch.setattr(autotune.profiling, "tune_self_spec", fake, raising=False)
+
+
+def test_profile_writes_valid_profile_with_stubbed_search(workdir, tiny_llama_dir, monkeypatch):
+    seen = {}
+    stub_tuning(monkeypatch, seen)
+    prompts = write_prompts(workdir.parent / "prompts.jsonl")
+    space = workdir.parent / "space.yaml"
+    space.write_text(SMALL_SPACE)
+    out = workdir / "out" / "p.yaml"
+    result = invoke("profile", "--model", tiny_llama_dir, "--prompts", prompts, "--out", out,
+                    "--search-space", space, "--trials", "3", "--time-budget", "30",
+                    "--storage", f"sqlite:///{workdir / 'db' / 'x.db'}")
+    assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
+    assert f"wrote {out}" in result.stdout
+    profile = read_profile(out)
+    block = profile.methods.self_spec
+    assert block.skip.attention == [1, 2] and block.draft.max_tokens == 3
+    assert block.measured.lossless is True and block.measured.prompts == 2
+    assert profile.recommended == ("self_spec" if block.measured.speedup > 1.0 else "none")
+    assert profile.model.num_layers == 4 and profile.model.vocab_size == 128
+    assert profile.workload.num_prompts == 8 and profile.workload.max_new_tokens == 12
+    assert seen["limits"].trials == 3 and seen["limits"].time_budget_s == 30
+    assert "recommended:" in result.stdout
+
+
+def test_profile_default_out_goes_to_profiles_folder(workdir, tiny_llama_dir, monkeypatch):
+    stub_tuning(monkeypatch, {})
+    prompts = write_prompts(workdir.parent / "prompts.jsonl")
+    space = workdir.parent / "space.yaml"
+    space.write_text(SMALL_SPACE)
+    result = invoke("profile", "--model", tiny_llama_dir, "--prompts", prompts,
+                    "--search-space", space, "--storage", f"sqlite:///{workdir / 'x.db'}")
+    assert result.exit_code == 0, (result.stderr, result.exception)
+    assert read_profile(workdir / "profiles" / "tiny-llama.yaml").model.name == "tiny-llama"
+
+
+def test_profile_records_prompts_usable_from_elsewhere(workdir, tiny_llama_dir, monkeypatch,
+                                                        tmp_path):
+    stub_tuning(monkeypatch, {})
+    write_prompts(workdir / "prompts.jsonl")
+    space = workdir.parent / "space.yaml"
+    space.write_text(SMALL_SPACE)
+    out = workdir / "p.yaml"
+    result = invoke("profile", "--model", tiny_llama_dir, "--prompts", "prompts.jsonl",
+                    "--out", out, "--search-space", space,
+                    "--storage", f"sqlite:///{workdir / 'x.db'}")
+    assert result.exit_code == 0, (result.stderr, result.exception)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    result = invoke("bench", out, "--json", "--max-new-tokens", "4")
+    assert result.exit_code == 0, result.stderr
+
+
+# --- end to end, through Ray ---------------------------------------------------------
+
+def run_cli(args, cwd: Path, timeout: int = 400) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("AUTOTUNE_STORAGE", None)
+    env["AUTOTUNE_CACHE"] = str(cwd / "cache")
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    return subprocess.run([str(AUTOTUNE), *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.ray
+def test_profile_and_bench_end_to_end(tmp_path, tiny_llama_dir):
+    prompts = write_prompts(tmp_path / "prompts.jsonl")
+    space = tmp_path / "space.yaml"
+    space.write_text(SMALL_SPACE)
+    out = tmp_path / "p.yaml"
+    db = tmp_path / "db" / "studies.db"
+    done = run_cli(["profile", "--model", tiny_llama_dir, "--methods", "self-spec",
+                    "--trials", 4, "--time-budget", 60, "--storage", f"sqlite:///{db}",
+                    "--out", out, "--prompts", prompts, "--search-space", space,
+                    "--threads", 1], cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"wrote {out}" in done.stdout
+    profile = read_profile(out)
+    block = profile.methods.self_spec
+    assert block is not None
+    assert block.measured.lossless is True
+    assert block.measured.prompts == 2
+    assert block.measured.speedup > 0 and block.measured.tokens_per_step >= 1.0
+    assert profile.recommended in ("none", "self_spec")
+    assert profile.recommended == ("self_spec" if block.measured.speedup > 1.0 else "none")
+    assert block.skip.attention or block.skip.mlp
+    assert set(block.skip.attention) | set(block.skip.mlp) <= {1, 2}  # keep_first/last 1
+    assert 1 <= block.draft.max_tokens <= 8
+    assert block.search  # how the setting was found is recorded
+    assert profile.model.num_layers == 4 and profile.hardware.threads == 1
+    assert db.is_file()
+
+    bench = run_cli(["bench", out, "--json", "--max-new-tokens", 12, "--prompts", prompts,
+                     "--threads", 1], cwd=tmp_path)
+    assert bench.returncode == 0, bench.stderr[-3000:]
+    figures = json.loads(bench.stdout)
+    assert set(figures) == {"self_spec"}
+    row = figures["self_spec"]
+    for key in ("speedup", "tokens_per_step", "tokens_per_s", "baseline_tokens_per_s",
+                "lossless"):
+        assert key in row, key
+    assert row["lossless"] is True
+    assert row["tokens_per_s"] > 0 and row["baseline_tokens_per_s"] > 0
+    assert row["speedup"] == pytest.approx(row["tokens_per_s"] / row["baseline_tokens_per_s"],
+                                           rel=1e-2)
+    assert row["tokens_per_step"] >= 1.0
+    assert row["prompts"] == 8
+
+
+@pytest.mark.ray
+def test_profile_with_relative_model_folder(tmp_path, tiny_llama_dir):
+    prompts = write_prompts(tmp_path / "prompts.jsonl")
+    space = tmp_path / "space.yaml"
+    space.write_text(SMALL_SPACE)
+    done = run_cli(["profile", "--model", tiny_llama_dir.name, "--trials", 2,
+                    "--time-budget", 30, "--storage", f"sqlite:///{tmp_path / 'x.db'}",
+                    "--out", tmp_path / "p.yaml", "--prompts", prompts,
+                    "--search-space", space, "--threads", 1], cwd=tiny_llama_dir.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert read_profile(tmp_path / "p.yaml").methods.self_spec is not None

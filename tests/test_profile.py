@@ -1,0 +1,210 @@
+"""The profile schema, YAML round trip, recommendation and error messages."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autotune.errors import AutotuneError, OutputPathError
+from autotune.profile import io as profile_io
+from autotune.profile.io import check_writable, read_profile, write_profile
+from autotune.profile.schema import (SCHEMA, Adaptive, DraftSettings, HardwareInfo, Measured,
+                                     Methods, ModelInfo, Profile, SelfSpecMethod, SkipLayers,
+                                     Workload, recommend)
+
+
+def measured(speedup: float) -> Measured:
+    return Measured(speedup=speedup, tokens_per_step=2.5, acceptance_rate=0.6,
+                    tokens_per_s=40.0 * speedup, baseline_tokens_per_s=40.0, lossless=True,
+                    prompts=8)
+
+
+def self_spec(speedup: float = 1.3, adaptive: bool = True) -> SelfSpecMethod:
+    return SelfSpecMethod(
+        skip=SkipLayers(attention=[3, 4, 5], mlp=[7]),
+        draft=DraftSettings(max_tokens=6, exit_threshold=0.6,
+                            adaptive=Adaptive(target_acceptance=0.9, step=0.01, beta1=0.5,
+                                              beta2=0.9) if adaptive else None),
+        measured=measured(speedup), study="smollm2-135m/self_spec",
+        search={"mask_trials": 40, "proxy_best": 1.41})
+
+
+def make_profile(speedup: float = 1.3) -> Profile:
+    methods = Methods(self_spec=self_spec(speedup))
+    return Profile(
+        model=ModelInfo(name="smollm2-135m", path="/models/smollm2", fingerprint="0123456789abcdef",
+                        architecture="LlamaForCausalLM", num_layers=30, hidden_size=576,
+                        vocab_size=49152, dtype="float32"),
+        hardware=HardwareInfo(device="cpu", device_name="Some CPU", threads=2,
+                              torch_version="2.5.0"),
+        workload=Workload(prompts="prompts.jsonl", num_prompts=80, max_new_tokens=128),
+        recommended=recommend(methods), methods=methods)
+
+
+def test_round_trip(tmp_path):
+    profile = make_profile()
+    path = tmp_path / "sub" / "p.yaml"
+    write_profile(profile, path)
+    assert path.is_file()
+    back = read_profile(path)
+    assert back == profile
+    assert back.methods.self_spec.draft.adaptive.beta2 == 0.9
+    # no temporary files left beside it
+    assert [p.name for p in path.parent.iterdir()] == ["p.yaml"]
+
+
+def test_yaml_layout_follows_the_design(tmp_path):
+    path = tmp_path / "p.yaml"
+    write_profile(make_profile(), path)
+    data = yaml.safe_load(path.read_text())
+    assert data["schema"] == SCHEMA == "autotune/profile@1"
+    assert list(data)[:6] == ["schema", "model", "hardware", "workload", "recommended", "methods"]
+    block = data["methods"]["self_spec"]
+    assert block["skip"] == {"attention": [3, 4, 5], "mlp": [7]}
+    assert block["draft"]["max_tokens"] == 6
+    assert set(block["measured"]) >= {"speedup", "tokens_per_step", "acceptance_rate",
+                                      "tokens_per_s", "baseline_tokens_per_s", "lossless",
+                                      "prompts"}
+    assert data["recommended"] == "self_spec"
+
+
+def test_round_trip_without_adaptive_and_method(tmp_path):
+    profile = make_profile()
+    profile.methods.self_spec = self_spec(adaptive=False)
+    path = tmp_path / "p.yaml"
+    write_profile(profile, path)
+    assert read_profile(path).methods.self_spec.draft.adaptive is None
+    profile.methods = Methods()
+    profile.recommended = recommend(profile.methods)
+    write_profile(profile, path)  # overwrites
+    back = read_profile(path)
+    assert back.methods.self_spec is None and back.recommended == "none"
+
+
+@pytest.mark.parametrize("speedup,expected", [(0.5, "none"), (0.999, "none"), (1.0, "none"),
+                                              (1.0001, "self_spec"), (2.4, "self_spec")])
+def test_recommend(speedup, expected):
+    assert recommend(Methods(self_spec=self_spec(speedup))) == expected
+
+
+def test_recommend_no_methods():
+    assert recommend(Methods()) == "none"
+
+
+def test_schema_rejects_bad_values():
+    with pytest.raises(ValueError):
+        DraftSettings(max_tokens=0, exit_threshold=0.5)
+    with pytest.raises(ValueError):
+        DraftSettings(max_tokens=2, exit_threshold=1.5)
+    with pytest.raises(ValueError):
+        Measured(speedup=1.0, tokens_per_step=1.0, acceptance_rate=0.5, tokens_per_s=1.0,
+                 baseline_tokens_per_s=1.0, lossless=True, prompts=1, extra=1)
+
+
+# --- reading errors ------------------------------------------------------------------
+
+def one_line_error(path: Path) -> str:
+    with pytest.raises(AutotuneError) as err:
+        read_profile(path)
+    message = str(err.value)
+    assert "\n" not in message
+    assert str(path) in message
+    return message
+
+
+def test_read_wrong_schema(tmp_path):
+    path = tmp_path / "p.yaml"
+    write_profile(make_profile(), path)
+    path.write_text(path.read_text().replace(SCHEMA, "autotune/profile@2"))
+    message = one_line_error(path)
+    assert "autotune/profile@2" in message and SCHEMA in message
+
+
+def test_read_no_schema(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("model: {name: x}\n")
+    assert SCHEMA in one_line_error(path)
+
+
+def test_read_garbage_yaml(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("schema: [unclosed\n  : : :\n\t- x")
+    assert "not valid YAML" in one_line_error(path)
+
+
+def test_read_not_a_mapping(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("- 1\n- 2\n")
+    assert "mapping" in one_line_error(path)
+
+
+def test_read_missing_file(tmp_path):
+    message = one_line_error(tmp_path / "missing.yaml")
+    assert "not found" in message and "autotune profile" in message
+
+
+def test_read_invalid_field_names_the_field(tmp_path):
+    path = tmp_path / "p.yaml"
+    write_profile(make_profile(), path)
+    data = yaml.safe_load(path.read_text())
+    data["methods"]["self_spec"]["draft"]["max_tokens"] = "many"
+    path.write_text(yaml.safe_dump(data))
+    message = one_line_error(path)
+    assert "max_tokens" in message and "invalid" in message
+
+
+# --- writing errors ------------------------------------------------------------------
+
+def test_write_under_a_file_raises_and_writes_nothing(tmp_path):
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    target = blocker / "p.yaml"
+    with pytest.raises(OutputPathError) as err:
+        write_profile(make_profile(), target)
+    assert "\n" not in str(err.value) and "--out" in str(err.value)
+    assert not target.exists() and blocker.read_text() == "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_write_to_proc_raises():
+    target = Path("/proc/nope/p.yaml")
+    with pytest.raises(OutputPathError):
+        write_profile(make_profile(), target)
+    assert not target.exists()
+
+
+def test_write_to_a_folder_raises(tmp_path):
+    with pytest.raises(OutputPathError, match="folder"):
+        write_profile(make_profile(), tmp_path)
+
+
+def test_check_writable_accepts_new_nested_path(tmp_path):
+    check_writable(tmp_path / "a" / "b" / "p.yaml")
+    assert (tmp_path / "a" / "b").is_dir()
+
+
+def test_failed_write_leaves_no_file(tmp_path, monkeypatch):
+    """A crash between writing and renaming leaves neither the profile nor a temp file."""
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(profile_io.os, "replace", broken_replace)
+    target = tmp_path / "p.yaml"
+    with pytest.raises(OSError):
+        write_profile(make_profile(), target)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_overwrite_keeps_the_old_profile(tmp_path, monkeypatch):
+    target = tmp_path / "p.yaml"
+    write_profile(make_profile(1.3), target)
+    before = target.read_text()
+    monkeypatch.setattr(profile_io.os, "replace",
+                        lambda src, dst: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError):
+        write_profile(make_profile(0.7), target)
+    assert target.read_text() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["p.yaml"]
+    assert os.access(target, os.R_OK)
