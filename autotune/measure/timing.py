@@ -9,7 +9,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
 
 from autotune.drafters.base import Drafter
 from autotune.engine.decoding import DecodeResult, decode_plain, decode_speculative
@@ -113,7 +112,3 @@ def measure_side_by_side(runner: Runner, make_drafter: Callable[[], Drafter],
     return measurement
 
 
-def set_threads(threads: int | None) -> int:
-    if threads:
-        torch.set_num_threads(threads)
-    return torch.get_num_threads()

@@ -31,7 +31,7 @@ def dv_search(runner: Runner, prompts: list[list[int]], trials: int, seed: int =
               on_trial: Callable[[float], None] | None = None) -> tuple[SkipMask, list[float]]:
     """Returns the best mask found and the objective of every trial."""
     import skopt
-    from sklearn.gaussian_process.kernels import Matern, WhiteKernel
+    from skopt.learning.gaussian_process.kernels import Matern, WhiteKernel
     from skopt.learning import GaussianProcessRegressor
 
     layers = runner.num_layers

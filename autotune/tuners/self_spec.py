@@ -110,7 +110,7 @@ def search_self_spec(ws: Workspace, space: SelfSpecSpace, limits: SearchLimits) 
                            f"confirm mask {rank}/{len(candidates)} (proxy {proxy:.3f}x)")
         confirmed.append((m.speedup, skip, policy, proxy))
     confirmed.sort(key=lambda row: row[0], reverse=True)
-    best_speedup, skip, proxy_policy, _ = confirmed[0]
+    _, skip, proxy_policy, _ = confirmed[0]
 
     # 3. Draft-exit rule for that mask, on measured speedup.
     exit_space = space.draft_exit
