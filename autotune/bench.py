@@ -42,5 +42,5 @@ def bench_profile(path: Path, prompts: str | None, max_new_tokens: int,
         with step(f"bench {name}", len(encoded)) as advance:
             measured = measure_side_by_side(ws.runner, DRAFTERS[name](block), encoded,
                                             max_new_tokens, on_prompt=lambda _: advance())
-        results[name] = measured.summary()
+        results[name] = {**measured.summary(), "per_prompt": measured.per_prompt()}
     return results

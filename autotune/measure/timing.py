@@ -75,6 +75,15 @@ class Measurement:
         }
 
 
+    def per_prompt(self) -> list[dict]:
+        return [{"prompt": p.prompt_id,
+                 "tokens_per_s": round(p.method_tokens / max(p.method_seconds, 1e-9), 3),
+                 "baseline_tokens_per_s": round(p.baseline_tokens / max(p.baseline_seconds, 1e-9), 3),
+                 "tokens_per_step": round(p.method_tokens / max(p.steps, 1), 3),
+                 "acceptance_rate": round(p.accepted / max(p.drafted, 1), 3),
+                 "lossless": p.lossless} for p in self.prompts]
+
+
 def _timed(fn: Callable[[], DecodeResult]) -> tuple[DecodeResult, float]:
     start = time.perf_counter()
     result = fn()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import optuna
+
 from autotune.drafters.self_spec import (DV_DEFAULT_POLICY, DraftExitPolicy,
                                          LayerSkipDrafter)
 from autotune.engine.skip import SkipMask
@@ -35,8 +37,6 @@ class SelfSpecResult:
 
 
 def _sampler(name: str, seed: int = 0):
-    import optuna
-
     if name == "skopt":
         from autotune.tuners.skopt_sampler import SkoptSampler
         return SkoptSampler(seed=seed)
@@ -125,14 +125,17 @@ def search_self_spec(ws: Workspace, space: SelfSpecSpace, limits: SearchLimits) 
                     "skip": skip.as_dict(), "objective": "measured speedup"}),
         draft_exit.DraftExitObjective(ws.ref, skip, trial_prompts, measure.search_tokens),
         label="draft-exit tuning (measured)", ray_address=limits.ray_address, workers=1)
-    policy = draft_exit.policy_from_params(exit_study.best_trial.params)
+    exit_done = exit_study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    # With the time budget spent before any exit trial finished, keep the confirmed policy.
+    policy = draft_exit.policy_from_params(exit_study.best_trial.params) if exit_done \
+        else proxy_policy
     search_info = {
         "mask_trials": len(mask_study.trials), "exit_trials": len(exit_study.trials),
         "proxy_best": round(mask_study.best_value, 4),
         "confirmed_on_search_prompts": [
             {"skip": s.as_dict(), "speedup": round(v, 4), "proxy": round(p, 4)}
             for v, s, _, p in confirmed],
-        "draft_exit_best_search_speedup": round(exit_study.best_value, 4),
+        "draft_exit_best_search_speedup": round(exit_study.best_value, 4) if exit_done else None,
         "verify_cost_relative": [round(v, 3) for v in verify_relative],
         "draft_cost_relative": round(costs.draft_ratio(skip), 4),
         "skip_ratio": round(skip.ratio(num_layers), 4),
@@ -142,8 +145,6 @@ def search_self_spec(ws: Workspace, space: SelfSpecSpace, limits: SearchLimits) 
 
 
 def _exit_sampler():
-    import optuna
-
     return optuna.samplers.TPESampler(seed=0, n_startup_trials=4)
 
 
@@ -154,8 +155,6 @@ def _mask_id(skip: SkipMask) -> str:
 
 
 def _top_masks(study, count: int):
-    import optuna
-
     done = [t for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
             if t.user_attrs.get("feasible", True) and t.value and t.value > 0]
     done.sort(key=lambda t: t.value, reverse=True)
