@@ -3,8 +3,10 @@ database) suggests them. Thin adapter; the objectives live in ``autotune.tuners`
 Imports Ray: import this module only where a study runs."""
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import sys
 import tempfile
 import warnings
 from dataclasses import dataclass, field
@@ -95,7 +97,9 @@ def run_study(spec: StudySpec, objective: Callable[[dict], dict], *, label: str,
                                       storage_path=_ray_results_dir(), callbacks=[callback],
                                       failure_config=tune.FailureConfig(max_failures=0)),
         )
-        tuner.fit()
+        # Ray prints its experiment summary on stdout; keep stdout for our results (--json).
+        with contextlib.redirect_stdout(sys.stderr):
+            tuner.fit()
     return optuna.load_study(study_name=spec.name, storage=storage)
 
 
