@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from autotune.measure.draft_trace import DraftTrace
-from autotune.tuners.chain_model import _verify, best_static_policy, replay
+from autotune.measure.costs import LatencyCurve
+from autotune.tuners.chain_model import best_static_policy, replay
 
 FLAT = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
 
@@ -73,8 +74,8 @@ def test_speedup_by_hand_mixed_traces():
 
 
 def test_verify_curve_is_extrapolated_linearly():
-    assert _verify([1.0, 1.5], 2) == 1.5
-    assert _verify([1.0, 1.5], 4) == pytest.approx(2.5)
+    assert LatencyCurve([1.0, 1.5])(2) == 1.5
+    assert LatencyCurve([1.0, 1.5])(4) == pytest.approx(2.5)
     # a replay needing a verify of 5 tokens on a 3-point curve uses the extrapolation
     estimate = replay([trace([True] * 5)], 4, 0.0, 0.0, [1.0, 1.25, 1.5])
     assert estimate.speedup == pytest.approx(5 / 2.0)

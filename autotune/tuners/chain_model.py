@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from autotune.measure.costs import LatencyCurve
 from autotune.measure.draft_trace import DraftTrace
 
 
@@ -26,6 +27,7 @@ def replay(traces: Sequence[DraftTrace], max_tokens: int, exit_threshold: float,
     draft_ratio: cost of one draft forward; verify_relative[n - 1]: cost of verifying
     n tokens (the input token plus n - 1 drafted).
     """
+    verify = LatencyCurve(list(verify_relative))
     tokens = steps = 0
     cost = 0.0
     for trace in traces:
@@ -44,16 +46,10 @@ def replay(traces: Sequence[DraftTrace], max_tokens: int, exit_threshold: float,
             produced = min(accepted + 1, length - t)
             tokens += produced
             steps += 1
-            cost += forwards * draft_ratio + _verify(verify_relative, drafted + 1)
+            cost += forwards * draft_ratio + verify(drafted + 1)
             t += produced
     speedup = tokens / cost if cost else 0.0
     return ChainEstimate(speedup, tokens / max(steps, 1), max_tokens, exit_threshold)
-
-
-def _verify(curve: Sequence[float], n: int) -> float:
-    if n <= len(curve):
-        return curve[n - 1]
-    return curve[-1] + (curve[-1] - curve[-2]) * (n - len(curve))
 
 
 def best_static_policy(traces: Sequence[DraftTrace], draft_ratio: float,
