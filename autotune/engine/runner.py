@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from autotune.engine import small_matmul
 from autotune.engine.kvcache import KVCache
 from autotune.engine.skip import NO_SKIP, SkipMask
 
@@ -23,8 +24,10 @@ class ForwardOutput:
 class Runner:
     """Wraps a LLaMA-family ``*ForCausalLM`` (LLaMA, Vicuna, Mistral, Qwen2 blocks)."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, fast_small_matmul: bool = True):
         self.model = model.eval()
+        if fast_small_matmul:
+            small_matmul.enable(model)
         self.config = model.config
         inner = model.model
         self.embed = inner.embed_tokens
