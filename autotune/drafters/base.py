@@ -9,6 +9,7 @@ import torch
 from autotune.engine.kvcache import KVCache
 from autotune.engine.runner import Runner
 from autotune.engine.sampling import SamplingConfig
+from autotune.engine.tree import TreeShape
 
 
 @dataclass
@@ -22,20 +23,30 @@ class DraftContext:
     max_tokens: int         # the decoder's remaining budget for this step
     sampling: SamplingConfig
     generator: torch.Generator
+    # The target's hidden states (before its final norm) at the positions committed since
+    # the last proposal: the whole prompt first, then the root and the accepted path.
+    # The last row is the one whose logits gave ``last_token``.
+    hidden: torch.Tensor | None = None
 
 
 @dataclass
 class Draft:
-    """A drafted chain; ``draft_probs`` [k, V] only when sampling."""
+    """Drafted tokens: a chain, or a tree when ``tree`` is given (node i is tokens[i]).
+
+    ``draft_probs`` [k, V]: the distributions the tokens were drawn from, when sampling;
+    None for a tree whose tokens were chosen deterministically (top-k).
+    """
 
     tokens: list[int]
     draft_probs: torch.Tensor | None = None
+    tree: TreeShape | None = None
 
 
 @dataclass
 class VerifyResult:
     num_drafted: int
     num_accepted: int
+    path: list[int] | None = None   # accepted node indices, for trees
 
 
 class Drafter(Protocol):

@@ -12,7 +12,10 @@ import torch
 from autotune.drafters.base import DraftContext, Drafter, VerifyResult
 from autotune.engine.runner import Runner
 from autotune.engine.sampling import GREEDY, SamplingConfig, probabilities, sample
-from autotune.engine.verify import accept_greedy, accept_sampled
+from autotune.engine.tree import TreeShape
+from autotune.engine.verify import (TypicalAcceptance, accept_greedy, accept_sampled,
+                                    accept_tree_greedy, accept_tree_sampled,
+                                    accept_tree_typical)
 
 
 @dataclass
@@ -43,7 +46,7 @@ def _prefill(runner: Runner, prompt: list[int], max_new_tokens: int):
     ids = torch.tensor(prompt, device=runner.device)
     out = runner.forward(ids, torch.arange(len(prompt), device=runner.device), cache,
                          last_only=True)
-    return cache, out.logits[-1]
+    return cache, out
 
 
 def _finished(tokens: list[int], max_new_tokens: int, eos: frozenset[int]) -> bool:
@@ -61,8 +64,8 @@ def decode_plain(runner: Runner, prompt: list[int], max_new_tokens: int,
                  sampling: SamplingConfig = GREEDY) -> DecodeResult:
     """One target forward per token: the baseline every method is measured against."""
     generator = torch.Generator().manual_seed(sampling.seed)
-    cache, logits = _prefill(runner, prompt, max_new_tokens)
-    tokens = [_pick(logits, sampling, generator)]
+    cache, out = _prefill(runner, prompt, max_new_tokens)
+    tokens = [_pick(out.logits[-1], sampling, generator)]
     steps = 0
     while not _finished(tokens, max_new_tokens, runner.eos_token_ids):
         position = len(prompt) + len(tokens) - 1
@@ -74,34 +77,70 @@ def decode_plain(runner: Runner, prompt: list[int], max_new_tokens: int,
 
 
 def decode_speculative(runner: Runner, drafter: Drafter, prompt: list[int],
-                       max_new_tokens: int, sampling: SamplingConfig = GREEDY) -> DecodeResult:
-    """Draft, verify the whole draft in one target forward, keep the accepted prefix."""
+                       max_new_tokens: int, sampling: SamplingConfig = GREEDY,
+                       typical: TypicalAcceptance | None = None) -> DecodeResult:
+    """Draft, verify the whole draft (chain or tree) in one target forward, keep the
+    accepted path and the target's bonus token. ``typical`` (sampling only) swaps exact
+    speculative sampling for Medusa's typical acceptance."""
     generator = torch.Generator().manual_seed(sampling.seed)
     drafter.reset()
-    cache, logits = _prefill(runner, prompt, max_new_tokens)
-    tokens = [_pick(logits, sampling, generator)]
+    cache, out = _prefill(runner, prompt, max_new_tokens)
+    tokens = [_pick(out.logits[-1], sampling, generator)]
+    hidden = out.hidden
     result = DecodeResult(tokens=tokens)
     while not _finished(tokens, max_new_tokens, runner.eos_token_ids):
         committed = len(prompt) + len(tokens) - 1  # the last token is not in the cache yet
         budget = max_new_tokens - len(tokens)
-        draft = drafter.propose(DraftContext(runner, cache, tokens[-1], committed,
-                                             budget, sampling, generator))
+        draft = drafter.propose(DraftContext(runner, cache, tokens[-1], committed, budget,
+                                             sampling, generator, hidden))
         cache.crop(committed)
-        chain = torch.tensor([tokens[-1], *draft.tokens], device=runner.device)
-        positions = torch.arange(committed, committed + len(chain), device=runner.device)
-        target_logits = runner.forward(chain, positions, cache).logits
-        if sampling.greedy:
-            accepted, bonus = accept_greedy(draft.tokens, target_logits)
-        else:
-            accepted, bonus = accept_sampled(draft.tokens, draft.draft_probs,
-                                             probabilities(target_logits, sampling), generator)
-        cache.crop(committed + 1 + accepted)
-        tokens.extend(draft.tokens[:accepted])
+        path, bonus, hidden = _verify(runner, cache, committed, tokens[-1], draft, sampling,
+                                      typical, generator)
+        tokens.extend(draft.tokens[node] for node in path)
         tokens.append(bonus)
-        drafter.observe(VerifyResult(len(draft.tokens), accepted))
+        drafter.observe(VerifyResult(len(draft.tokens), len(path), path))
         result.steps += 1
         result.drafted += len(draft.tokens)
-        result.accepted += accepted
+        result.accepted += len(path)
         result.draft_lengths.append(len(draft.tokens))
     result.tokens = _truncate(tokens, max_new_tokens, runner.eos_token_ids)
     return result
+
+
+def _verify(runner: Runner, cache, committed: int, last_token: int, draft, sampling,
+            typical, generator):
+    """One target forward over the root and the draft; the cache keeps the accepted path.
+    Returns (accepted node indices, bonus token, hidden states of root + path)."""
+    tree = draft.tree
+    chain = tree is None or tree.is_chain
+    device = runner.device
+    ids = torch.tensor([last_token, *draft.tokens], device=device)
+    if chain:
+        positions = torch.arange(committed, committed + len(ids), device=device)
+        out = runner.forward(ids, positions, cache)
+    else:
+        positions = committed + tree.position_offsets(device)
+        out = runner.forward(ids, positions, cache, mask=tree.attention_mask(device))
+    if sampling.greedy:
+        if chain:
+            accepted, bonus = accept_greedy(draft.tokens, out.logits)
+            path = list(range(accepted))
+        else:
+            path, bonus = accept_tree_greedy(draft.tokens, tree, out.logits)
+    else:
+        probs = probabilities(out.logits, sampling)
+        if typical is not None:
+            path, bonus = accept_tree_typical(draft.tokens, tree or TreeShape.chain(len(ids) - 1),
+                                              probs, typical, generator)
+        elif chain and draft.draft_probs is not None:
+            accepted, bonus = accept_sampled(draft.tokens, draft.draft_probs, probs, generator)
+            path = list(range(accepted))
+        else:
+            path, bonus = accept_tree_sampled(draft.tokens, tree or TreeShape.chain(len(ids) - 1),
+                                              draft.draft_probs, probs, generator)
+    rows = [0, *(node + 1 for node in path)]
+    if rows == list(range(len(rows))):
+        cache.crop(committed + len(rows))
+    else:
+        cache.keep(committed, torch.tensor(rows))
+    return path, bonus, out.hidden[rows]

@@ -6,7 +6,11 @@ rejected position, or its next token when every draft token was accepted).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+from autotune.engine.tree import TreeShape
 
 
 def accept_greedy(draft_tokens: list[int], target_logits: torch.Tensor) -> tuple[int, int]:
@@ -39,3 +43,87 @@ def accept_sampled(draft_tokens: list[int], draft_probs: torch.Tensor,
         return i, int(torch.multinomial(dist, 1, generator=generator))
     last = len(draft_tokens)
     return last, int(torch.multinomial(target_probs[last], 1, generator=generator))
+
+
+# Trees: row 0 of the target's logits/probabilities is the root (the last committed
+# token), row i + 1 is draft node i. A path is the list of accepted node indices.
+
+def accept_tree_greedy(tokens: list[int], tree: TreeShape,
+                       target_logits: torch.Tensor) -> tuple[list[int], int]:
+    """Follow the target's argmax down the tree; lossless. Returns (path, bonus)."""
+    wanted = target_logits.argmax(dim=-1).tolist()
+    path: list[int] = []
+    row = 0
+    while True:
+        child = next((c for c in tree.children[row] if tokens[c] == wanted[row]), None)
+        if child is None:
+            return path, wanted[row]
+        path.append(child)
+        row = child + 1
+
+
+def accept_tree_sampled(tokens: list[int], tree: TreeShape, draft_probs: torch.Tensor | None,
+                        target_probs: torch.Tensor, generator: torch.Generator
+                        ) -> tuple[list[int], int]:
+    """Multi-round speculative sampling: the output follows ``target_probs`` exactly.
+
+    At each accepted node its children are tried in order; a rejected child's draft
+    distribution is taken out of the target's (the residual) before the next one is
+    tried. ``draft_probs`` [N, V] are the distributions the nodes were drawn from; None
+    means the nodes were chosen deterministically (top-k), a point mass at the token.
+    """
+    path: list[int] = []
+    row = 0
+    while True:
+        p = target_probs[row]
+        for child in tree.children[row]:
+            token = tokens[child]
+            q_token = 1.0 if draft_probs is None else float(draft_probs[child, token])
+            if q_token > 0 and torch.rand((), generator=generator) < p[token] / q_token:
+                path.append(child)
+                row = child + 1
+                break
+            if draft_probs is None:
+                residual = p.clone()
+                residual[token] = 0.0
+            else:
+                residual = (p - draft_probs[child]).clamp_min(0.0)
+            total = residual.sum()
+            # zero residual: the draft covered the target entirely; keep the target's own
+            p = residual / total if total > 0 else p
+        else:
+            return path, int(torch.multinomial(p, 1, generator=generator))
+
+
+@dataclass(frozen=True)
+class TypicalAcceptance:
+    """Medusa's typical acceptance: a node is accepted when the target gives its token
+    probability above min(eps, delta * exp(-entropy)). Not lossless: it trades fidelity
+    to the target's distribution for longer accepted paths (Medusa's defaults)."""
+
+    eps: float = 0.09
+    delta: float = 0.3
+
+
+def accept_tree_typical(tokens: list[int], tree: TreeShape, target_probs: torch.Tensor,
+                        rule: TypicalAcceptance, generator: torch.Generator
+                        ) -> tuple[list[int], int]:
+    """The longest path of typical-accepted nodes (first in node order on ties); the
+    bonus is drawn from the target at the end of it."""
+    entropy = -(target_probs * target_probs.clamp_min(1e-12).log()).sum(dim=-1)
+    threshold = torch.minimum(torch.full_like(entropy, rule.eps), rule.delta * (-entropy).exp())
+    token_ids = torch.tensor(tokens, dtype=torch.long, device=target_probs.device)
+    parent_rows = torch.tensor([p + 1 for p in tree.parents], dtype=torch.long,
+                               device=target_probs.device)
+    ok = (target_probs[parent_rows, token_ids] > threshold[parent_rows]).tolist()
+    best: list[int] = []
+    stack: list[tuple[int, list[int]]] = [(0, [])]
+    while stack:
+        row, path = stack.pop()
+        if len(path) > len(best):
+            best = path
+        for child in reversed(tree.children[row]):
+            if ok[child]:
+                stack.append((child + 1, path + [child]))
+    last_row = best[-1] + 1 if best else 0
+    return best, int(torch.multinomial(target_probs[last_row], 1, generator=generator))

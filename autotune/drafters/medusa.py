@@ -1,0 +1,47 @@
+"""Medusa drafting: the heads read the target's last hidden state and their top-k tokens
+fill a fixed tree, verified in one target forward."""
+from __future__ import annotations
+
+import torch
+
+from autotune.drafters.base import Draft, DraftContext, VerifyResult
+from autotune.engine.tree import TreeShape, check_tree
+from autotune.errors import AutotuneError
+from autotune.heads.medusa import MedusaHeads
+
+
+class TreeTooDeepError(AutotuneError):
+    pass
+
+
+class MedusaDrafter:
+    """Node ``[r0, ..., rd]`` of the tree holds head d's rank-rd token. Only the heads
+    the tree reaches are evaluated, so the tree's depth is the head count used."""
+
+    def __init__(self, heads: MedusaHeads, choices):
+        try:
+            self.paths = check_tree(choices, heads.num_heads)
+        except ValueError as exc:
+            raise TreeTooDeepError(f"Medusa tree: {exc}") from None
+        self.heads = heads
+        self.tree = TreeShape.from_choices(self.paths)
+        self.depth = max(len(p) for p in self.paths)
+        self.top_k = 1 + max(r for p in self.paths for r in p)
+        # (head, rank) of every node, as index tensors into the heads' top-k table
+        self._head = torch.tensor([len(p) - 1 for p in self.paths])
+        self._rank = torch.tensor([p[-1] for p in self.paths])
+
+    def reset(self) -> None:
+        pass
+
+    def propose(self, context: DraftContext) -> Draft:
+        runner = context.runner
+        with torch.inference_mode():
+            hidden = runner.norm(context.hidden[-1:])           # [1, H], after the final norm
+            logits = self.heads(hidden, self.depth)[:, 0]       # [depth, V]
+            top = logits.topk(self.top_k, dim=-1).indices       # [depth, top_k]
+        tokens = top[self._head, self._rank].tolist()
+        return Draft(tokens, tree=self.tree)
+
+    def observe(self, result: VerifyResult) -> None:
+        pass

@@ -1,0 +1,173 @@
+"""Medusa heads: the module, and the upstream checkpoint layout.
+
+Layout (FasterDecoding/Medusa): a folder with ``config.json`` (``medusa_num_heads``,
+``medusa_num_layers``, ``base_model_name_or_path``) and ``medusa_lm_head.safetensors``
+or ``medusa_lm_head.pt``, the state dict of a ModuleList whose entry k is
+``Sequential(ResBlock x medusa_num_layers, Linear(hidden, vocab, bias=False))``.
+Head k predicts the token k + 2 positions after the hidden state it reads (the base
+model's own head predicts the token right after it).
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from autotune.errors import AutotuneError
+
+CONFIG = "config.json"
+WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
+
+
+class HeadsError(AutotuneError):
+    pass
+
+
+class ResBlock(nn.Module):
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)  # starts as the identity, as upstream does
+        self.act = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    def __init__(self, hidden_size: int, vocab_size: int, num_heads: int, num_layers: int = 1):
+        super().__init__()
+        self.hidden_size, self.vocab_size = hidden_size, vocab_size
+        self.num_layers = num_layers
+        self.heads = nn.ModuleList(
+            nn.Sequential(*(ResBlock(hidden_size) for _ in range(num_layers)),
+                          nn.Linear(hidden_size, vocab_size, bias=False))
+            for _ in range(num_heads))
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.heads)
+
+    def vocab_weights(self) -> list[torch.Tensor]:
+        return [head[-1].weight for head in self.heads]
+
+    def share_vocab_projection(self, weight: torch.Tensor) -> None:
+        """Point every head's vocabulary projection at ``weight`` (the target's lm_head):
+        heads trained with a frozen copy of it then cost one matrix product together."""
+        for head in self.heads:
+            head[-1].weight = weight
+
+    @property
+    def shares_vocab_projection(self) -> bool:
+        weights = self.vocab_weights()
+        return all(w is weights[0] for w in weights)
+
+    def features(self, hidden: torch.Tensor, count: int | None = None) -> torch.Tensor:
+        """[count, ..., H]: each head's input to its vocabulary projection."""
+        count = self.num_heads if count is None else count
+        return torch.stack([head[:-1](hidden) for head in self.heads[:count]])
+
+    def forward(self, hidden: torch.Tensor, count: int | None = None) -> torch.Tensor:
+        """Logits [count, ..., V] of the first ``count`` heads for ``hidden`` [..., H]
+        (the target's last hidden state, after its final norm)."""
+        feats = self.features(hidden, count)
+        if self.shares_vocab_projection:
+            return self.heads[0][-1](feats)
+        return torch.stack([head[-1](f) for head, f in zip(self.heads, feats)])
+
+
+def save_medusa_heads(heads: MedusaHeads, folder: str | Path, base_model: str,
+                      extra: dict | None = None) -> Path:
+    """Write the upstream layout (safetensors; every head gets its own projection tensor,
+    as the format requires, even when they are shared in memory)."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {f"{k}.{key}": value.detach().contiguous().clone()
+             for k, head in enumerate(heads.heads) for key, value in head.state_dict().items()}
+    save_file(state, str(folder / WEIGHTS[0]))
+    config = {"medusa_num_heads": heads.num_heads, "medusa_num_layers": heads.num_layers,
+              "base_model_name_or_path": base_model, "hidden_size": heads.hidden_size,
+              "vocab_size": heads.vocab_size, **(extra or {})}
+    (folder / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    return folder
+
+
+_RESBLOCK = re.compile(r"^(\d+)\.(\d+)\.linear\.(weight|bias)$")
+_PROJECTION = re.compile(r"^(\d+)\.(\d+)\.weight$")
+
+
+def _read_state(folder: Path) -> dict[str, torch.Tensor]:
+    for name in WEIGHTS:
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            if name.endswith(".safetensors"):
+                from safetensors.torch import load_file
+                return load_file(str(path))
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # a truncated or foreign file: say which one
+            raise HeadsError(f"cannot read Medusa weights {path}: {exc}") from None
+    raise HeadsError(f"no {' or '.join(WEIGHTS)} in {folder}: pass a Medusa head folder "
+                     "(config.json + medusa_lm_head.*), or train one with "
+                     "`autotune heads train --kind medusa`")
+
+
+def load_medusa_heads(folder: str | Path, lm_head: torch.Tensor | None = None,
+                      dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+                      ) -> MedusaHeads:
+    """Load heads in the upstream layout. The head count and depth come from the weights,
+    not from config.json: published configs misstate them. With ``lm_head`` given, heads
+    whose projection equals it share it."""
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        raise HeadsError(f"Medusa head folder {folder} not found")
+    state = _read_state(folder)
+    state = {re.sub(r"^(medusa_head\.|module\.)+", "", k): v for k, v in state.items()}
+    blocks: dict[int, set[int]] = {}
+    projections: dict[int, tuple[int, torch.Tensor]] = {}
+    for key, value in state.items():
+        if m := _RESBLOCK.match(key):
+            blocks.setdefault(int(m[1]), set()).add(int(m[2]))
+        elif m := _PROJECTION.match(key):
+            projections[int(m[1])] = (int(m[2]), value)
+    if not projections:
+        raise HeadsError(f"{folder}: no Medusa head weights found (expected keys like "
+                         "'0.0.linear.weight' and '0.1.weight')")
+    count = max(projections) + 1
+    if sorted(projections) != list(range(count)):
+        raise HeadsError(f"{folder}: heads {sorted(projections)} are not numbered 0..{count - 1}")
+    layers = {index for index, _ in projections.values()}
+    if len(layers) != 1:
+        raise HeadsError(f"{folder}: heads have different numbers of residual blocks")
+    num_layers = layers.pop()
+    vocab, hidden = projections[0][1].shape
+    heads = MedusaHeads(hidden, vocab, count, num_layers)
+    expected = {f"{k}.{key}" for k, head in enumerate(heads.heads) for key in head.state_dict()}
+    missing = expected - state.keys()
+    if missing:
+        raise HeadsError(f"{folder}: weights missing for {sorted(missing)[:4]}")
+    heads.heads.load_state_dict({k: state[k] for k in expected})
+    heads.to(dtype=dtype, device=device).eval().requires_grad_(False)
+    if lm_head is not None and all(
+            w.shape == lm_head.shape and torch.equal(w, lm_head.to(w.dtype))
+            for w in heads.vocab_weights()):
+        heads.share_vocab_projection(lm_head)
+    declared = _declared_heads(folder)
+    if declared is not None and declared != count:
+        from autotune.progress import say
+        say(f"[yellow]{folder}/config.json says {declared} heads; the weights hold "
+            f"{count}: using {count}[/yellow]")
+    return heads
+
+
+def _declared_heads(folder: Path) -> int | None:
+    try:
+        return int(json.loads((folder / CONFIG).read_text())["medusa_num_heads"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
