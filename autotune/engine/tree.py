@@ -104,7 +104,7 @@ def check_tree(choices, num_heads: int | None = None) -> list[tuple[int, ...]]:
         if len(path) == 0:
             raise ValueError("the tree has an empty path; the root is implicit, leave it out")
         if any(not isinstance(rank, int) or rank < 0 for rank in path):
-            raise ValueError(f"path {list(path)} has a negative or non-integer rank; "
+            raise ValueError(f"path {list(path)} has a negative rank (or not an integer); "
                              "ranks are 0-based top-k indices")
         if path in seen:
             raise ValueError(f"path {list(path)} appears more than once")
