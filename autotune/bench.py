@@ -13,7 +13,7 @@ from autotune.studies.worker import TargetRef
 from autotune.workspace import Workspace
 
 
-def self_spec_drafter(block) -> callable:
+def self_spec_drafter(block, ws: Workspace) -> callable:
     skip = SkipMask.of(block.skip.attention, block.skip.mlp)
     rule = block.draft.adaptive
     policy = DraftExitPolicy(block.draft.max_tokens, block.draft.exit_threshold,
@@ -21,7 +21,16 @@ def self_spec_drafter(block) -> callable:
     return lambda: LayerSkipDrafter(skip, policy)
 
 
-DRAFTERS = {"self_spec": self_spec_drafter}
+def medusa_drafter(block, ws: Workspace) -> callable:
+    from autotune.drafters.medusa import MedusaDrafter
+    from autotune.tuners.medusa import load_heads_for
+
+    heads = load_heads_for(ws.ref, block.heads)
+    tree = [tuple(p) for p in block.tree]
+    return lambda: MedusaDrafter(heads, tree)
+
+
+DRAFTERS = {"self_spec": self_spec_drafter, "medusa": medusa_drafter}
 
 
 def bench_profile(path: Path, prompts: str | None, max_new_tokens: int,
@@ -40,7 +49,7 @@ def bench_profile(path: Path, prompts: str | None, max_new_tokens: int,
         if block is None:
             continue
         with step(f"bench {name}", len(encoded)) as advance:
-            measured = measure_side_by_side(ws.runner, DRAFTERS[name](block), encoded,
+            measured = measure_side_by_side(ws.runner, DRAFTERS[name](block, ws), encoded,
                                             max_new_tokens, on_prompt=lambda _: advance())
         results[name] = {**measured.summary(), "per_prompt": measured.per_prompt()}
     return results

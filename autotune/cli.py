@@ -48,6 +48,8 @@ def profile(
     trials: Optional[int] = typer.Option(None, min=1, help="Skip-mask search trials."),
     time_budget: Optional[float] = typer.Option(600, min=1, help="Seconds for the searches (held-back confirmation comes after)."),
     search_space: Optional[str] = typer.Option(None, help="Search-space YAML (default search_spaces/self_spec.yaml)."),
+    medusa_heads: Optional[str] = typer.Option(None, help="Medusa head folder (upstream layout); needed by --methods medusa."),
+    medusa_search_space: Optional[str] = typer.Option(None, help="Medusa search-space YAML (default search_spaces/medusa.yaml)."),
     ray_address: Optional[str] = typer.Option(None, help="Join this Ray cluster instead of a local one."),
     threads: Optional[int] = typer.Option(None, min=1, help="Torch threads (default: all cores)."),
 ):
@@ -58,6 +60,7 @@ def profile(
     options = ProfileOptions(model=model, model_path=model_path, methods=parse_methods(methods),
                              prompts=prompts, out=out, storage=storage, trials=trials,
                              time_budget_s=time_budget, search_space=search_space,
+                             medusa_heads=medusa_heads, medusa_search_space=medusa_search_space,
                              ray_address=ray_address)
     result, path = run_profile(options)
     typer.echo(f"wrote {path}")

@@ -7,13 +7,13 @@ from pathlib import Path
 from autotune.engine.sampling import GREEDY
 from autotune.errors import AutotuneError
 from autotune.profile.io import check_writable, write_profile
-from autotune.profile.schema import (Adaptive, DraftSettings, HardwareInfo, Measured, Methods,
-                                     ModelInfo, Profile, SelfSpecMethod, SkipLayers, Workload,
-                                     recommend)
+from autotune.profile.schema import (Adaptive, DraftSettings, HardwareInfo, MedusaAcceptance,
+                                     MedusaMethod, Measured, Methods, ModelInfo, Profile,
+                                     SelfSpecMethod, SkipLayers, Workload, recommend)
 from autotune.studies.worker import TargetRef
 from autotune.workspace import Workspace
 
-KNOWN_METHODS = ("self-spec",)
+KNOWN_METHODS = ("self-spec", "medusa")
 
 
 @dataclass
@@ -27,6 +27,8 @@ class ProfileOptions:
     trials: int | None = None
     time_budget_s: float | None = None
     search_space: str | None = None
+    medusa_heads: str | None = None
+    medusa_search_space: str | None = None
     ray_address: str | None = None
     workers: int = 1
     dtype: str = "float32"
@@ -68,11 +70,35 @@ def self_spec_block(result) -> SelfSpecMethod:
         measured=measured_block(result.measured), study=result.study, search=result.search)
 
 
+def medusa_block(result, heads_dir: str) -> MedusaMethod:
+    return MedusaMethod(heads=str(Path(heads_dir).resolve()), num_heads=result.num_heads,
+                        tree=[list(p) for p in result.tree],
+                        acceptance=MedusaAcceptance(**result.acceptance),
+                        measured=measured_block(result.measured), study=result.study,
+                        search=result.search)
+
+
+def _check_medusa_heads(options: ProfileOptions) -> None:
+    """Before any long work: medusa needs a head folder that exists."""
+    if "medusa" not in options.methods:
+        return
+    if not options.medusa_heads:
+        raise AutotuneError("--methods medusa needs --medusa-heads DIR (a Medusa head folder; "
+                            "train one with `autotune heads train --kind medusa`)")
+    folder = Path(options.medusa_heads).expanduser()
+    if not folder.is_dir() or not any(folder.glob("medusa_lm_head.*")):
+        raise AutotuneError(f"--medusa-heads {folder}: no medusa_lm_head.safetensors or .pt "
+                            "there; train heads with `autotune heads train --kind medusa`")
+
+
 def run_profile(options: ProfileOptions) -> tuple[Profile, Path]:
     from autotune.tuners.self_spec import SearchLimits, tune_self_spec
-    from autotune.tuners.space import load_self_spec_space
+    from autotune.tuners.space import load_medusa_space, load_self_spec_space
 
     space = load_self_spec_space(options.search_space)
+    medusa_space = load_medusa_space(options.medusa_search_space) \
+        if "medusa" in options.methods else None
+    _check_medusa_heads(options)
     ref = TargetRef.for_user(options.model, options.model_path, options.dtype, options.device)
     if options.out is not None:
         check_writable(options.out)
@@ -84,6 +110,11 @@ def run_profile(options: ProfileOptions) -> tuple[Profile, Path]:
     methods = Methods()
     if "self-spec" in options.methods:
         methods.self_spec = self_spec_block(tune_self_spec(ws, space, limits))
+    if "medusa" in options.methods:
+        from autotune.tuners.medusa import tune_medusa
+
+        heads_dir = str(Path(options.medusa_heads).expanduser().resolve())
+        methods.medusa = medusa_block(tune_medusa(ws, medusa_space, heads_dir, limits), heads_dir)
     profile = Profile(
         model=model_info(ws), hardware=HardwareInfo(**ws.hardware),
         workload=Workload(prompts=str(ws.prompts_path.resolve()), num_prompts=len(ws.prompts),

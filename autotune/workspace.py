@@ -46,7 +46,7 @@ class Workspace:
         return [(p.id, self.target.encode_chat(p.text)) for p in prompts]
 
     # Measurements reused between runs: same model, same device, same inputs.
-    def _cached(self, kind: str, key: str, build, device_bound: bool = True):
+    def cached_measurement(self, kind: str, key: str, build, device_bound: bool = True):
         hw = hardware.key(self.hardware) if device_bound else "any"
         if self._cache is not None:
             hit = self._cache.get(kind, self.target.fingerprint, hw, key)
@@ -72,7 +72,7 @@ class Workspace:
             return out
 
         key = _digest([ids for _, ids in prompts], tokens)
-        continuations = self._cached("continuations", key, build, device_bound=False)
+        continuations = self.cached_measurement("continuations", key, build, device_bound=False)
         return [(ids, cont) for (_, ids), cont in zip(prompts, continuations) if len(cont) > 1]
 
     def device_costs(self, max_tokens: int = 16) -> tuple[LatencyCurve, SublayerCosts]:
@@ -86,8 +86,20 @@ class Workspace:
                 advance()
             return {"curve": curve.seconds, "costs": costs.__dict__}
 
-        data = self._cached("latency", f"verify<= {max_tokens}", build)
+        data = self.cached_measurement("latency", f"verify<= {max_tokens}", build)
         return LatencyCurve(data["curve"]), SublayerCosts(**data["costs"])
+
+    def verify_curve(self, max_tokens: int, repeats: int = 3) -> LatencyCurve:
+        """One target forward over n = 1..max_tokens new tokens (tree verification)."""
+        from autotune.measure.costs import measure_latency_curve
+
+        def build():
+            with step(f"latency: verify curve n = 1..{max_tokens}", repeats + 1) as advance:
+                return measure_latency_curve(self.runner, max_tokens, repeats,
+                                             progress=advance).seconds
+
+        return LatencyCurve(self.cached_measurement(
+            "latency", f"verify curve <= {max_tokens} x{repeats}", build))
 
 
 def _digest(*parts) -> str:

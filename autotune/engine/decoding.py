@@ -78,10 +78,12 @@ def decode_plain(runner: Runner, prompt: list[int], max_new_tokens: int,
 
 def decode_speculative(runner: Runner, drafter: Drafter, prompt: list[int],
                        max_new_tokens: int, sampling: SamplingConfig = GREEDY,
-                       typical: TypicalAcceptance | None = None) -> DecodeResult:
+                       typical: TypicalAcceptance | None = None,
+                       on_verify=None) -> DecodeResult:
     """Draft, verify the whole draft (chain or tree) in one target forward, keep the
     accepted path and the target's bonus token. ``typical`` (sampling only) swaps exact
-    speculative sampling for Medusa's typical acceptance."""
+    speculative sampling for Medusa's typical acceptance. ``on_verify(draft, path,
+    target_logits)`` is called after each verification, for statistics."""
     generator = torch.Generator().manual_seed(sampling.seed)
     drafter.reset()
     cache, out = _prefill(runner, prompt, max_new_tokens)
@@ -94,8 +96,10 @@ def decode_speculative(runner: Runner, drafter: Drafter, prompt: list[int],
         draft = drafter.propose(DraftContext(runner, cache, tokens[-1], committed, budget,
                                              sampling, generator, hidden))
         cache.crop(committed)
-        path, bonus, hidden = _verify(runner, cache, committed, tokens[-1], draft, sampling,
-                                      typical, generator)
+        path, bonus, hidden, logits = _verify(runner, cache, committed, tokens[-1], draft,
+                                              sampling, typical, generator)
+        if on_verify is not None:
+            on_verify(draft, path, logits)
         tokens.extend(draft.tokens[node] for node in path)
         tokens.append(bonus)
         drafter.observe(VerifyResult(len(draft.tokens), len(path), path))
@@ -143,4 +147,4 @@ def _verify(runner: Runner, cache, committed: int, last_token: int, draft, sampl
         cache.crop(committed + len(rows))
     else:
         cache.keep(committed, torch.tensor(rows))
-    return path, bonus, out.hidden[rows]
+    return path, bonus, out.hidden[rows], out.logits

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 SCHEMA = "autotune/profile@1"
 
@@ -76,8 +76,47 @@ class SelfSpecMethod(_Block):
     search: dict = Field(default_factory=dict)   # how the setting was found, for the curious
 
 
+class TypicalSettings(_Block):
+    """Medusa's typical acceptance for sampling: accept when p > min(eps, delta*exp(-H))."""
+
+    eps: float = Field(gt=0.0, le=1.0)
+    delta: float = Field(gt=0.0)
+    temperature: float = Field(gt=0.0)
+    min_fidelity: float = Field(ge=0.0, le=1.0)
+    sweep: list[dict] = Field(default_factory=list)
+
+
+class MedusaAcceptance(_Block):
+    greedy: Literal["exact"] = "exact"
+    typical: TypicalSettings | None = None
+
+
+class MedusaMethod(_Block):
+    heads: str                      # the head folder (upstream Medusa layout)
+    num_heads: int = Field(ge=1)    # heads evaluated: the tree's depth
+    tree: list[list[int]]           # Medusa / TensorRT-LLM choices, canonical order
+    acceptance: MedusaAcceptance = MedusaAcceptance()
+    measured: Measured
+    study: str
+    search: dict = Field(default_factory=dict)
+
+    @field_validator("tree")
+    @classmethod
+    def _tree_is_a_tree(cls, tree):
+        from autotune.engine.tree import check_tree
+        return [list(p) for p in check_tree(tree)]
+
+    @model_validator(mode="after")
+    def _depth_within_heads(self):
+        depth = max(len(p) for p in self.tree)
+        if depth > self.num_heads:
+            raise ValueError(f"tree depth {depth} exceeds num_heads {self.num_heads}")
+        return self
+
+
 class Methods(_Block):
     self_spec: SelfSpecMethod | None = None
+    medusa: MedusaMethod | None = None
 
 
 class Profile(_Block):

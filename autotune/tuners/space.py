@@ -1,4 +1,4 @@
-"""The self-speculative search space, read from ``search_spaces/self_spec.yaml``."""
+"""Search spaces, read from ``search_spaces/<method>.yaml``: what users can read and edit."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -68,12 +68,60 @@ class SelfSpecSpace(_Strict):
     measure: MeasureSettings = MeasureSettings()
 
 
-def load_self_spec_space(path: str | Path | None = None) -> SelfSpecSpace:
-    path = Path(path) if path else SEARCH_SPACES / "self_spec.yaml"
+class MedusaCalibration(_Strict):
+    prompts: int = 40         # search prompts whose greedy continuations measure the heads
+    tokens: int = 128
+    max_rank: int = 10        # ranks counted per head (top-k table width)
+
+
+class MedusaTreeSpace(_Strict):
+    max_nodes: int = 127      # tree-size cap; the verify curve is measured to max_nodes + 1
+    builders: list[str] = ["greedy", "sequoia"]
+    candidates: int = 6       # best predicted (heads, size, builder) confirmed by wall clock
+    trials: int = 10          # measured trials in the study (candidates first)
+    confirm_prompts: int = 6  # search prompts not used for calibration
+    confirm_tokens: int = 64
+
+    @model_validator(mode="after")
+    def _check(self):
+        unknown = set(self.builders) - {"greedy", "sequoia"}
+        if unknown or not self.builders:
+            raise ValueError(f"builders must be among greedy, sequoia (got {self.builders})")
+        if not 1 <= self.max_nodes <= 255:
+            raise ValueError("max_nodes must be within 1..255")
+        return self
+
+
+class TypicalSpace(_Strict):
+    temperature: float = 0.7  # sampling temperature the sweep decodes at
+    pairs: list[tuple[float, float]] = [(0.01, 0.1), (0.03, 0.17), (0.05, 0.22), (0.09, 0.3),
+                                        (0.15, 0.39), (0.25, 0.5)]
+    min_fidelity: float | None = None   # None: that of Medusa's defaults (0.09, 0.3)
+    prompts: int = 4
+    tokens: int = 64
+
+
+class MedusaSpace(_Strict):
+    calibration: MedusaCalibration = MedusaCalibration()
+    tree: MedusaTreeSpace = MedusaTreeSpace()
+    typical: TypicalSpace = TypicalSpace()
+    measure: MeasureSettings = MeasureSettings(confirm_prompts=20, confirm_tokens=128)
+
+
+def load_space(method: str, model: type[BaseModel], path: str | Path | None = None):
+    path = Path(path) if path else SEARCH_SPACES / f"{method}.yaml"
     if not path.is_file():
         raise AutotuneError(f"search space {path} not found: pass --search-space FILE")
     try:
-        return SelfSpecSpace.model_validate(yaml.safe_load(path.read_text()) or {})
+        return model.model_validate(yaml.safe_load(path.read_text()) or {})
     except (yaml.YAMLError, ValidationError) as exc:
         first = str(exc).replace("\n", " ")[:300]
         raise AutotuneError(f"search space {path} is invalid: {first}") from None
+
+
+def load_self_spec_space(path: str | Path | None = None) -> SelfSpecSpace:
+    return load_space("self_spec", SelfSpecSpace, path)
+
+
+def load_medusa_space(path: str | Path | None = None) -> MedusaSpace:
+    return load_space("medusa", MedusaSpace, path)

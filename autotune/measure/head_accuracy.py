@@ -1,0 +1,112 @@
+"""How often Medusa heads are right, counted on the target's own greedy decoding.
+
+At every position t of a calibration continuation the heads read the target's hidden
+state; head k is right at rank r when its rank-r token is the continuation's token at
+t + k + 2. Two tables come out of one pass:
+
+- per-head top-k accuracy, each head over the positions where its answer exists (head k
+  has k fewer than head 0: one denominator for all heads would understate the deep ones);
+- path accuracy: the probability that a whole path of ranks (r0, ..., rd) is right,
+  counted directly (not the product of per-head figures, which assumes independence).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from autotune.engine.runner import Runner
+from autotune.heads.medusa import MedusaHeads
+
+
+@dataclass
+class HeadAccuracy:
+    top_k: list[list[float]]             # top_k[head][k - 1]: accuracy within the top k
+    positions: list[int]                 # per head: positions with an answer
+    path_accuracy: dict[tuple[int, ...], float] = field(default_factory=dict)
+
+    def as_dict(self, max_paths: int = 64) -> dict:
+        best = sorted(self.path_accuracy.items(), key=lambda kv: kv[1], reverse=True)[:max_paths]
+        return {"top1": [round(row[0], 4) for row in self.top_k],
+                "top5": [round(row[min(4, len(row) - 1)], 4) for row in self.top_k],
+                "positions": self.positions,
+                "paths": [[list(p), round(v, 4)] for p, v in best]}
+
+
+def _ranks(heads: MedusaHeads, hidden: torch.Tensor, num_heads: int, max_rank: int,
+           truth: list[int], chunk: int = 64) -> torch.Tensor:
+    """[T, heads]: rank of the true token in each head's top ``max_rank``, -1 if absent
+    or if the continuation ends before that head's offset."""
+    T = hidden.shape[0]
+    out = torch.full((T, num_heads), -1, dtype=torch.long)
+    truth_t = torch.tensor(truth + [-1] * (num_heads + 2))
+    for start in range(0, T, chunk):
+        rows = slice(start, min(start + chunk, T))
+        logits = heads(hidden[rows], num_heads)                      # [heads, t, V]
+        top = logits.topk(max_rank, dim=-1).indices                  # [heads, t, R]
+        for k in range(num_heads):
+            offsets = torch.arange(rows.start, rows.stop) + k + 2
+            wanted = truth_t[offsets].unsqueeze(-1)                   # [t, 1]
+            hit = top[k] == wanted
+            found = hit.any(-1)
+            out[rows, k] = torch.where(found, hit.int().argmax(-1), torch.full_like(found, -1,
+                                                                                 dtype=torch.long))
+    return out
+
+
+@torch.inference_mode()
+def measure_head_accuracy(runner: Runner, heads: MedusaHeads,
+                          calibration: list[tuple[list[int], list[int]]],
+                          max_rank: int = 10, num_heads: int | None = None,
+                          progress=None) -> HeadAccuracy:
+    """calibration: (prompt, greedy continuation) pairs."""
+    num_heads = heads.num_heads if num_heads is None else num_heads
+    hits = torch.zeros(num_heads, max_rank)
+    positions = [0] * num_heads
+    paths: Counter = Counter()
+    for prompt, continuation in calibration:
+        sequence = prompt + continuation
+        cache = runner.new_cache(capacity=len(sequence) + 8)
+        ids = torch.tensor(sequence[:-1], device=runner.device)
+        out = runner.forward(ids, torch.arange(len(ids), device=runner.device), cache,
+                             last_only=True)
+        first = len(prompt) - 1                     # its logits gave continuation[0]
+        hidden = runner.norm(out.hidden[first:])    # positions first .. len(sequence) - 2
+        truth = sequence[first:]                    # truth[j + k + 2] answers head k at row j
+        ranks = _ranks(heads, hidden, num_heads, max_rank, truth).tolist()
+        for j, row in enumerate(ranks):
+            path: tuple[int, ...] = ()
+            for k, rank in enumerate(row):
+                if j + k + 2 >= len(truth):
+                    break
+                positions[k] += 1
+                if rank >= 0:
+                    hits[k, rank] += 1
+                if rank < 0 or len(path) < k:
+                    continue
+                path = path + (rank,)
+                paths[path] += 1
+        if progress:
+            progress()
+    top_k = [(hits[k].cumsum(0) / max(positions[k], 1)).tolist() for k in range(num_heads)]
+    path_accuracy = {p: n / positions[len(p) - 1] for p, n in paths.items()}
+    return HeadAccuracy(top_k=top_k, positions=positions, path_accuracy=path_accuracy)
+
+
+@torch.inference_mode()
+def measure_head_costs(runner: Runner, heads: MedusaHeads, repeats: int = 15) -> list[float]:
+    """seconds[d - 1]: median time to evaluate the first d heads on one hidden state and
+    take their top tokens (what a draft step of a depth-d tree costs)."""
+    hidden = torch.randn(1, heads.hidden_size, dtype=runner.dtype, device=runner.device)
+    samples: list[list[float]] = [[] for _ in range(heads.num_heads)]
+    for _ in range(repeats + 1):
+        for depth in range(1, heads.num_heads + 1):
+            start = time.perf_counter()
+            heads(runner.norm(hidden), depth).topk(10, dim=-1)
+            if runner.device.type == "cuda":
+                torch.cuda.synchronize()
+            samples[depth - 1].append(time.perf_counter() - start)
+    return [statistics.median(s[1:]) for s in samples]
