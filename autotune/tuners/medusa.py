@@ -138,14 +138,36 @@ def predicted_candidates(accuracy: HeadAccuracy, curve: LatencyCurve, head_secon
     return out
 
 
+@dataclass
+class MedusaChoice:
+    tree: list[tuple[int, ...]]
+    study: str
+    accuracy: HeadAccuracy
+    search: dict
+
+
 def tune_medusa(ws: Workspace, space: MedusaSpace, heads_dir: str, limits) -> MedusaResult:
+    """Search on the search split, then measure on the held-back split."""
+    choice = search_medusa(ws, space, heads_dir, limits)
+    heads = load_heads_for(ws.ref, heads_dir)
+    held = ws.encode(split_prompts(ws.prompts)[1])[: space.measure.confirm_prompts]
+    measured = measure_tree(ws, heads, choice.tree, held, space.measure.confirm_tokens,
+                            "medusa: held-back measurement")
+    search = ws.encode(split_prompts(ws.prompts)[0])
+    acceptance = tune_typical(ws, heads, choice.tree, search[: space.typical.prompts],
+                              space.typical)
+    return MedusaResult(choice.tree, max(len(p) for p in choice.tree), measured, choice.study,
+                        acceptance, choice.accuracy, choice.search)
+
+
+def search_medusa(ws: Workspace, space: MedusaSpace, heads_dir: str, limits) -> MedusaChoice:
+    """The tree (and so the head count) from the search split of the prompts only."""
     from autotune.studies.tune import StudySpec, run_study
 
     started = time.monotonic()
     heads = load_heads_for(ws.ref, heads_dir)
     name = ws.target.name
-    search_prompts, held_prompts = split_prompts(ws.prompts)
-    search = ws.encode(search_prompts)
+    search = ws.encode(split_prompts(ws.prompts)[0])
     # confirmation prompts are spread over the categories and kept out of calibration
     confirm = search[1::max(1, len(search) // max(space.tree.confirm_prompts, 1))]
     confirm = confirm[: space.tree.confirm_prompts]
@@ -197,11 +219,6 @@ def tune_medusa(ws: Workspace, space: MedusaSpace, heads_dir: str, limits) -> Me
                            "failed trials' fail_reason")
     best = max(done, key=lambda t: t.value)
     tree = [tuple(p) for p in best.user_attrs["tree"]]
-
-    held = ws.encode(held_prompts)[: space.measure.confirm_prompts]
-    measured = measure_tree(ws, heads, tree, held, space.measure.confirm_tokens,
-                            "medusa: held-back measurement")
-    acceptance = tune_typical(ws, heads, tree, search[: space.typical.prompts], space.typical)
     search_info = {
         "trials": len(study.trials), "complete": len(done),
         "best_search_speedup": round(best.value, 4),
@@ -217,8 +234,7 @@ def tune_medusa(ws: Workspace, space: MedusaSpace, heads_dir: str, limits) -> Me
         "verify_cost_relative": [round(v, 3) for v in curve.relative()],
         "seconds": round(time.monotonic() - started, 1),
     }
-    return MedusaResult(tree, max(len(p) for p in tree), measured, study_name, acceptance,
-                        accuracy, search_info)
+    return MedusaChoice(tree, study_name, accuracy, search_info)
 
 
 def typical_statistics(ws: Workspace, heads, tree, prompts, rule: TypicalAcceptance,

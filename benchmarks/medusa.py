@@ -1,0 +1,96 @@
+"""Medusa: our hardware-sized tree against Medusa's published tree and a plain chain.
+
+    python benchmarks/medusa.py --heads DIR --prompts FILE --max-new-tokens N --json
+
+Variants, each measured against plain greedy decoding in this one process on --prompts:
+  tuned         our search (measured path accuracies, trees sized with this device's
+                verify-latency curve, confirmed by wall clock in a study); or the tree of
+                --profile when given
+  mc_sim_7b_63  Medusa's published 63-node tree, depth and ranks clipped to the heads
+  chain         a plain chain as deep as the heads
+The search uses the packaged calibration prompts' search split; --prompts is only where
+the variants are measured.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from autotune.drafters.medusa import MedusaDrafter
+from autotune.measure.timing import measure_side_by_side
+from autotune.profile.io import read_profile
+from autotune.progress import say, step
+from autotune.prompts import default_prompts_path, load_prompts
+from autotune.studies.worker import TargetRef
+from autotune.tuners.medusa import load_heads_for, search_medusa
+from autotune.tuners.medusa_tree import MC_SIM_7B_63, chain_tree, clip_tree
+from autotune.tuners.self_spec import SearchLimits
+from autotune.tuners.space import load_medusa_space
+from autotune.workspace import Workspace
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--heads", required=True, help="Medusa head folder")
+    parser.add_argument("--prompts", required=True, help="JSONL prompts to measure on")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--model-path")
+    parser.add_argument("--profile", help="take the tuned tree from this profile instead "
+                                          "of searching")
+    parser.add_argument("--storage", default="sqlite:///studies/benchmark.db")
+    parser.add_argument("--limit", type=int, default=None, help="measure on the first N prompts")
+    args = parser.parse_args()
+
+    space = load_medusa_space()
+    ws = Workspace.open(TargetRef.for_user(args.model, args.model_path), default_prompts_path(),
+                        args.storage)
+    heads_dir = str(Path(args.heads).expanduser().resolve())
+    heads = load_heads_for(ws.ref, heads_dir)
+    measure_on = ws.encode(load_prompts(args.prompts)[: args.limit])
+
+    if args.profile:
+        block = read_profile(Path(args.profile)).methods.medusa
+        if block is None:
+            raise SystemExit(f"{args.profile} has no medusa method")
+        tuned, search = [tuple(p) for p in block.tree], {"profile": args.profile}
+    else:
+        choice = search_medusa(ws, space, heads_dir, SearchLimits())
+        tuned, search = choice.tree, choice.search
+
+    max_rank = space.calibration.max_rank
+    variants = {
+        "tuned": tuned,
+        "mc_sim_7b_63": clip_tree(MC_SIM_7B_63, heads.num_heads, max_rank),
+        "chain": chain_tree(heads.num_heads),
+    }
+    results = {}
+    for name, tree in variants.items():
+        with step(f"measure {name} ({len(tree)} nodes)", len(measure_on)) as advance:
+            m = measure_side_by_side(ws.runner, lambda: MedusaDrafter(heads, tree), measure_on,
+                                     args.max_new_tokens, on_prompt=lambda _: advance())
+        results[name] = {**m.summary(), "nodes": len(tree),
+                         "depth": max(len(p) for p in tree), "tree": [list(p) for p in tree]}
+    tuned_speed = results["tuned"]["speedup"]
+    report = {
+        "variants": results,
+        "ratios": {f"tuned_vs_{k}": round(tuned_speed / results[k]["speedup"], 4)
+                   for k in ("mc_sim_7b_63", "chain")},
+        "search": search, "heads": heads_dir, "num_heads": heads.num_heads,
+        "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for name, row in results.items():
+            say(f"{name:13} {row['speedup']:.3f}x  {row['tokens_per_step']:.2f} tokens/step  "
+                f"{row['nodes']} nodes  lossless {row['lossless']}")
+        say(json.dumps(report["ratios"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
