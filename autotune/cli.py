@@ -112,5 +112,48 @@ def models_list():
         typer.echo(f"{alias:14} {source:40} {status}")
 
 
+heads_app = typer.Typer(no_args_is_help=True, help="Train drafting heads for a target model.")
+app.add_typer(heads_app, name="heads")
+
+
+@heads_app.command("train")
+@_user_errors
+def heads_train(
+    kind: str = typer.Option(..., help="Head kind: medusa (eagle is not built yet)."),
+    model: str = typer.Option("smollm2-135m", help="Alias, local model folder or .gguf file."),
+    model_path: Optional[str] = typer.Option(None, help="Where the weights of the alias are."),
+    out: Optional[Path] = typer.Option(None, help="Heads folder (default heads/<model>-medusa)."),
+    num_heads: Optional[int] = typer.Option(
+        None, min=1, help="Medusa heads; head k predicts k+2 tokens ahead (default 5)."),
+    prompts: Optional[str] = typer.Option(None, help="JSONL calibration prompts (default: MT-bench)."),
+    max_new_tokens: Optional[int] = typer.Option(
+        None, min=2, help="Length of the target's answers to train on (default 256)."),
+    epochs: Optional[int] = typer.Option(None, min=1, help="Passes over the answers (default 6)."),
+    time_budget: Optional[float] = typer.Option(
+        None, min=1, help="Seconds for generation and training together (default 780): "
+                          "training ends early to keep it; the held-back report comes after."),
+    threads: Optional[int] = typer.Option(None, min=1, help="Torch threads (default: all cores)."),
+):
+    """Train heads on the target's own greedy answers; report accuracy on held-back prompts."""
+    from rich.console import Console
+
+    from autotune.heads.train import HeadsJob, TrainOptions, accuracy_table, run_heads_train
+
+    _threads(threads)
+    given = {"num_heads": num_heads, "max_new_tokens": max_new_tokens, "epochs": epochs,
+             "time_budget_s": time_budget}
+    options = TrainOptions(**{k: v for k, v in given.items() if v is not None})  # its defaults
+    job = HeadsJob(kind=kind, model=model, model_path=model_path, prompts=prompts, out=out,
+                   options=options)
+    result, folder = run_heads_train(job)
+    stats = result.stats
+    Console().print(accuracy_table(
+        result.accuracy, f"held-back accuracy ({result.held_back_tokens} answer tokens)"))
+    typer.echo(f"trained {stats.epochs:.2f} epochs ({stats.steps} steps"
+               f"{', stopped by --time-budget' if stats.stopped_by_time else ''}) on "
+               f"{result.train_tokens} answer tokens in {result.seconds['total']:.0f} s")
+    typer.echo(f"wrote {folder}")
+
+
 def main() -> None:  # pragma: no cover
     sys.exit(app())

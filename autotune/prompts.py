@@ -24,6 +24,7 @@ class Prompt:
     id: str
     text: str
     category: str | None = None
+    followups: tuple[str, ...] = ()  # later user turns (MT-bench's second turn)
 
 
 def default_prompts_path() -> Path:
@@ -39,8 +40,10 @@ def _parse_line(record: Any, where: str, line_no: int) -> Prompt:
         if not isinstance(turns, list) or not turns:
             raise PromptsFileError(f"{where}: 'turns' must be a non-empty list of strings")
         text, default_id = turns[0], record.get("question_id", line_no)
+        followups = tuple(t for t in turns[1:] if isinstance(t, str) and t.strip())
     elif "prompt" in record:
         text, default_id = record["prompt"], line_no
+        followups = ()
     else:
         raise PromptsFileError(f"{where}: no 'prompt' or 'turns' field, {_EXPECTED}")
     if not isinstance(text, str) or not text.strip():
@@ -50,6 +53,7 @@ def _parse_line(record: Any, where: str, line_no: int) -> Prompt:
         id=str(record.get("id", default_id)),
         text=text,
         category=None if category is None else str(category),
+        followups=followups,
     )
 
 

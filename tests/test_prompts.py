@@ -24,7 +24,7 @@ def test_both_line_formats_and_blank_lines(tmp_path):
         json.dumps({"prompt": "With id", "id": "abc", "category": "math"}),
     )
     assert load_prompts(path) == [
-        Prompt("81", "First turn", "writing"),
+        Prompt("81", "First turn", "writing", followups=("Second",)),
         Prompt("3", "Plain prompt", None),
         Prompt("abc", "With id", "math"),
     ]

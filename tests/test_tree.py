@@ -201,3 +201,23 @@ def test_tree_sampling_runs_and_is_reproducible(tiny_llama):
     typical = decode_speculative(runner, ScriptedTreeDrafter(prompt, reference, 128, 0), prompt,
                                  30, sampling, typical=TypicalAcceptance())
     assert len(typical.tokens) == 30 or typical.tokens[-1] == 2
+
+
+def test_medusa_heads_fused_into_the_verify_forward_give_the_same_drafts(tiny_llama):
+    """Heads sharing the target's lm_head get their logits from the verify forward's own
+    product: same tokens, same number of steps as computing them separately."""
+    torch.manual_seed(2)
+    config = tiny_llama.config
+    heads = MedusaHeads(config.hidden_size, config.vocab_size, num_heads=2)
+    for block in heads.heads:
+        torch.nn.init.normal_(block[0].linear.weight, std=0.2)
+    heads.share_vocab_projection(tiny_llama.lm_head.weight)
+    runner = Runner(tiny_llama)
+    tree = [[0], [1], [0, 0], [2]]
+    fused, separate = MedusaDrafter(heads, tree), MedusaDrafter(heads, tree, fused=False)
+    assert fused.extra_rows(runner) is not None and separate.extra_rows(runner) is None
+    for prompt in PROMPTS:
+        a = decode_speculative(runner, fused, prompt, 30)
+        b = decode_speculative(runner, separate, prompt, 30)
+        assert a.tokens == b.tokens == decode_plain(runner, prompt, 30).tokens
+        assert (a.steps, a.accepted) == (b.steps, b.accepted)

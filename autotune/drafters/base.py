@@ -27,6 +27,9 @@ class DraftContext:
     # the last proposal: the whole prompt first, then the root and the accepted path.
     # The last row is the one whose logits gave ``last_token``.
     hidden: torch.Tensor | None = None
+    # Logits a drafter asked the target's verify forward to compute for it (see
+    # ``Drafter.extra_rows``), at the position of the last row of ``hidden``.
+    extra_logits: torch.Tensor | None = None
 
 
 @dataclass
@@ -59,3 +62,8 @@ class Drafter(Protocol):
 
     def observe(self, result: VerifyResult) -> None:
         """Learn from the verification of the last proposal."""
+
+    # Optional: ``extra_rows(runner)`` returns None, or a function from the target's
+    # final-normed hidden states [S, H] to rows [k * S, H] (k blocks of S) that the verify
+    # forward sends through the target's lm_head; the next DraftContext carries their
+    # logits [k, V] at the last accepted position as ``extra_logits``.

@@ -18,12 +18,12 @@ class MedusaDrafter:
     """Node ``[r0, ..., rd]`` of the tree holds head d's rank-rd token. Only the heads
     the tree reaches are evaluated, so the tree's depth is the head count used."""
 
-    def __init__(self, heads: MedusaHeads, choices):
+    def __init__(self, heads: MedusaHeads, choices, fused: bool = True):
         try:
             self.paths = check_tree(choices, heads.num_heads)
         except ValueError as exc:
             raise TreeTooDeepError(f"Medusa tree: {exc}") from None
-        self.heads = heads
+        self.heads, self.fused = heads, fused
         self.tree = TreeShape.from_choices(self.paths)
         self.depth = max(len(p) for p in self.paths)
         self.top_k = 1 + max(r for p in self.paths for r in p)
@@ -34,11 +34,23 @@ class MedusaDrafter:
     def reset(self) -> None:
         pass
 
+    def extra_rows(self, runner):
+        """Heads that share the target's lm_head have their logits computed in the verify
+        forward's own lm_head product, for every verified position (as upstream Medusa
+        does); the next proposal reads the accepted position's."""
+        weights = self.heads.vocab_weights()
+        if not (self.fused and all(w is runner.lm_head.weight for w in weights)):
+            return None
+        return lambda normed: self.heads.features(normed, self.depth).flatten(0, 1)
+
     def propose(self, context: DraftContext) -> Draft:
         runner = context.runner
         with torch.inference_mode():
-            hidden = runner.norm(context.hidden[-1:])           # [1, H], after the final norm
-            logits = self.heads(hidden, self.depth)[:, 0]       # [depth, V]
+            if context.extra_logits is not None:
+                logits = context.extra_logits                   # [depth, V]
+            else:
+                hidden = runner.norm(context.hidden[-1:])       # [1, H], after the final norm
+                logits = self.heads(hidden, self.depth)[:, 0]   # [depth, V]
             top = logits.topk(self.top_k, dim=-1).indices       # [depth, top_k]
         tokens = top[self._head, self._rank].tolist()
         return Draft(tokens, tree=self.tree)

@@ -41,12 +41,19 @@ def _pick(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Gener
     return sample(probabilities(logits, sampling), generator)
 
 
-def _prefill(runner: Runner, prompt: list[int], max_new_tokens: int):
+def _prefill(runner: Runner, prompt: list[int], max_new_tokens: int, extra_rows=None):
     cache = runner.new_cache(capacity=len(prompt) + max_new_tokens + 64)
     ids = torch.tensor(prompt, device=runner.device)
     out = runner.forward(ids, torch.arange(len(prompt), device=runner.device), cache,
-                         last_only=True)
+                         last_only=True, extra_rows=extra_rows)
     return cache, out
+
+
+def _extra_at(out, row: int, rows: int):
+    """The extra logits [k, V] of one row, from k blocks of ``rows`` rows."""
+    if out.extra_logits is None:
+        return None
+    return out.extra_logits.view(-1, rows, out.extra_logits.shape[-1])[:, row]
 
 
 def _finished(tokens: list[int], max_new_tokens: int, eos: frozenset[int]) -> bool:
@@ -86,18 +93,19 @@ def decode_speculative(runner: Runner, drafter: Drafter, prompt: list[int],
     target_logits)`` is called after each verification, for statistics."""
     generator = torch.Generator().manual_seed(sampling.seed)
     drafter.reset()
-    cache, out = _prefill(runner, prompt, max_new_tokens)
+    extra_rows = drafter.extra_rows(runner) if hasattr(drafter, "extra_rows") else None
+    cache, out = _prefill(runner, prompt, max_new_tokens, extra_rows)
     tokens = [_pick(out.logits[-1], sampling, generator)]
-    hidden = out.hidden
+    hidden, extra = out.hidden, _extra_at(out, 0, 1)
     result = DecodeResult(tokens=tokens)
     while not _finished(tokens, max_new_tokens, runner.eos_token_ids):
         committed = len(prompt) + len(tokens) - 1  # the last token is not in the cache yet
         budget = max_new_tokens - len(tokens)
         draft = drafter.propose(DraftContext(runner, cache, tokens[-1], committed, budget,
-                                             sampling, generator, hidden))
+                                             sampling, generator, hidden, extra))
         cache.crop(committed)
-        path, bonus, hidden, logits = _verify(runner, cache, committed, tokens[-1], draft,
-                                              sampling, typical, generator)
+        path, bonus, hidden, logits, extra = _verify(runner, cache, committed, tokens[-1], draft,
+                                                     sampling, typical, generator, extra_rows)
         if on_verify is not None:
             on_verify(draft, path, logits)
         tokens.extend(draft.tokens[node] for node in path)
@@ -112,7 +120,7 @@ def decode_speculative(runner: Runner, drafter: Drafter, prompt: list[int],
 
 
 def _verify(runner: Runner, cache, committed: int, last_token: int, draft, sampling,
-            typical, generator):
+            typical, generator, extra_rows=None):
     """One target forward over the root and the draft; the cache keeps the accepted path.
     Returns (accepted node indices, bonus token, hidden states of root + path)."""
     tree = draft.tree
@@ -121,10 +129,11 @@ def _verify(runner: Runner, cache, committed: int, last_token: int, draft, sampl
     ids = torch.tensor([last_token, *draft.tokens], device=device)
     if chain:
         positions = torch.arange(committed, committed + len(ids), device=device)
-        out = runner.forward(ids, positions, cache)
+        out = runner.forward(ids, positions, cache, extra_rows=extra_rows)
     else:
         positions = committed + tree.position_offsets(device)
-        out = runner.forward(ids, positions, cache, mask=tree.attention_mask(device))
+        out = runner.forward(ids, positions, cache, mask=tree.attention_mask(device),
+                             extra_rows=extra_rows)
     if sampling.greedy:
         if chain:
             accepted, bonus = accept_greedy(draft.tokens, out.logits)
@@ -147,4 +156,4 @@ def _verify(runner: Runner, cache, committed: int, last_token: int, draft, sampl
         cache.crop(committed + len(rows))
     else:
         cache.keep(committed, torch.tensor(rows))
-    return path, bonus, out.hidden[rows], out.logits
+    return path, bonus, out.hidden[rows], out.logits, _extra_at(out, rows[-1], len(ids))

@@ -19,6 +19,7 @@ from autotune.engine.skip import NO_SKIP, SkipMask
 class ForwardOutput:
     logits: torch.Tensor   # [S, V] (or [1, V] when only the last position was asked for)
     hidden: torch.Tensor   # [S, H] output of the last layer, before the final norm
+    extra_logits: torch.Tensor | None = None  # [R, V] for the rows ``extra_rows`` gave
 
 
 class Runner:
@@ -49,12 +50,15 @@ class Runner:
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, *,
                 mask: torch.Tensor | None = None, skip: SkipMask = NO_SKIP,
-                last_only: bool = False) -> ForwardOutput:
+                last_only: bool = False, extra_rows=None) -> ForwardOutput:
         """Run ``tokens`` [S] at ``positions`` [S], appending their keys/values to ``cache``.
 
         mask: bool, True = may attend. [S, S] over the new tokens (the cached prefix is
         fully visible), or [S, P + S] over the prefix and the new tokens. None means
         causal. Layers whose attention is skipped neither read nor write the cache.
+        extra_rows: maps the final-normed hidden states [S', H] to more rows [R, H] that go
+        through the lm_head in the same product (Medusa heads sharing it: on CPU one
+        product over more rows costs less than a second product).
         """
         seq = tokens.shape[0]
         hidden = self.embed(tokens.view(1, seq))
@@ -72,9 +76,13 @@ class Runner:
             if index not in skip.mlp:
                 hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         hidden = hidden[0]
-        head_in = hidden[-1:] if last_only else hidden
-        logits = self.lm_head(self.norm(head_in)).float()
-        return ForwardOutput(logits=logits, hidden=hidden)
+        normed = self.norm(hidden[-1:] if last_only else hidden)
+        if extra_rows is None:
+            return ForwardOutput(logits=self.lm_head(normed).float(), hidden=hidden)
+        extra = extra_rows(normed)
+        logits = self.lm_head(torch.cat([normed, extra])).float()
+        return ForwardOutput(logits=logits[: len(normed)], hidden=hidden,
+                             extra_logits=logits[len(normed):])
 
     def _additive_mask(self, mask: torch.Tensor | None, prefix: int, seq: int):
         if mask is None:

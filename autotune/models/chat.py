@@ -34,12 +34,22 @@ def _as_id_list(encoded: Any) -> list[int]:
 
 def encode_chat(tokenizer: Any, user_text: str, vicuna: bool = False) -> list[int]:
     """Token ids of `user_text` as one user turn, ready for the assistant's reply."""
+    return encode_conversation(tokenizer, [user_text], vicuna)
+
+
+def encode_conversation(tokenizer: Any, turns: list[str], vicuna: bool = False) -> list[int]:
+    """Token ids of alternating user / assistant turns (user first, user last), ready for
+    the assistant's next reply."""
+    roles = ["user" if i % 2 == 0 else "assistant" for i in range(len(turns))]
     if vicuna:
         # Plain tokenisation adds BOS exactly as the Vicuna (LLaMA) tokenizer does in training.
-        return _as_id_list(tokenizer(vicuna_prompt(user_text))["input_ids"])
+        text = vicuna_prompt(turns[0])
+        for role, turn in zip(roles[1:], turns[1:]):
+            text += f" {turn}</s>" if role == "assistant" else f"USER: {turn} ASSISTANT:"
+        return _as_id_list(tokenizer(text)["input_ids"])
     if getattr(tokenizer, "chat_template", None):
-        messages = [{"role": "user", "content": user_text}]
+        messages = [{"role": r, "content": t} for r, t in zip(roles, turns)]
         return _as_id_list(
             tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         )
-    return _as_id_list(tokenizer(user_text)["input_ids"])
+    return _as_id_list(tokenizer("\n".join(turns))["input_ids"])

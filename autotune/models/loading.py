@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from autotune.errors import AutotuneError
-from autotune.models.chat import encode_chat, is_vicuna
+from autotune.models.chat import encode_chat, encode_conversation, is_vicuna
 from autotune.models.registry import ResolvedModel, fingerprint, resolve_model
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,10 @@ class Target:
     def encode_chat(self, user_text: str) -> list[int]:
         """Ids of `user_text` as one user turn in this model's chat format, before its reply."""
         return encode_chat(self.tokenizer, user_text, vicuna=is_vicuna(self.name, self.path))
+
+    def encode_conversation(self, turns: list[str]) -> list[int]:
+        """Ids of alternating user / assistant turns (user first and last), before the reply."""
+        return encode_conversation(self.tokenizer, turns, vicuna=is_vicuna(self.name, self.path))
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)

@@ -208,7 +208,8 @@ def search_medusa(ws: Workspace, space: MedusaSpace, heads_dir: str, limits) -> 
                "builder": optuna.distributions.CategoricalDistribution(space.tree.builders)},
         metric="objective", trials=space.tree.trials,
         sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=len(seeds)), seeds=seeds,
-        time_budget_s=None if budget is None else max(1.0, budget - (time.monotonic() - started)),
+        # at least long enough for a trial or two: the calibration may have used it all
+        time_budget_s=None if budget is None else max(60.0, budget - (time.monotonic() - started)),
         cpus_per_trial=ws.hardware["threads"],
         user_attrs={"model": name, "fingerprint": ws.target.fingerprint, "method": "medusa",
                     "heads": str(Path(heads_dir).resolve()), "objective": "measured speedup"}),
@@ -216,14 +217,18 @@ def search_medusa(ws: Workspace, space: MedusaSpace, heads_dir: str, limits) -> 
                             space.calibration.max_rank, confirm, space.tree.confirm_tokens),
         label="medusa tree study (measured)", ray_address=limits.ray_address, workers=1)
     done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
-    if not done:
-        raise RuntimeError(f"the Medusa study {study_name} finished no trial; see its "
-                           "failed trials' fail_reason")
-    best = max(done, key=lambda t: t.value)
-    tree = [tuple(p) for p in best.user_attrs["tree"]]
+    if done:
+        best = max(done, key=lambda t: t.value)
+        tree = [tuple(p) for p in best.user_attrs["tree"]]
+    else:  # the time budget ran out first: keep the best prediction, and say so
+        say(f"[yellow]the Medusa study {study_name} finished no trial within the time "
+            "budget; keeping the best predicted tree[/yellow]")
+        top = candidates[0] if candidates else {"builder": "greedy", "nodes": 1, "num_heads": 1}
+        tree = build_tree(accuracy.path_accuracy, top["builder"], top["nodes"],
+                          top["num_heads"], space.calibration.max_rank)
     search_info = {
         "trials": len(study.trials), "complete": len(done),
-        "best_search_speedup": round(best.value, 4),
+        "best_search_speedup": round(best.value, 4) if done else None,
         "head_top1": [round(a[0], 4) for a in accuracy.top_k],
         "head_top5": [round(a[min(4, len(a) - 1)], 4) for a in accuracy.top_k],
         "head_seconds": [round(s, 5) for s in head_seconds],
