@@ -14,14 +14,14 @@ the variants are measured.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from _report import print_report  # benchmarks/ is on sys.path when run as a script
 from autotune.drafters.medusa import MedusaDrafter
 from autotune.measure.timing import measure_side_by_side
 from autotune.profile.io import read_profile
-from autotune.progress import say, step
+from autotune.progress import step
 from autotune.prompts import default_prompts_path, load_prompts
 from autotune.studies.worker import TargetRef
 from autotune.tuners.medusa import load_heads_for, search_medusa
@@ -82,13 +82,7 @@ def main() -> int:
         "search": search, "heads": heads_dir, "num_heads": heads.num_heads,
         "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
     }
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        for name, row in results.items():
-            say(f"{name:13} {row['speedup']:.3f}x  {row['tokens_per_step']:.2f} tokens/step  "
-                f"{row['nodes']} nodes  lossless {row['lossless']}")
-        say(json.dumps(report["ratios"]))
+    print_report(report, args.json, '{nodes} nodes')
     return 0
 
 

@@ -13,12 +13,12 @@ where the variants are measured.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from _report import print_report  # benchmarks/ is on sys.path when run as a script
 from autotune.drafters.self_spec import DV_DEFAULT_POLICY, LayerSkipDrafter
 from autotune.measure.timing import measure_side_by_side
-from autotune.progress import say, step
+from autotune.progress import step
 from autotune.prompts import default_prompts_path, load_prompts, split_prompts
 from autotune.studies.worker import TargetRef
 from autotune.tuners.dv_baseline import dv_search
@@ -76,13 +76,7 @@ def main() -> int:
                    "dv_baseline_best_tokens_per_s": round(max(dv_values), 3)},
         "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
     }
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        for name, row in results.items():
-            say(f"{name:13} {row['speedup']:.3f}x  {row['tokens_per_step']:.2f} tokens/step  "
-                f"lossless {row['lossless']}")
-        say(json.dumps(report["ratios"]))
+    print_report(report, args.json)
     return 0
 
 

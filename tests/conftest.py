@@ -84,3 +84,37 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def run_autotune():
+    """Run the installed `autotune` command in a subprocess (Ray needs a process of its
+    own), with its caches under ``cwd`` and no study database from the environment."""
+    import os
+    import subprocess
+    import sys
+
+    def run(args, cwd: Path, timeout: int = 500) -> subprocess.CompletedProcess:
+        env = dict(os.environ)
+        env.pop("AUTOTUNE_STORAGE", None)
+        env["AUTOTUNE_CACHE"] = str(cwd / "cache")
+        env["RAY_USAGE_STATS_ENABLED"] = "0"
+        command = Path(sys.executable).parent / "autotune"
+        return subprocess.run([str(command), *map(str, args)], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    return run
+
+
+@pytest.fixture
+def random_heads():
+    """Medusa heads with random residual blocks, sharing the model's lm_head."""
+    from autotune.heads.medusa import MedusaHeads
+
+    def make(model, num_heads: int, std: float = 0.2, seed: int = 0) -> MedusaHeads:
+        torch.manual_seed(seed)
+        heads = MedusaHeads(model.config.hidden_size, model.config.vocab_size, num_heads)
+        for block in heads.heads:
+            torch.nn.init.normal_(block[0].linear.weight, std=std)
+        heads.share_vocab_projection(model.lm_head.weight)
+        return heads
+    return make

@@ -19,7 +19,6 @@ import autotune.tuners.self_spec
 from autotune.cli import app
 from autotune.profile.io import read_profile, write_profile
 
-AUTOTUNE = Path(sys.executable).parent / "autotune"
 PROMPT_TEXTS = ["Tell me a story.", "What is 2+2?", "Name a color.", "Write a poem about rain.",
                 "Why is the sky blue?", "Give me a recipe.", "Describe a cat.",
                 "How do planes fly?"]
@@ -340,17 +339,9 @@ def test_profile_records_prompts_usable_from_elsewhere(workdir, tiny_llama_dir, 
 
 # --- end to end, through Ray ---------------------------------------------------------
 
-def run_cli(args, cwd: Path, timeout: int = 400) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env.pop("AUTOTUNE_STORAGE", None)
-    env["AUTOTUNE_CACHE"] = str(cwd / "cache")
-    env["RAY_USAGE_STATS_ENABLED"] = "0"
-    return subprocess.run([str(AUTOTUNE), *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
 @pytest.mark.ray
-def test_profile_and_bench_end_to_end(tmp_path, tiny_llama_dir):
+def test_profile_and_bench_end_to_end(tmp_path, tiny_llama_dir, run_autotune):
+    run_cli = run_autotune
     prompts = write_prompts(tmp_path / "prompts.jsonl")
     space = tmp_path / "space.yaml"
     space.write_text(SMALL_SPACE)
@@ -395,7 +386,8 @@ def test_profile_and_bench_end_to_end(tmp_path, tiny_llama_dir):
 
 
 @pytest.mark.ray
-def test_profile_with_relative_model_folder(tmp_path, tiny_llama_dir):
+def test_profile_with_relative_model_folder(tmp_path, tiny_llama_dir, run_autotune):
+    run_cli = run_autotune
     prompts = write_prompts(tmp_path / "prompts.jsonl")
     space = tmp_path / "space.yaml"
     space.write_text(SMALL_SPACE)

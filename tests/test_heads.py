@@ -15,7 +15,8 @@ import autotune.models
 from autotune.cli import app
 from autotune.heads.medusa import HeadsError, MedusaHeads, load_medusa_heads
 from autotune.heads.train import (IGNORE, Answer, HeadData, TrainOptions, generate_answers,
-                                  head_accuracy, heads_loss, train_heads, train_medusa)
+                                  head_accuracy, heads_loss, train_heads, train_medusa,
+                                  trained_on)
 from autotune.models import target_from_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -207,7 +208,11 @@ def test_command_writes_a_folder_that_loads(trained_folder):
     assert config["base_model_name_or_path"] == str(model_dir.resolve())
     record = config["autotune"]
     assert record["model"] == "tiny-llama" and len(record["model_fingerprint"]) == 16
-    assert record["prompts"]["train"] + record["prompts"]["held_back"] == len(PROMPTS)
+    # a third of the search split is left unseen, for `profile` to measure the heads on
+    assert record["prompts"]["train"] == len(record["prompts"]["trained_on"])
+    assert record["prompts"]["train"] + record["prompts"]["held_back"] < len(PROMPTS)
+    assert trained_on(folder, record["prompts"]["file"]) == set(record["prompts"]["trained_on"])
+    assert trained_on(folder, folder / "other.jsonl") == set()
     assert [row["head"] for row in record["accuracy_held_back"]] == [0, 1, 2]
     for row in record["accuracy_held_back"]:
         assert 0.0 <= row["top1"] <= row["top5"] <= 1.0 and row["positions"] > 0

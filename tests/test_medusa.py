@@ -2,10 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,9 +13,6 @@ from autotune.profile.io import read_profile
 from autotune.tuners.medusa import build_tree
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-AUTOTUNE = Path(sys.executable).parent / "autotune"
-
 
 class OracleHeads(MedusaHeads):
     """Heads that read the true continuation from a table: their accuracy is known."""
@@ -70,15 +63,6 @@ def test_build_tree_never_returns_an_empty_tree():
     assert tree == [(0,), (0, 0)]
 
 
-def run_cli(args, cwd: Path, timeout: int = 500) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env.pop("AUTOTUNE_STORAGE", None)
-    env["AUTOTUNE_CACHE"] = str(cwd / "cache")
-    env["RAY_USAGE_STATS_ENABLED"] = "0"
-    return subprocess.run([str(AUTOTUNE), *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
 SMALL_MEDUSA_SPACE = """\
 calibration: {prompts: 3, tokens: 16, max_rank: 4}
 tree: {max_nodes: 8, candidates: 2, trials: 3, confirm_prompts: 2, confirm_tokens: 10}
@@ -88,13 +72,10 @@ measure: {confirm_prompts: 2, confirm_tokens: 12}
 
 
 @pytest.mark.ray
-def test_medusa_profile_and_bench_end_to_end(tmp_path, tiny_llama, tiny_llama_dir):
-    torch.manual_seed(0)
-    config = tiny_llama.config
-    heads = MedusaHeads(config.hidden_size, config.vocab_size, num_heads=3)
-    for block in heads.heads:
-        torch.nn.init.normal_(block[0].linear.weight, std=0.3)
-    heads.share_vocab_projection(tiny_llama.lm_head.weight)
+def test_medusa_profile_and_bench_end_to_end(tmp_path, tiny_llama, tiny_llama_dir,
+                                             random_heads, run_autotune):
+    run_cli = run_autotune
+    heads = random_heads(tiny_llama, num_heads=3, std=0.3)
     heads_dir = save_medusa_heads(heads, tmp_path / "heads", "tiny")
     config_json = json.loads((heads_dir / "config.json").read_text())
     config_json["medusa_num_heads"] = 5          # misstated, as published configs are
@@ -133,7 +114,9 @@ def test_medusa_profile_and_bench_end_to_end(tmp_path, tiny_llama, tiny_llama_di
     assert row["tokens_per_step"] >= 1.0
 
 
-def test_profile_medusa_without_heads_is_a_one_line_error(tmp_path, tiny_llama_dir):
+def test_profile_medusa_without_heads_is_a_one_line_error(tmp_path, tiny_llama_dir,
+                                                          run_autotune):
+    run_cli = run_autotune
     done = run_cli(["profile", "--model", tiny_llama_dir, "--methods", "medusa",
                     "--out", tmp_path / "p.yaml"], cwd=tmp_path, timeout=120)
     assert done.returncode == 2
@@ -144,3 +127,28 @@ def test_profile_medusa_without_heads_is_a_one_line_error(tmp_path, tiny_llama_d
                    timeout=120)
     assert done.returncode == 2 and "no medusa_lm_head" in done.stderr
     assert not (tmp_path / "p.yaml").exists()
+
+
+@pytest.mark.embedded
+def test_trained_heads_decode_the_embedded_model_losslessly(embedded_target):
+    """Heads trained briefly by the real trainer on the embedded model: Medusa tree
+    decoding (fused and separate head products) equals plain greedy decoding."""
+    from autotune.drafters.medusa import MedusaDrafter
+    from autotune.engine.decoding import decode_plain, decode_speculative
+    from autotune.heads.train import TrainOptions, train_medusa
+
+    target = embedded_target
+    texts = ["Name three fruits.", "What is rain?", "Say hello in French.",
+             "Count to five.", "What is a cat?", "Describe the sea."]
+    ids = [target.encode_chat(t) for t in texts]
+    options = TrainOptions(num_heads=3, max_new_tokens=24, epochs=2, time_budget_s=None)
+    result = train_medusa(target, ids[:4], ids[4:], options)
+    heads = result.heads
+    runner = Runner(target.model)
+    assert heads.shares_vocab_projection
+    tree = [[0], [1], [0, 0], [2], [0, 1], [0, 0, 0]]
+    for prompt in ids[4:]:
+        reference = decode_plain(runner, prompt, 32).tokens
+        for fused in (True, False):
+            result = decode_speculative(runner, MedusaDrafter(heads, tree, fused=fused), prompt, 32)
+            assert result.tokens == reference

@@ -165,13 +165,8 @@ def test_tree_decoding_is_lossless_and_accepts_deep_paths(tiny_llama):
         assert result.tokens_per_step > 1.5
 
 
-def test_medusa_random_heads_decode_losslessly(tiny_llama):
-    torch.manual_seed(1)
-    config = tiny_llama.config
-    heads = MedusaHeads(config.hidden_size, config.vocab_size, num_heads=3)
-    for block in heads.heads:
-        torch.nn.init.normal_(block[0].linear.weight, std=0.2)
-    heads.share_vocab_projection(tiny_llama.lm_head.weight)
+def test_medusa_random_heads_decode_losslessly(tiny_llama, random_heads):
+    heads = random_heads(tiny_llama, num_heads=3, seed=1)
     runner = Runner(tiny_llama)
     drafter = MedusaDrafter(heads, [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [2], [3]])
     assert drafter.depth == 3
@@ -203,15 +198,11 @@ def test_tree_sampling_runs_and_is_reproducible(tiny_llama):
     assert len(typical.tokens) == 30 or typical.tokens[-1] == 2
 
 
-def test_medusa_heads_fused_into_the_verify_forward_give_the_same_drafts(tiny_llama):
+def test_medusa_heads_fused_into_the_verify_forward_give_the_same_drafts(tiny_llama,
+                                                                        random_heads):
     """Heads sharing the target's lm_head get their logits from the verify forward's own
     product: same tokens, same number of steps as computing them separately."""
-    torch.manual_seed(2)
-    config = tiny_llama.config
-    heads = MedusaHeads(config.hidden_size, config.vocab_size, num_heads=2)
-    for block in heads.heads:
-        torch.nn.init.normal_(block[0].linear.weight, std=0.2)
-    heads.share_vocab_projection(tiny_llama.lm_head.weight)
+    heads = random_heads(tiny_llama, num_heads=2, seed=2)
     runner = Runner(tiny_llama)
     tree = [[0], [1], [0, 0], [2]]
     fused, separate = MedusaDrafter(heads, tree), MedusaDrafter(heads, tree, fused=False)

@@ -424,6 +424,29 @@ def train_medusa(target, search: list[list[int]], held_back: list[list[int]],
                         "report": done - trained, "total": done - started})
 
 
+def heads_split(search: list) -> list:
+    """The part of the search split heads are trained on (two thirds, by category)."""
+    from autotune.prompts import split_prompts
+
+    if len(search) < 3:
+        return search
+    return split_prompts(search, held_back_fraction=1 / 3, seed=1)[0]
+
+
+def trained_on(heads_dir, prompts_path) -> set[str]:
+    """Ids of the prompts in ``prompts_path`` whose answers trained the heads (empty when
+    they were trained on another file, or not by autotune)."""
+    import json
+
+    try:
+        record = json.loads((Path(heads_dir) / "config.json").read_text())["autotune"]["prompts"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+    if Path(record.get("file", "")).resolve() != Path(prompts_path).resolve():
+        return set()
+    return set(record.get("trained_on", []))
+
+
 def check_kind(kind: str) -> None:
     if kind == "eagle":
         raise AutotuneError("EAGLE head training is not built yet: use --kind medusa")
@@ -473,6 +496,10 @@ def run_heads_train(job: HeadsJob) -> tuple[TrainResult, Path]:
     prompts_path = Path(job.prompts).expanduser() if job.prompts else default_prompts_path()
     prompts = load_prompts(prompts_path)
     search, held_back = split_prompts(prompts)
+    # A third of the search split is left to `autotune profile`, which must measure the
+    # heads (accuracy, trees) on answers they were not trained on; the held-back split
+    # stays unseen by both, for the final figures.
+    search = heads_split(search)
     if not held_back:
         raise AutotuneError(f"{prompts_path} has one prompt: heads need at least two "
                             "(one to train on, one held back to measure them)")
@@ -490,13 +517,14 @@ def run_heads_train(job: HeadsJob) -> tuple[TrainResult, Path]:
                           followups)
     # upstream configs name the Hugging Face repo; a local model is named by its path
     base = resolved.source if resolved.source in ALIASES.values() else str(resolved.path)
-    record = _record(job.options, target, prompts_path, (len(search), len(held_back)), result)
+    record = _record(job.options, target, prompts_path, (len(search), len(held_back)), result,
+                     [p.id for p in search])
     save_medusa_heads(result.heads, out, base_model=base, extra={"autotune": record})
     return result, out
 
 
 def _record(options: TrainOptions, target, prompts_path: Path, split: tuple[int, int],
-            result: TrainResult) -> dict:
+            result: TrainResult, trained_on: list[str]) -> dict:
     """What config.json's "autotune" key says about how the heads were made."""
     stats = result.stats
     return {
@@ -504,7 +532,7 @@ def _record(options: TrainOptions, target, prompts_path: Path, split: tuple[int,
         "method": "Medusa-1 self-distillation: frozen target, frozen shared lm_head",
         "model": target.name, "model_fingerprint": target.fingerprint,
         "prompts": {"file": str(prompts_path.resolve()), "train": split[0],
-                    "held_back": split[1]},
+                    "held_back": split[1], "trained_on": trained_on},
         "tokens": {"max_new_tokens": options.max_new_tokens, "train": result.train_tokens,
                    "held_back": result.held_back_tokens},
         "training": {"epochs": round(stats.epochs, 3), "steps": stats.steps,

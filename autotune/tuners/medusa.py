@@ -14,6 +14,8 @@ from autotune.drafters.medusa import MedusaDrafter
 from autotune.engine import small_matmul
 from autotune.engine.sampling import SamplingConfig
 from autotune.engine.verify import TypicalAcceptance
+from autotune.errors import AutotuneError
+from autotune.heads.train import trained_on
 from autotune.measure.costs import LatencyCurve
 from autotune.measure.head_accuracy import HeadAccuracy, measure_head_accuracy, measure_head_costs
 from autotune.measure.timing import Measurement, measure_side_by_side
@@ -169,7 +171,16 @@ def search_medusa(ws: Workspace, space: MedusaSpace, heads_dir: str, limits) -> 
     started = time.monotonic()
     heads = load_heads_for(ws.ref, heads_dir)
     name = ws.target.name
-    search = ws.encode(split_prompts(ws.prompts)[0])
+    # heads are measured on answers they were not trained on
+    seen = trained_on(heads_dir, ws.prompts_path)
+    unseen = [p for p in split_prompts(ws.prompts)[0] if p.id not in seen]
+    if len(unseen) < 4:
+        raise AutotuneError(f"the heads in {heads_dir} were trained on nearly all the search "
+                            "prompts; pass other --prompts, or heads trained by `autotune "
+                            "heads train` (which leaves a third of them out)")
+    if seen:
+        say(f"measuring the heads on {len(unseen)} search prompts they were not trained on")
+    search = ws.encode(unseen)
     # confirmation prompts are spread over the categories and kept out of calibration
     confirm = search[1::max(1, len(search) // max(space.tree.confirm_prompts, 1))]
     confirm = confirm[: space.tree.confirm_prompts]
@@ -185,7 +196,9 @@ def search_medusa(ws: Workspace, space: MedusaSpace, heads_dir: str, limits) -> 
         return {"top_k": acc.top_k, "positions": acc.positions,
                 "paths": [[list(p), v] for p, v in acc.path_accuracy.items()]}
 
-    data = ws.cached_measurement("medusa_accuracy", f"{heads_key}/{space.calibration}",
+    calibration_id = hashlib.sha256(repr(calibration).encode()).hexdigest()[:12]
+    data = ws.cached_measurement("medusa_accuracy",
+                                 f"{heads_key}/{calibration_id}/{space.calibration.max_rank}",
                                  build_accuracy, device_bound=False)
     accuracy = HeadAccuracy(data["top_k"], data["positions"],
                             {tuple(p): v for p, v in data["paths"]})
