@@ -157,11 +157,25 @@ def tune_medusa(ws: Workspace, space: MedusaSpace, heads_dir: str, limits) -> Me
     held = ws.encode(split_prompts(ws.prompts)[1])[: space.measure.confirm_prompts]
     measured = measure_tree(ws, heads, choice.tree, held, space.measure.confirm_tokens,
                             "medusa: held-back measurement")
-    search = ws.encode(split_prompts(ws.prompts)[0])
+    search = ws.encode(unseen_search_prompts(ws, heads_dir))
     acceptance = tune_typical(ws, heads, choice.tree, search[: space.typical.prompts],
                               space.typical)
     return MedusaResult(choice.tree, max(len(p) for p in choice.tree), measured, choice.study,
                         acceptance, choice.accuracy, choice.search)
+
+
+def unseen_search_prompts(ws: Workspace, heads_dir: str, announce: bool = False):
+    """The search split less the prompts whose answers trained the heads: heads are
+    measured on answers they were not trained on."""
+    seen = trained_on(heads_dir, ws.prompts_path)
+    unseen = [p for p in split_prompts(ws.prompts)[0] if p.id not in seen]
+    if len(unseen) < 4:
+        raise AutotuneError(f"the heads in {heads_dir} were trained on nearly all the search "
+                            "prompts; pass other --prompts, or heads trained by `autotune "
+                            "heads train` (which leaves a third of them out)")
+    if seen and announce:
+        say(f"measuring the heads on {len(unseen)} search prompts they were not trained on")
+    return unseen
 
 
 def search_medusa(ws: Workspace, space: MedusaSpace, heads_dir: str, limits) -> MedusaChoice:
@@ -171,16 +185,7 @@ def search_medusa(ws: Workspace, space: MedusaSpace, heads_dir: str, limits) -> 
     started = time.monotonic()
     heads = load_heads_for(ws.ref, heads_dir)
     name = ws.target.name
-    # heads are measured on answers they were not trained on
-    seen = trained_on(heads_dir, ws.prompts_path)
-    unseen = [p for p in split_prompts(ws.prompts)[0] if p.id not in seen]
-    if len(unseen) < 4:
-        raise AutotuneError(f"the heads in {heads_dir} were trained on nearly all the search "
-                            "prompts; pass other --prompts, or heads trained by `autotune "
-                            "heads train` (which leaves a third of them out)")
-    if seen:
-        say(f"measuring the heads on {len(unseen)} search prompts they were not trained on")
-    search = ws.encode(unseen)
+    search = ws.encode(unseen_search_prompts(ws, heads_dir, announce=True))
     # confirmation prompts are spread over the categories and kept out of calibration
     confirm = search[1::max(1, len(search) // max(space.tree.confirm_prompts, 1))]
     confirm = confirm[: space.tree.confirm_prompts]
