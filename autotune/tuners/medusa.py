@@ -131,7 +131,9 @@ def predicted_candidates(accuracy: HeadAccuracy, curve: LatencyCurve, head_secon
     rows.sort(key=lambda r: r[2].tokens_per_second, reverse=True)
     seen, out = set(), []
     for builder, depth, size in rows:
-        key = (builder, depth, size.nodes)
+        # one candidate per distinct tree: head counts or builders past what a small
+        # tree uses give the same tree, and measuring it twice is only noise
+        key = tuple(sorted(tuple(p) for p in size.choices))
         if key in seen:
             continue
         seen.add(key)
