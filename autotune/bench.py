@@ -5,9 +5,9 @@ from pathlib import Path
 
 from autotune.drafters.self_spec import AdaptiveExit, DraftExitPolicy, LayerSkipDrafter
 from autotune.engine.skip import SkipMask
-from autotune.measure.timing import measure_side_by_side
+from autotune.measure.timing import measure_with_progress
 from autotune.profile.io import read_profile
-from autotune.progress import say, step
+from autotune.progress import say
 from autotune.prompts import split_prompts
 from autotune.studies.worker import TargetRef
 from autotune.workspace import Workspace
@@ -48,8 +48,7 @@ def bench_profile(path: Path, prompts: str | None, max_new_tokens: int,
     for name, block in profile.methods:
         if block is None:
             continue
-        with step(f"bench {name}", len(encoded)) as advance:
-            measured = measure_side_by_side(ws.runner, DRAFTERS[name](block, ws), encoded,
-                                            max_new_tokens, on_prompt=lambda _: advance())
+        measured = measure_with_progress(f"bench {name}", ws.runner, DRAFTERS[name](block, ws),
+                                         encoded, max_new_tokens)
         results[name] = {**measured.summary(), "per_prompt": measured.per_prompt()}
     return results

@@ -18,13 +18,10 @@ import sys
 from pathlib import Path
 
 from _report import print_report  # benchmarks/ is on sys.path when run as a script
-from autotune.drafters.medusa import MedusaDrafter
-from autotune.measure.timing import measure_side_by_side
 from autotune.profile.io import read_profile
-from autotune.progress import step
 from autotune.prompts import default_prompts_path, load_prompts
 from autotune.studies.worker import TargetRef
-from autotune.tuners.medusa import load_heads_for, search_medusa
+from autotune.tuners.medusa import load_heads_for, measure_tree, search_medusa
 from autotune.tuners.medusa_tree import MC_SIM_7B_63, chain_tree, clip_tree
 from autotune.tuners.self_spec import SearchLimits
 from autotune.tuners.space import load_medusa_space
@@ -69,9 +66,8 @@ def main() -> int:
     }
     results = {}
     for name, tree in variants.items():
-        with step(f"measure {name} ({len(tree)} nodes)", len(measure_on)) as advance:
-            m = measure_side_by_side(ws.runner, lambda: MedusaDrafter(heads, tree), measure_on,
-                                     args.max_new_tokens, on_prompt=lambda _: advance())
+        m = measure_tree(ws, heads, tree, measure_on, args.max_new_tokens,
+                         f"measure {name} ({len(tree)} nodes)")
         results[name] = {**m.summary(), "nodes": len(tree),
                          "depth": max(len(p) for p in tree), "tree": [list(p) for p in tree]}
     tuned_speed = results["tuned"]["speedup"]

@@ -16,13 +16,12 @@ import argparse
 import sys
 
 from _report import print_report  # benchmarks/ is on sys.path when run as a script
-from autotune.drafters.self_spec import DV_DEFAULT_POLICY, LayerSkipDrafter
-from autotune.measure.timing import measure_side_by_side
+from autotune.drafters.self_spec import DV_DEFAULT_POLICY
 from autotune.progress import step
 from autotune.prompts import default_prompts_path, load_prompts, split_prompts
 from autotune.studies.worker import TargetRef
 from autotune.tuners.dv_baseline import dv_search
-from autotune.tuners.self_spec import SearchLimits, search_self_spec
+from autotune.tuners.self_spec import SearchLimits, measure_policy, search_self_spec
 from autotune.tuners.skip_mask import middle_attention_mask
 from autotune.tuners.space import load_self_spec_space
 from autotune.workspace import Workspace
@@ -59,10 +58,7 @@ def main() -> int:
     }
     results = {}
     for name, (skip, policy) in variants.items():
-        with step(f"measure {name}", len(measure_on)) as advance:
-            m = measure_side_by_side(ws.runner, lambda: LayerSkipDrafter(skip, policy),
-                                     measure_on, args.max_new_tokens,
-                                     on_prompt=lambda _: advance())
+        m = measure_policy(ws, skip, policy, measure_on, args.max_new_tokens, f"measure {name}")
         results[name] = {**m.summary(), "skip": skip.as_dict(),
                          "draft": {"max_tokens": policy.max_tokens,
                                    "exit_threshold": round(policy.exit_threshold, 4),

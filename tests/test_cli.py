@@ -10,7 +10,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 import autotune.models

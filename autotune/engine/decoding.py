@@ -142,15 +142,15 @@ def _verify(runner: Runner, cache, committed: int, last_token: int, draft, sampl
             path, bonus = accept_tree_greedy(draft.tokens, tree, out.logits)
     else:
         probs = probabilities(out.logits, sampling)
+        shape = tree or TreeShape.chain(len(draft.tokens))
         if typical is not None:
-            path, bonus = accept_tree_typical(draft.tokens, tree or TreeShape.chain(len(ids) - 1),
-                                              probs, typical, generator)
+            path, bonus = accept_tree_typical(draft.tokens, shape, probs, typical, generator)
         elif chain and draft.draft_probs is not None:
             accepted, bonus = accept_sampled(draft.tokens, draft.draft_probs, probs, generator)
             path = list(range(accepted))
         else:
-            path, bonus = accept_tree_sampled(draft.tokens, tree or TreeShape.chain(len(ids) - 1),
-                                              draft.draft_probs, probs, generator)
+            path, bonus = accept_tree_sampled(draft.tokens, shape, draft.draft_probs, probs,
+                                              generator)
     rows = [0, *(node + 1 for node in path)]
     if rows == list(range(len(rows))):
         cache.crop(committed + len(rows))

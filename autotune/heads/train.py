@@ -333,7 +333,9 @@ def train_heads(heads: MedusaHeads, data: HeadData, options: TrainOptions,
 # --- report --------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class HeadAccuracy:
+class HeadScore:
+    """One head's accuracy on held-back answers."""
+
     head: int
     offset: int       # tokens ahead of the hidden state it reads (k + 2)
     top1: float
@@ -342,7 +344,7 @@ class HeadAccuracy:
 
 
 @torch.inference_mode()
-def head_accuracy(heads: MedusaHeads, data: HeadData) -> list[HeadAccuracy]:
+def head_accuracy(heads: MedusaHeads, data: HeadData) -> list[HeadScore]:
     """Top-1 / top-5 accuracy of every head, each over its own valid positions (float32)."""
     num_heads = min(heads.num_heads, data.num_heads)
     hits1 = torch.zeros(num_heads, dtype=torch.long)
@@ -355,11 +357,11 @@ def head_accuracy(heads: MedusaHeads, data: HeadData) -> list[HeadAccuracy]:
         hits1 += (top[..., :1] == target).any(-1).sum(-1)
         hits5 += (top == target).any(-1).sum(-1)
     positions = data.positions()[:num_heads]
-    return [HeadAccuracy(k, k + 2, hits1[k].item() / max(n, 1), hits5[k].item() / max(n, 1), n)
+    return [HeadScore(k, k + 2, hits1[k].item() / max(n, 1), hits5[k].item() / max(n, 1), n)
             for k, n in enumerate(positions)]
 
 
-def accuracy_table(accuracy: list[HeadAccuracy], title: str):
+def accuracy_table(accuracy: list[HeadScore], title: str):
     from rich.table import Table
 
     table = Table(title=title)
@@ -376,7 +378,7 @@ def accuracy_table(accuracy: list[HeadAccuracy], title: str):
 @dataclass
 class TrainResult:
     heads: MedusaHeads
-    accuracy: list[HeadAccuracy]   # on the held-back prompts' answers
+    accuracy: list[HeadScore]   # on the held-back prompts' answers
     stats: TrainStats
     train_tokens: int
     held_back_tokens: int

@@ -28,12 +28,14 @@ class HeadAccuracy:
     positions: list[int]                 # per head: positions with an answer
     path_accuracy: dict[tuple[int, ...], float] = field(default_factory=dict)
 
-    def as_dict(self, max_paths: int = 64) -> dict:
-        best = sorted(self.path_accuracy.items(), key=lambda kv: kv[1], reverse=True)[:max_paths]
-        return {"top1": [round(row[0], 4) for row in self.top_k],
-                "top5": [round(row[min(4, len(row) - 1)], 4) for row in self.top_k],
-                "positions": self.positions,
-                "paths": [[list(p), round(v, 4)] for p, v in best]}
+    @property
+    def top1(self) -> list[float]:
+        return [row[0] for row in self.top_k]
+
+    @property
+    def top5(self) -> list[float]:
+        """Within the top 5, or the widest measured when fewer ranks were counted."""
+        return [row[min(4, len(row) - 1)] for row in self.top_k]
 
 
 def _ranks(heads: MedusaHeads, hidden: torch.Tensor, num_heads: int, max_rank: int,

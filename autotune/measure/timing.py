@@ -84,6 +84,17 @@ class Measurement:
                  "lossless": p.lossless} for p in self.prompts]
 
 
+def measure_with_progress(label: str, runner: Runner, make_drafter: Callable[[], Drafter],
+                          prompts: list[tuple[str, list[int]]], max_new_tokens: int,
+                          sampling: SamplingConfig = GREEDY) -> Measurement:
+    """``measure_side_by_side`` with a progress bar, one step a prompt."""
+    from autotune.progress import step
+
+    with step(label, len(prompts)) as advance:
+        return measure_side_by_side(runner, make_drafter, prompts, max_new_tokens, sampling,
+                                    on_prompt=lambda _: advance())
+
+
 def _timed(fn: Callable[[], DecodeResult]) -> tuple[DecodeResult, float]:
     start = time.perf_counter()
     result = fn()

@@ -18,7 +18,7 @@ from autotune.errors import AutotuneError
 from autotune.heads.train import trained_on
 from autotune.measure.costs import LatencyCurve
 from autotune.measure.head_accuracy import HeadAccuracy, measure_head_accuracy, measure_head_costs
-from autotune.measure.timing import Measurement, measure_side_by_side
+from autotune.measure.timing import Measurement, measure_side_by_side, measure_with_progress
 from autotune.progress import say, step
 from autotune.prompts import split_prompts
 from autotune.studies.worker import TargetRef, cached
@@ -107,9 +107,8 @@ def _heads_id(heads_dir: str) -> str:
 
 
 def measure_tree(ws: Workspace, heads, tree, prompts, tokens: int, label: str) -> Measurement:
-    with step(label, len(prompts)) as advance:
-        return measure_side_by_side(ws.runner, lambda: MedusaDrafter(heads, tree), prompts,
-                                    tokens, on_prompt=lambda _: advance())
+    return measure_with_progress(label, ws.runner, lambda: MedusaDrafter(heads, tree), prompts,
+                                 tokens)
 
 
 def predicted_candidates(accuracy: HeadAccuracy, curve: LatencyCurve, head_seconds: list[float],
@@ -209,8 +208,8 @@ def search_medusa(ws: Workspace, space: MedusaSpace, heads_dir: str, limits) -> 
                                  build_accuracy, device_bound=False)
     accuracy = HeadAccuracy(data["top_k"], data["positions"],
                             {tuple(p): v for p, v in data["paths"]})
-    say("medusa heads top-1: " + ", ".join(f"{a[0]:.3f}" for a in accuracy.top_k)
-        + "; top-5: " + ", ".join(f"{a[min(4, len(a) - 1)]:.3f}" for a in accuracy.top_k))
+    say("medusa heads top-1: " + ", ".join(f"{a:.3f}" for a in accuracy.top1)
+        + "; top-5: " + ", ".join(f"{a:.3f}" for a in accuracy.top5))
     curve = ws.verify_curve(space.tree.max_nodes + 1)
     head_seconds = measure_head_costs(ws.runner, heads)
     say(f"one target forward {curve(1) * 1e3:.1f} ms; heads (1..{heads.num_heads}) "
@@ -249,8 +248,8 @@ def search_medusa(ws: Workspace, space: MedusaSpace, heads_dir: str, limits) -> 
     search_info = {
         "trials": len(study.trials), "complete": len(done),
         "best_search_speedup": round(best.value, 4) if done else None,
-        "head_top1": [round(a[0], 4) for a in accuracy.top_k],
-        "head_top5": [round(a[min(4, len(a) - 1)], 4) for a in accuracy.top_k],
+        "head_top1": [round(a, 4) for a in accuracy.top1],
+        "head_top5": [round(a, 4) for a in accuracy.top5],
         "head_seconds": [round(s, 5) for s in head_seconds],
         "predicted_top": candidates[:8],
         "measured_trials": sorted(
@@ -309,7 +308,8 @@ def tune_typical(ws: Workspace, heads, tree, prompts, space: TypicalSpace) -> di
         for rule in pairs:
             rows.append(typical_statistics(ws, heads, tree, prompts, rule, sampling, space.tokens))
             advance()
-    default = next(r for r in rows if (r["eps"], r["delta"]) == (0.09, 0.3))
+    medusa = MEDUSA_DEFAULT_TYPICAL
+    default = next(r for r in rows if (r["eps"], r["delta"]) == (medusa.eps, medusa.delta))
     floor = space.min_fidelity if space.min_fidelity is not None else default["fidelity"]
     allowed = [r for r in rows if r["fidelity"] >= floor - 1e-9] or [default]
     best = max(allowed, key=lambda r: (r["tokens_per_step"], r["fidelity"]))

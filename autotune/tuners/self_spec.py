@@ -10,8 +10,8 @@ import optuna
 from autotune.drafters.self_spec import (DV_DEFAULT_POLICY, DraftExitPolicy,
                                          LayerSkipDrafter)
 from autotune.engine.skip import SkipMask
-from autotune.measure.timing import Measurement, measure_side_by_side
-from autotune.progress import say, step
+from autotune.measure.timing import Measurement, measure_with_progress
+from autotune.progress import say
 from autotune.prompts import split_prompts
 from autotune.studies.tune import StudySpec, run_study
 from autotune.tuners import draft_exit, skip_mask
@@ -45,9 +45,8 @@ def _sampler(name: str, seed: int = 0):
 
 def measure_policy(ws: Workspace, skip: SkipMask, policy: DraftExitPolicy,
                    prompts: list[tuple[str, list[int]]], tokens: int, label: str) -> Measurement:
-    with step(label, len(prompts)) as advance:
-        return measure_side_by_side(ws.runner, lambda: LayerSkipDrafter(skip, policy), prompts,
-                                    tokens, on_prompt=lambda _: advance())
+    return measure_with_progress(label, ws.runner, lambda: LayerSkipDrafter(skip, policy),
+                                 prompts, tokens)
 
 
 @dataclass
