@@ -30,6 +30,9 @@ class DraftContext:
     # Logits a drafter asked the target's verify forward to compute for it (see
     # ``Drafter.extra_rows``), at the position of the last row of ``hidden``.
     extra_logits: torch.Tensor | None = None
+    # The tokens at the positions of ``hidden``'s rows (the prompt, then the root and the
+    # accepted path): with ``last_token`` they give each row's next token.
+    tokens: list[int] | None = None
 
 
 @dataclass

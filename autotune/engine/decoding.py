@@ -96,20 +96,24 @@ def decode_speculative(runner: Runner, drafter: Drafter, prompt: list[int],
     extra_rows = drafter.extra_rows(runner) if hasattr(drafter, "extra_rows") else None
     cache, out = _prefill(runner, prompt, max_new_tokens, extra_rows)
     tokens = [_pick(out.logits[-1], sampling, generator)]
-    hidden, extra = out.hidden, _extra_at(out, 0, 1)
+    hidden, extra, committed_tokens = out.hidden, _extra_at(out, 0, 1), list(prompt)
     result = DecodeResult(tokens=tokens)
-    while not _finished(tokens, max_new_tokens, runner.eos_token_ids):
+    ended = False  # an end-of-sequence token was emitted (maybe inside an accepted path)
+    while not ended and not _finished(tokens, max_new_tokens, runner.eos_token_ids):
         committed = len(prompt) + len(tokens) - 1  # the last token is not in the cache yet
         budget = max_new_tokens - len(tokens)
         draft = drafter.propose(DraftContext(runner, cache, tokens[-1], committed, budget,
-                                             sampling, generator, hidden, extra))
+                                             sampling, generator, hidden, extra,
+                                             committed_tokens))
         cache.crop(committed)
         path, bonus, hidden, logits, extra = _verify(runner, cache, committed, tokens[-1], draft,
                                                      sampling, typical, generator, extra_rows)
         if on_verify is not None:
             on_verify(draft, path, logits)
-        tokens.extend(draft.tokens[node] for node in path)
+        committed_tokens = [tokens[-1], *(draft.tokens[node] for node in path)]
+        tokens.extend(committed_tokens[1:])
         tokens.append(bonus)
+        ended = not runner.eos_token_ids.isdisjoint(committed_tokens[1:] + [bonus])
         drafter.observe(VerifyResult(len(draft.tokens), len(path), path))
         result.steps += 1
         result.drafted += len(draft.tokens)

@@ -68,7 +68,7 @@ class Runner:
             if index not in skip.attention:
                 prefix = cache.length(index)
                 if prefix not in masks:
-                    masks[prefix] = self._additive_mask(mask, prefix, seq)
+                    masks[prefix] = additive_mask(mask, prefix, seq, self.dtype, self.device)
                 attn_out, _ = layer.self_attn(
                     hidden_states=layer.input_layernorm(hidden), position_embeddings=rope,
                     attention_mask=masks[prefix], past_key_values=cache)
@@ -84,19 +84,24 @@ class Runner:
         return ForwardOutput(logits=logits[: len(normed)], hidden=hidden,
                              extra_logits=logits[len(normed):])
 
-    def _additive_mask(self, mask: torch.Tensor | None, prefix: int, seq: int):
-        if mask is None:
-            if seq == 1:
-                return None  # one query sees the whole cache: no mask needed
-            mask = torch.ones(seq, seq, dtype=torch.bool, device=self.device).tril()
-        if mask.shape[1] == seq:
-            visible = torch.ones(seq, prefix, dtype=torch.bool, device=self.device)
-            mask = torch.cat([visible, mask.to(self.device)], dim=1)
-        elif mask.shape[1] != prefix + seq:
-            raise ValueError(f"mask has {mask.shape[1]} columns; expected {seq} or {prefix + seq}")
-        additive = torch.zeros(mask.shape, dtype=self.dtype, device=self.device)
-        additive.masked_fill_(~mask.to(self.device), torch.finfo(self.dtype).min)
-        return additive.view(1, 1, seq, -1)
+
+def additive_mask(mask: torch.Tensor | None, prefix: int, seq: int, dtype: torch.dtype,
+                  device) -> torch.Tensor | None:
+    """The float mask [1, 1, S, P + S] attention modules take, from a bool mask (True = may
+    attend) over the new tokens [S, S] (the cached prefix fully visible) or over the prefix
+    and the new tokens [S, P + S]; None = causal (and None for one query: it sees all)."""
+    if mask is None:
+        if seq == 1:
+            return None
+        mask = torch.ones(seq, seq, dtype=torch.bool, device=device).tril()
+    if mask.shape[1] == seq:
+        visible = torch.ones(seq, prefix, dtype=torch.bool, device=device)
+        mask = torch.cat([visible, mask.to(device)], dim=1)
+    elif mask.shape[1] != prefix + seq:
+        raise ValueError(f"mask has {mask.shape[1]} columns; expected {seq} or {prefix + seq}")
+    additive = torch.zeros(mask.shape, dtype=dtype, device=device)
+    additive.masked_fill_(~mask.to(device), torch.finfo(dtype).min)
+    return additive.view(1, 1, seq, -1)
 
 
 def _eos_ids(config) -> frozenset[int]:

@@ -59,6 +59,37 @@ def _ranks(heads: MedusaHeads, hidden: torch.Tensor, num_heads: int, max_rank: i
     return out
 
 
+class RankTally:
+    """Counts, over draft positions, the rank of the true token at each depth: per-depth
+    top-k hits (each depth over the positions where its answer exists) and whole paths."""
+
+    def __init__(self, depth: int, max_rank: int):
+        self.hits = torch.zeros(depth, max_rank)
+        self.positions = [0] * depth
+        self.paths: Counter = Counter()
+
+    def add(self, ranks: list[int], available: int) -> None:
+        """ranks[d]: rank of the true token at depth d + 1 (-1: not in the top max_rank);
+        only the first ``available`` depths have a true token."""
+        path: tuple[int, ...] = ()
+        for d, rank in enumerate(ranks[:max(available, 0)]):
+            self.positions[d] += 1
+            if rank >= 0:
+                self.hits[d, rank] += 1
+            if rank < 0 or len(path) < d:
+                continue
+            path = path + (rank,)
+            self.paths[path] += 1
+
+    def accuracy(self) -> HeadAccuracy:
+        depth = len(self.positions)
+        top_k = [(self.hits[d].cumsum(0) / max(self.positions[d], 1)).tolist()
+                 for d in range(depth)]
+        return HeadAccuracy(top_k=top_k, positions=list(self.positions),
+                            path_accuracy={p: n / self.positions[len(p) - 1]
+                                           for p, n in self.paths.items()})
+
+
 @torch.inference_mode()
 def measure_head_accuracy(runner: Runner, heads: MedusaHeads,
                           calibration: list[tuple[list[int], list[int]]],
@@ -66,9 +97,7 @@ def measure_head_accuracy(runner: Runner, heads: MedusaHeads,
                           progress=None) -> HeadAccuracy:
     """calibration: (prompt, greedy continuation) pairs."""
     num_heads = heads.num_heads if num_heads is None else num_heads
-    hits = torch.zeros(num_heads, max_rank)
-    positions = [0] * num_heads
-    paths: Counter = Counter()
+    tally = RankTally(num_heads, max_rank)
     for prompt, continuation in calibration:
         sequence = prompt + continuation
         cache = runner.new_cache(capacity=len(sequence) + 8)
@@ -80,22 +109,10 @@ def measure_head_accuracy(runner: Runner, heads: MedusaHeads,
         truth = sequence[first:]                    # truth[j + k + 2] answers head k at row j
         ranks = _ranks(heads, hidden, num_heads, max_rank, truth).tolist()
         for j, row in enumerate(ranks):
-            path: tuple[int, ...] = ()
-            for k, rank in enumerate(row):
-                if j + k + 2 >= len(truth):
-                    break
-                positions[k] += 1
-                if rank >= 0:
-                    hits[k, rank] += 1
-                if rank < 0 or len(path) < k:
-                    continue
-                path = path + (rank,)
-                paths[path] += 1
+            tally.add(row, len(truth) - j - 2)
         if progress:
             progress()
-    top_k = [(hits[k].cumsum(0) / max(positions[k], 1)).tolist() for k in range(num_heads)]
-    path_accuracy = {p: n / positions[len(p) - 1] for p, n in paths.items()}
-    return HeadAccuracy(top_k=top_k, positions=positions, path_accuracy=path_accuracy)
+    return tally.accuracy()
 
 
 @torch.inference_mode()

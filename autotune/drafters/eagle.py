@@ -1,0 +1,212 @@
+"""EAGLE drafting: the head extrapolates the target's features autoregressively, with a
+KV cache of its own, and its top tokens fill a static tree (EAGLE-1) or a tree grown per
+step by draft confidence (EAGLE-2's dynamic expansion).
+
+The head's cache holds one pair (target feature f_t, token x_{t+1}) per committed
+position t. Each proposal first appends the pairs committed since the last one (their
+features come from the target's verify forward), then drafts below the root (the last
+committed token at position p): a node at depth d holds a guess of x_{p+d}; expanding it
+runs the head on (its parent's output, its token) at position p + d - 1, attending to
+the committed pairs and its own ancestors. Draft entries are dropped from the head's
+cache at the next proposal.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from autotune.drafters.base import Draft, DraftContext, VerifyResult
+from autotune.engine.tree import ROOT, TreeShape, check_tree
+from autotune.heads.eagle import EagleHead
+
+# EAGLE-1's published 25-node static tree (SafeAILab/EAGLE, eagle/model/choices.py).
+EAGLE1_TREE: tuple[tuple[int, ...], ...] = (
+    (0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0),
+    (0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 0), (0, 1, 1), (0, 2, 0), (0, 2, 1), (1, 0, 0),
+    (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 2), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1),
+)
+
+
+@dataclass(frozen=True)
+class StaticTree:
+    """Node [r1, ..., rd] holds the rank-rd token of the head's step-d distribution below
+    the path [r1, ..., r(d-1)]."""
+
+    choices: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "choices", tuple(check_tree(self.choices)))
+
+
+@dataclass(frozen=True)
+class DynamicTree:
+    """EAGLE-2: ``top_k`` children per frontier node, the best ``top_k`` by cumulative draft
+    log-probability kept as the next frontier, ``depth`` expansions after the first level,
+    then the best ``total_tokens - 1`` nodes of all (the root makes ``total_tokens``)."""
+
+    total_tokens: int
+    depth: int
+    top_k: int
+
+    def __post_init__(self):
+        if self.total_tokens < 2 or self.depth < 0 or self.top_k < 1:
+            raise ValueError(f"dynamic tree needs total_tokens >= 2, depth >= 0, top_k >= 1; "
+                             f"got {self.total_tokens}, {self.depth}, {self.top_k}")
+
+
+@dataclass
+class _Nodes:
+    """A growing draft tree; ``scores``: cumulative draft log-probabilities."""
+
+    tokens: list[int]
+    parents: list[int]
+    scores: list[float]
+    depths: list[int]
+
+    def add(self, token: int, parent: int, score: float) -> int:
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.scores.append(score)
+        self.depths.append(1 if parent == ROOT else self.depths[parent] + 1)
+        return len(self.tokens) - 1
+
+
+class EagleDrafter:
+    def __init__(self, head: EagleHead, tree: StaticTree | DynamicTree):
+        self.head, self.tree = head, tree
+        self.cache = None
+        self.committed = 0        # pairs in the head's cache that the target confirmed
+        if isinstance(tree, StaticTree):
+            self._plan_static(tree.choices)
+
+    def reset(self) -> None:
+        self.cache, self.committed = None, 0
+
+    def observe(self, result: VerifyResult) -> None:
+        pass
+
+    def propose(self, context: DraftContext) -> Draft:
+        with torch.inference_mode():
+            root = self._commit(context)
+            if isinstance(self.tree, StaticTree):
+                nodes = self._static(context, root)
+                return Draft(nodes.tokens, tree=self._static_shape)
+            nodes = self._dynamic(context, root)
+        return Draft(*self._keep_best(nodes, self.tree.total_tokens - 1))
+
+    # --- the head's cache --------------------------------------------------------------
+
+    def _commit(self, context: DraftContext) -> torch.Tensor:
+        """Append the newly committed pairs; return the head's output at the root's pair."""
+        runner = context.runner
+        hidden, tokens = context.hidden, context.tokens
+        if hidden is None or tokens is None:
+            raise ValueError("EAGLE drafting needs the target's hidden states and tokens")
+        if self.cache is None:
+            self.cache = self.head.new_cache(capacity=context.position + context.max_tokens + 256)
+        self.cache.crop(self.committed)
+        count = hidden.shape[0]
+        if self.committed + count != context.position:
+            raise RuntimeError(f"head cache out of step: {self.committed} pairs + {count} new "
+                               f"!= position {context.position}")
+        next_tokens = torch.tensor([*tokens[1:], context.last_token], device=runner.device)
+        positions = torch.arange(self.committed, context.position, device=runner.device)
+        out = self.head(runner.norm(hidden)[None], runner.embed(next_tokens)[None],
+                        positions[None], self.cache)[0]
+        self.committed = context.position
+        self._column: dict[int, int] = {}                 # node -> its head-cache column
+        self._columns: dict[int, list[int]] = {ROOT: []}  # node -> its ancestors' columns
+        return out[-1:]
+
+    def _expand(self, context: DraftContext, nodes: _Nodes, chosen: list[int],
+                features: torch.Tensor) -> torch.Tensor:
+        """Run the head on nodes ``chosen`` (features [S, H]: their parents' outputs);
+        return their outputs [S, H]."""
+        runner, cache = context.runner, self.cache
+        prefix = cache.length(0)
+        mask = torch.zeros(len(chosen), prefix + len(chosen), dtype=torch.bool)
+        mask[:, : self.committed] = True
+        for row, node in enumerate(chosen):
+            parent = nodes.parents[node]
+            seen = self._columns[parent] + ([] if parent == ROOT else [self._column[parent]])
+            self._columns[node] = seen
+            mask[row, seen] = True
+            mask[row, prefix + row] = True
+            self._column[node] = prefix + row
+        ids = torch.tensor([nodes.tokens[n] for n in chosen], device=runner.device)
+        positions = torch.tensor([context.position + nodes.depths[n] - 1 for n in chosen],
+                                 device=runner.device)
+        return self.head(features[None], runner.embed(ids)[None], positions[None], cache,
+                         mask.to(runner.device))[0]
+
+    # --- static trees ------------------------------------------------------------------
+
+    def _plan_static(self, choices) -> None:
+        self._static_shape = TreeShape.from_choices(choices)
+        self._ranks = [path[-1] for path in choices]
+        depth = max(len(path) for path in choices)
+        self._levels = [[i for i, p in enumerate(choices) if len(p) == d]
+                        for d in range(1, depth + 1)]
+        has_children = {p[:-1] for p in choices if len(p) > 1}
+        self._expanded = [[i for i in level if choices[i] in has_children]
+                          for level in self._levels]
+
+    def _static(self, context: DraftContext, root: torch.Tensor) -> _Nodes:
+        runner = context.runner
+        parents = self._static_shape.parents
+        nodes = _Nodes([], [], [], [])
+        outputs = {ROOT: root[0]}
+        top = {ROOT: runner.lm_head(root)[0]}
+        for level, expanded in zip(self._levels, self._expanded):
+            for node in level:
+                parent = parents[node]
+                if not isinstance(top[parent], list):
+                    top[parent] = top[parent].topk(self._widest(parent)).indices.tolist()
+                nodes.add(top[parent][self._ranks[node]], parent, 0.0)
+            if expanded:
+                features = torch.stack([outputs[parents[n]] for n in expanded])
+                out = self._expand(context, nodes, expanded, features)
+                logits = runner.lm_head(out)
+                for row, node in enumerate(expanded):
+                    outputs[node], top[node] = out[row], logits[row]
+        return nodes
+
+    def _widest(self, parent: int) -> int:
+        shape = self._static_shape
+        return 1 + max(self._ranks[child] for child in shape.children[parent + 1])
+
+    # --- EAGLE-2 dynamic trees ---------------------------------------------------------
+
+    def _dynamic(self, context: DraftContext, root: torch.Tensor) -> _Nodes:
+        runner, tree = context.runner, self.tree
+        nodes = _Nodes([], [], [], [])
+        scores, tokens = runner.lm_head(root).float().log_softmax(-1)[0].topk(tree.top_k)
+        frontier = [nodes.add(t, ROOT, s) for t, s in zip(tokens.tolist(), scores.tolist())]
+        features = root.expand(len(frontier), -1)
+        for _ in range(tree.depth):
+            out = self._expand(context, nodes, frontier, features)
+            logp = runner.lm_head(out).float().log_softmax(-1)
+            child_logp, child_tokens = logp.topk(tree.top_k, dim=-1)            # [F, k]
+            total = torch.tensor([nodes.scores[n] for n in frontier])[:, None] + child_logp.cpu()
+            children = [[nodes.add(t, parent, s) for t, s in zip(row_t, row_s)]
+                        for parent, row_t, row_s in zip(frontier, child_tokens.tolist(),
+                                                       total.tolist())]
+            flat = [c for row in children for c in row]
+            best = sorted(range(len(flat)), key=lambda i: -nodes.scores[flat[i]])[: tree.top_k]
+            frontier = [flat[i] for i in best]
+            features = out[[i // tree.top_k for i in best]]
+        return nodes
+
+    @staticmethod
+    def _keep_best(nodes: _Nodes, count: int) -> tuple[list[int], None, TreeShape]:
+        """The ``count`` best nodes by cumulative log-probability, as a tree: a child never
+        scores above its parent, and ties go to the shallower node, so every kept node's
+        parent is kept."""
+        ranked = sorted(range(len(nodes.tokens)),
+                        key=lambda n: (-nodes.scores[n], nodes.depths[n], n))[:count]
+        kept = sorted(ranked, key=lambda n: (nodes.depths[n], n))
+        index = {node: i for i, node in enumerate(kept)}
+        parents = tuple(ROOT if nodes.parents[n] == ROOT else index[nodes.parents[n]]
+                        for n in kept)
+        return [nodes.tokens[n] for n in kept], None, TreeShape(parents)

@@ -1,0 +1,189 @@
+"""The EAGLE draft head: the module, and the upstream checkpoint layout.
+
+Layout (SafeAILab/EAGLE, EAGLE-1 and EAGLE-2): a folder with ``config.json``, the
+target's LlamaConfig with ``num_hidden_layers: 1``, and ``model.safetensors`` or
+``pytorch_model.bin`` holding ``fc.weight`` [H, 2H] (+ ``fc.bias``), ``layers.0.*`` (a
+LLaMA decoder layer whose first layer has no ``input_layernorm``) and usually a copy of
+the target's ``embed_tokens.weight``.
+
+The head reads pairs (feature f_t, token x_{t+1}) at position t. f_t is the target's last
+hidden state after its final norm (what its lm_head reads); the head's output at t is its
+guess of f_{t+1}, which the target's frozen lm_head turns into a guess of x_{t+2}, and
+which the head reads back as the feature of the next pair when it drafts further ahead.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from autotune.engine.kvcache import KVCache
+from autotune.engine.runner import additive_mask
+from autotune.heads.medusa import HeadsError
+
+CONFIG = "config.json"
+WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+_PREFIXES = ("ea_layer.", "module.", "model.")
+
+
+class EagleHead(nn.Module):
+    def __init__(self, config, bias: bool = True):
+        from transformers.models.llama.modeling_llama import (LlamaDecoderLayer,
+                                                              LlamaRotaryEmbedding)
+
+        super().__init__()
+        if getattr(config, "_attn_implementation", None) in (None, "flash_attention_2"):
+            config._attn_implementation = "sdpa"  # a bare module: nothing else picks one
+        self.config = config
+        hidden = config.hidden_size
+        self.fc = nn.Linear(2 * hidden, hidden, bias=bias)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, layer_idx=i)
+                                    for i in range(config.num_hidden_layers))
+        # EAGLE's first layer reads fc's output without a norm: its input is already a
+        # feature on the target's normed scale
+        self.layers[0].input_layernorm = nn.Identity()
+        self.rotary = LlamaRotaryEmbedding(config)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    def new_cache(self, capacity: int = 512) -> KVCache:
+        cfg = self.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        weight = self.fc.weight
+        return KVCache(len(self.layers), cfg.num_key_value_heads, head_dim, weight.dtype,
+                       weight.device, capacity)
+
+    def forward(self, features: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
+                cache: KVCache | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Predicted next features [B, S, H] for pairs (features, embeds) [B, S, H] at
+        ``positions`` [B, S].
+
+        With ``cache`` (B = 1), keys/values are appended to it and ``mask`` is a bool mask
+        as ``Runner.forward`` takes it ([S, S] or [S, P + S], None = causal). Without it,
+        ``mask`` is an additive float mask [B, 1, S, S] (None = causal).
+        """
+        hidden = self.fc(torch.cat([embeds, features], dim=-1))
+        rope = self.rotary(hidden, positions.expand(hidden.shape[0], -1))
+        if cache is not None:
+            mask = additive_mask(mask, cache.length(0), hidden.shape[1], hidden.dtype,
+                                 hidden.device)
+        elif mask is None and hidden.shape[1] > 1:
+            seq = hidden.shape[1]
+            causal = torch.ones(seq, seq, dtype=torch.bool, device=hidden.device).tril()
+            mask = additive_mask(causal, 0, seq, hidden.dtype, hidden.device)
+        for layer in self.layers:
+            attn_out, _ = layer.self_attn(
+                hidden_states=layer.input_layernorm(hidden), position_embeddings=rope,
+                attention_mask=mask, past_key_values=cache)
+            hidden = hidden + attn_out
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return hidden
+
+
+def head_config(target_config):
+    """The head's config: the target's, with one layer (what upstream heads ship)."""
+    config = copy.deepcopy(target_config)
+    config.num_hidden_layers = 1
+    config.tie_word_embeddings = False
+    return config
+
+
+def save_eagle_head(head: EagleHead, folder: str | Path, embed_weight: torch.Tensor,
+                    base_model: str, extra: dict | None = None) -> Path:
+    """Write the upstream layout (``model.safetensors``; the target's embedding is stored
+    too, as upstream checkpoints carry it)."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {key: value.detach().contiguous().clone()
+             for key, value in head.state_dict().items() if not key.startswith("rotary.")}
+    state["embed_tokens.weight"] = embed_weight.detach().contiguous().clone()
+    save_file(state, str(folder / WEIGHTS[0]))
+    config = head.config.to_dict()
+    config.update({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": len(head.layers),
+                   "bias": head.fc.bias is not None,
+                   "base_model_name_or_path": base_model, **(extra or {})})
+    (folder / CONFIG).write_text(json.dumps(config, indent=2, default=str) + "\n")
+    return folder
+
+
+def _read_state(folder: Path) -> dict[str, torch.Tensor]:
+    for name in WEIGHTS:
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            if name.endswith(".safetensors"):
+                from safetensors.torch import load_file
+                state = load_file(str(path))
+            else:
+                state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # a truncated or foreign file: say which one
+            raise HeadsError(f"cannot read EAGLE weights {path}: {exc}") from None
+        out = {}
+        for key, value in state.items():
+            for prefix in _PREFIXES:
+                key = key.removeprefix(prefix)
+            out[key] = value
+        return out
+    raise HeadsError(f"no {' or '.join(WEIGHTS)} in {folder}: pass an EAGLE head folder "
+                     "(config.json + model.safetensors or pytorch_model.bin), or train one "
+                     "with `autotune heads train --kind eagle`")
+
+
+def _read_config(folder: Path):
+    from transformers import LlamaConfig
+
+    try:
+        raw = json.loads((folder / CONFIG).read_text())
+    except OSError:
+        raise HeadsError(f"no {CONFIG} in {folder}: an EAGLE head folder needs the head's "
+                         "LlamaConfig") from None
+    except ValueError as exc:
+        raise HeadsError(f"{folder / CONFIG} is not valid JSON: {exc}") from None
+    keep = {k: v for k, v in raw.items() if k not in ("autotune", "architectures")}
+    return LlamaConfig(**keep)
+
+
+def load_eagle_head(folder: str | Path, target_config, dtype: torch.dtype = torch.float32,
+                    device: str | torch.device = "cpu") -> EagleHead:
+    """Load a head in the upstream layout and check it fits the target. The layer count
+    and fc's bias come from the weights; the target's embedding is used, not the copy."""
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        raise HeadsError(f"EAGLE head folder {folder} not found")
+    config = _read_config(folder)
+    state = _read_state(folder)
+    if "fc.weight" not in state:
+        raise HeadsError(f"{folder}: no 'fc.weight' among the weights: not an EAGLE-1/2 head "
+                         "(EAGLE-3 heads, with fc over three layers' features, are not supported)")
+    hidden = state["fc.weight"].shape[0]
+    if state["fc.weight"].shape[1] != 2 * hidden:
+        raise HeadsError(f"{folder}: fc.weight is {list(state['fc.weight'].shape)}; an EAGLE-1/2 "
+                         f"head has [{hidden}, {2 * hidden}]")
+    if (hidden, config.vocab_size) != (target_config.hidden_size, target_config.vocab_size):
+        raise HeadsError(f"the head in {folder} is for hidden size {hidden} and vocabulary "
+                         f"{config.vocab_size}; the model has {target_config.hidden_size} and "
+                         f"{target_config.vocab_size}: train a head for this model with "
+                         "`autotune heads train --kind eagle`")
+    layers = 1 + max((int(k.split(".")[1]) for k in state if k.startswith("layers.")), default=-1)
+    if layers < 1:
+        raise HeadsError(f"{folder}: no decoder layer weights ('layers.0.*')")
+    config.num_hidden_layers = layers
+    head = EagleHead(config, bias="fc.bias" in state)
+    expected = {k for k in head.state_dict() if not k.startswith("rotary.")}
+    missing = expected - state.keys()
+    if missing:
+        raise HeadsError(f"{folder}: weights missing for {sorted(missing)[:4]}")
+    head.load_state_dict({k: state[k] for k in expected}, strict=False)
+    return head.to(dtype=dtype, device=device).eval().requires_grad_(False)

@@ -1,0 +1,87 @@
+"""How often an EAGLE head is right, along the target's own greedy decoding.
+
+At every position t of a calibration continuation the head drafts ahead as it does in a
+tree: step 1 reads the target's features up to t; step k > 1 reads its own step k - 1
+output as the feature, with the true token at that depth. In a tree, the child of a node
+holding the true token is computed from exactly these inputs, so the rank of the true
+token at each step decides which tree paths are accepted: depth d sees the head's own
+d-step extrapolation, not the target's features.
+
+All positions are drafted at once: one masked forward per step, in which position t's
+query sees the committed pairs up to t and its own earlier steps only.
+"""
+from __future__ import annotations
+
+import torch
+
+from autotune.engine.runner import Runner
+from autotune.heads.eagle import EagleHead
+from autotune.measure.head_accuracy import HeadAccuracy, RankTally
+
+
+def _rank_of(logits: torch.Tensor, truth: torch.Tensor, max_rank: int) -> torch.Tensor:
+    """Rank of truth[i] in logits[i]'s top ``max_rank``, or -1."""
+    top = logits.topk(max_rank, dim=-1).indices
+    hit = top == truth[:, None]
+    return torch.where(hit.any(-1), hit.int().argmax(-1), torch.full_like(truth, -1))
+
+
+@torch.inference_mode()
+def extrapolation_ranks(head: EagleHead, runner: Runner, features: torch.Tensor,
+                        tokens: list[int], first: int, depth: int,
+                        max_rank: int = 10) -> torch.Tensor:
+    """[R, depth]: for roots t = first .. n - 2 (R of them), the rank of the true token
+    x_{t+k+1} in the head's step-k logits, -1 if it is not in the top ``max_rank`` or lies
+    past the sequence's end.
+
+    features: [n - 1, H] the target's normed features f_0 .. f_{n-2} of ``tokens`` (n).
+    """
+    n, device = len(tokens), features.device
+    ids = torch.tensor(tokens, device=device)
+    roots = torch.arange(first, n - 1, device=device)
+    count = len(roots)
+    cache = head.new_cache(capacity=n + depth * count + 8)
+    committed = head(features[None], runner.embed(ids[1:])[None],
+                     torch.arange(n - 1, device=device)[None], cache)[0]
+    ranks = torch.full((count, depth), -1, dtype=torch.long)
+    previous = committed[roots]                      # step-1 outputs, one per root
+    for k in range(1, depth + 1):
+        if k > 1:
+            token_at = (roots + k).clamp(max=n - 1)  # the true token at depth k - 1
+            prefix = cache.length(0)
+            mask = torch.zeros(count, prefix + count, dtype=torch.bool, device=device)
+            mask[:, : n - 1] = torch.arange(n - 1, device=device)[None] <= roots[:, None]
+            own = torch.arange(count, device=device)
+            for step in range(k - 1):               # this root's earlier steps, and itself
+                mask[own, n - 1 + step * count + own] = True
+            previous = head(previous[None], runner.embed(ids[token_at])[None],
+                            (roots + k - 1)[None], cache, mask)[0]
+        truth_at = roots + k + 1
+        inside = truth_at < n
+        rank = _rank_of(runner.lm_head(previous).float(), ids[truth_at.clamp(max=n - 1)],
+                        max_rank)
+        ranks[:, k - 1] = torch.where(inside, rank, torch.full_like(rank, -1)).cpu()
+    return ranks
+
+
+@torch.inference_mode()
+def measure_eagle_accuracy(runner: Runner, head: EagleHead,
+                           calibration: list[tuple[list[int], list[int]]], depth: int,
+                           max_rank: int = 10, progress=None) -> HeadAccuracy:
+    """Per-depth top-k accuracy and path accuracy over (prompt, greedy continuation)
+    pairs; depth d counts positions whose true token at depth d exists."""
+    tally = RankTally(depth, max_rank)
+    for prompt, continuation in calibration:
+        sequence = prompt + continuation
+        cache = runner.new_cache(capacity=len(sequence) + 8)
+        ids = torch.tensor(sequence[:-1], device=runner.device)
+        out = runner.forward(ids, torch.arange(len(ids), device=runner.device), cache,
+                             last_only=True)
+        first = len(prompt) - 1      # the root whose next token is continuation[0]
+        ranks = extrapolation_ranks(head, runner, runner.norm(out.hidden), sequence, first,
+                                    depth, max_rank).tolist()
+        for i, row in enumerate(ranks):
+            tally.add(row, len(sequence) - (first + i) - 2)
+        if progress:
+            progress()
+    return tally.accuracy()

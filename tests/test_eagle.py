@@ -1,0 +1,135 @@
+"""EAGLE drafting: head cache, static and dynamic trees, lossless decoding, and the
+extrapolation measurement the static tree is grown from."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotune.drafters.eagle import EAGLE1_TREE, DynamicTree, EagleDrafter, StaticTree
+from autotune.engine.decoding import decode_plain, decode_speculative
+from autotune.engine.runner import Runner
+from autotune.engine.sampling import SamplingConfig
+from autotune.heads.eagle import EagleHead, head_config
+from autotune.measure.eagle_accuracy import extrapolation_ranks, measure_eagle_accuracy
+
+
+def random_head(model, std: float = 0.3, seed: int = 0) -> EagleHead:
+    """A head whose output stays near its input feature, so its guesses are not all junk."""
+    torch.manual_seed(seed)
+    head = EagleHead(head_config(model.config)).eval()
+    hidden = model.config.hidden_size
+    with torch.no_grad():
+        head.fc.weight.normal_(std=std / hidden ** 0.5)
+        head.fc.weight[:, hidden:] += torch.eye(hidden)
+    return head.requires_grad_(False)
+
+
+PROMPTS = [[1, 5, 9, 13, 40, 41], [1, 70, 3, 3, 3, 90, 12, 8, 77], [1, 22]]
+TREES = [StaticTree(((0,), (0, 0), (0, 0, 0))), StaticTree(EAGLE1_TREE),
+         StaticTree(((0,), (1,), (1, 0), (1, 1), (1, 1, 2))),
+         DynamicTree(total_tokens=12, depth=3, top_k=3), DynamicTree(total_tokens=2, depth=0, top_k=1),
+         DynamicTree(total_tokens=60, depth=5, top_k=10)]
+
+
+@pytest.mark.parametrize("tree", TREES, ids=lambda t: repr(t)[:40])
+def test_greedy_eagle_decoding_is_lossless(tiny_llama, one_thread, tree):
+    runner = Runner(tiny_llama)
+    head = random_head(tiny_llama)
+    for prompt in PROMPTS:
+        plain = decode_plain(runner, prompt, 40)
+        spec = decode_speculative(runner, EagleDrafter(head, tree), prompt, 40)
+        assert spec.tokens == plain.tokens
+        assert spec.steps <= len(plain.tokens)  # stops at the end-of-sequence token
+
+
+@torch.inference_mode()
+def test_drafter_accepts_what_the_extrapolation_measure_predicts(tiny_llama, one_thread):
+    """A chain is accepted as deep as the true tokens have rank 0 in the head's own
+    extrapolation: the drafter (head cache, positions, masks, fed-back outputs) and the
+    measurement the static trees are grown from must agree step by step."""
+    runner = Runner(tiny_llama)
+    head = random_head(tiny_llama, std=0.05)
+    prompt, depth = PROMPTS[1], 3
+    steps = []
+    result = decode_speculative(runner, EagleDrafter(head, StaticTree(((0,), (0, 0), (0, 0, 0)))),
+                                prompt, 40, on_verify=lambda d, path, logits: steps.append(len(path)))
+    tokens = prompt + result.tokens
+    out = runner.forward(torch.tensor(tokens[:-1]), torch.arange(len(tokens) - 1),
+                         runner.new_cache(128))
+    first = len(prompt) - 1
+    ranks = extrapolation_ranks(head, runner, runner.norm(out.hidden), tokens, first, depth)
+    root = first
+    for accepted in steps:
+        row = ranks[root - first].tolist()
+        expected = next((d for d, r in enumerate(row) if r != 0), depth)
+        assert accepted == expected
+        root += accepted + 1
+    assert sum(steps) > 0
+
+
+def test_sampled_eagle_decoding_runs_and_keeps_length(tiny_llama, one_thread):
+    runner = Runner(tiny_llama)
+    drafter = EagleDrafter(random_head(tiny_llama), DynamicTree(10, 2, 3))
+    result = decode_speculative(runner, drafter, PROMPTS[1], 25,
+                                SamplingConfig(temperature=0.8, seed=3))
+    assert len(result.tokens) == 25 or result.tokens[-1] in runner.eos_token_ids
+
+
+def test_dynamic_tree_keeps_best_nodes_as_a_tree(tiny_llama, one_thread):
+    runner = Runner(tiny_llama)
+    seen = []
+    decode_speculative(runner, EagleDrafter(random_head(tiny_llama), DynamicTree(9, 3, 2)),
+                       PROMPTS[0], 20, on_verify=lambda draft, path, logits: seen.append(draft))
+    for draft in seen:
+        assert draft.tree.size == len(draft.tokens) <= 8
+        assert max(draft.tree.depths) <= 4        # depth expansions after the first level
+
+
+def _sequential_ranks(head, runner, features, tokens, root, depth):
+    """The true token's rank at each step for one root, drafting one step at a time."""
+    cache = head.new_cache(64)
+    ids = torch.tensor(tokens)
+    out = head(features[None, : root + 1], runner.embed(ids[1: root + 2])[None],
+               torch.arange(root + 1)[None], cache)[0, -1:]
+    ranks = []
+    for k in range(1, depth + 1):
+        if root + k + 1 >= len(tokens):  # no true token at this depth
+            ranks.append(-1)
+            continue
+        if k > 1:
+            out = head(out[None], runner.embed(ids[root + k: root + k + 1])[None],
+                       torch.tensor([[root + k - 1]]), cache)[0]
+        order = runner.lm_head(out)[0].argsort(descending=True).tolist()
+        rank = order.index(tokens[root + k + 1])
+        ranks.append(rank if rank < 10 else -1)
+    return ranks
+
+
+@torch.inference_mode()
+def test_extrapolation_ranks_match_one_root_at_a_time(tiny_llama, one_thread):
+    runner = Runner(tiny_llama)
+    head = random_head(tiny_llama)
+    prompt = PROMPTS[1]
+    tokens = prompt + decode_plain(runner, prompt, 12).tokens
+    out = runner.forward(torch.tensor(tokens[:-1]), torch.arange(len(tokens) - 1),
+                         runner.new_cache(64))
+    features = runner.norm(out.hidden)
+    first = len(prompt) - 1
+    ranks = extrapolation_ranks(head, runner, features, tokens, first, depth=4).tolist()
+    assert len(ranks) == len(tokens) - 1 - first
+    for i, row in enumerate(ranks):
+        assert row == _sequential_ranks(head, runner, features, tokens, first + i, 4)
+
+
+def test_path_accuracy_predicts_accepted_chain_length(tiny_llama, one_thread):
+    """Along greedy decoding, the chain [0], [0, 0], ... is accepted exactly as far as the
+    true tokens have rank 0: the measured chain accuracy sums give the accepted count."""
+    runner = Runner(tiny_llama)
+    head = random_head(tiny_llama)
+    prompt = PROMPTS[0]
+    continuation = decode_plain(runner, prompt, 30).tokens
+    accuracy = measure_eagle_accuracy(runner, head, [(prompt, continuation)], depth=3)
+    assert 0 < accuracy.top1[0] <= 1 and len(accuracy.positions) == 3
+    assert accuracy.positions[0] == accuracy.positions[1] + 1 == accuracy.positions[2] + 2
+    chain = sum(accuracy.path_accuracy.get((0,) * d, 0.0) for d in (1, 2, 3))
+    assert chain >= accuracy.path_accuracy.get((0, 0, 0), 0.0)
