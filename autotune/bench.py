@@ -30,7 +30,20 @@ def medusa_drafter(block, ws: Workspace) -> callable:
     return lambda: MedusaDrafter(heads, tree)
 
 
-DRAFTERS = {"self_spec": self_spec_drafter, "medusa": medusa_drafter}
+def eagle_drafter(block, ws: Workspace) -> callable:
+    from autotune.drafters.eagle import DynamicTree, EagleDrafter, StaticTree
+    from autotune.tuners.eagle import load_head_for
+
+    head = load_head_for(ws.ref, block.head)
+    settings = block.tree
+    if settings.kind == "static":
+        tree = StaticTree(tuple(tuple(p) for p in settings.choices))
+    else:
+        tree = DynamicTree(settings.total_tokens, settings.depth, settings.top_k)
+    return lambda: EagleDrafter(head, tree)
+
+
+DRAFTERS = {"self_spec": self_spec_drafter, "medusa": medusa_drafter, "eagle": eagle_drafter}
 
 
 def bench_profile(path: Path, prompts: str | None, max_new_tokens: int,

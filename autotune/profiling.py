@@ -7,13 +7,14 @@ from pathlib import Path
 from autotune.engine.sampling import GREEDY
 from autotune.errors import AutotuneError
 from autotune.profile.io import check_writable, write_profile
-from autotune.profile.schema import (Adaptive, DraftSettings, HardwareInfo, MedusaAcceptance,
+from autotune.profile.schema import (Adaptive, DraftSettings, EagleMethod, HardwareInfo,
+                                     MedusaAcceptance,
                                      MedusaMethod, Measured, Methods, ModelInfo, Profile,
                                      SelfSpecMethod, SkipLayers, Workload, recommend)
 from autotune.studies.worker import TargetRef
 from autotune.workspace import Workspace
 
-KNOWN_METHODS = ("self-spec", "medusa")
+KNOWN_METHODS = ("self-spec", "medusa", "eagle")
 
 
 @dataclass
@@ -29,6 +30,8 @@ class ProfileOptions:
     search_space: str | None = None
     medusa_heads: str | None = None
     medusa_search_space: str | None = None
+    eagle_head: str | None = None
+    eagle_search_space: str | None = None
     ray_address: str | None = None
     workers: int = 1
     dtype: str = "float32"
@@ -78,6 +81,30 @@ def medusa_block(result, heads_dir: str) -> MedusaMethod:
                         search=result.search)
 
 
+def eagle_block(result, head_dir: str) -> EagleMethod:
+    from autotune.tuners.eagle import tree_settings
+
+    return EagleMethod(head=str(Path(head_dir).resolve()), tree=tree_settings(result.tree),
+                       measured=measured_block(result.measured),
+                       alternatives=result.alternatives, study=result.studies,
+                       search=result.search)
+
+
+def _check_eagle_head(options: ProfileOptions) -> None:
+    """Before any long work: eagle needs a head folder that exists."""
+    if "eagle" not in options.methods:
+        return
+    if not options.eagle_head:
+        raise AutotuneError("--methods eagle needs --eagle-head DIR (an EAGLE head folder; "
+                            "train one with `autotune heads train --kind eagle`)")
+    folder = Path(options.eagle_head).expanduser()
+    if not (folder / "config.json").is_file() or not (
+            (folder / "model.safetensors").is_file() or (folder / "pytorch_model.bin").is_file()):
+        raise AutotuneError(f"--eagle-head {folder}: needs config.json and model.safetensors "
+                            "or pytorch_model.bin; train a head with "
+                            "`autotune heads train --kind eagle`")
+
+
 def _check_medusa_heads(options: ProfileOptions) -> None:
     """Before any long work: medusa needs a head folder that exists."""
     if "medusa" not in options.methods:
@@ -93,12 +120,15 @@ def _check_medusa_heads(options: ProfileOptions) -> None:
 
 def run_profile(options: ProfileOptions) -> tuple[Profile, Path]:
     from autotune.tuners.self_spec import SearchLimits, tune_self_spec
-    from autotune.tuners.space import load_medusa_space, load_self_spec_space
+    from autotune.tuners.space import load_eagle_space, load_medusa_space, load_self_spec_space
 
     space = load_self_spec_space(options.search_space)
     medusa_space = load_medusa_space(options.medusa_search_space) \
         if "medusa" in options.methods else None
+    eagle_space = load_eagle_space(options.eagle_search_space) \
+        if "eagle" in options.methods else None
     _check_medusa_heads(options)
+    _check_eagle_head(options)
     ref = TargetRef.for_user(options.model, options.model_path, options.dtype, options.device)
     if options.out is not None:
         check_writable(options.out)
@@ -115,6 +145,11 @@ def run_profile(options: ProfileOptions) -> tuple[Profile, Path]:
 
         heads_dir = str(Path(options.medusa_heads).expanduser().resolve())
         methods.medusa = medusa_block(tune_medusa(ws, medusa_space, heads_dir, limits), heads_dir)
+    if "eagle" in options.methods:
+        from autotune.tuners.eagle import tune_eagle
+
+        head_dir = str(Path(options.eagle_head).expanduser().resolve())
+        methods.eagle = eagle_block(tune_eagle(ws, eagle_space, head_dir, limits), head_dir)
     profile = Profile(
         model=model_info(ws), hardware=HardwareInfo(**ws.hardware),
         workload=Workload(prompts=str(ws.prompts_path.resolve()), num_prompts=len(ws.prompts),

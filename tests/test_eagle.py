@@ -133,3 +133,84 @@ def test_path_accuracy_predicts_accepted_chain_length(tiny_llama, one_thread):
     assert accuracy.positions[0] == accuracy.positions[1] + 1 == accuracy.positions[2] + 2
     chain = sum(accuracy.path_accuracy.get((0,) * d, 0.0) for d in (1, 2, 3))
     assert chain >= accuracy.path_accuracy.get((0, 0, 0), 0.0)
+
+
+SMALL_EAGLE_SPACE = """\
+calibration: {prompts: 3, tokens: 16, max_rank: 4, max_depth: 3}
+static: {max_nodes: 8, candidates: 2, trials: 2}
+dynamic: {total_tokens: [2, 10], depth: [0, 2], top_k: [1, 3], trials: 2}
+trials: {confirm_prompts: 2, confirm_tokens: 10}
+measure: {confirm_prompts: 2, confirm_tokens: 12}
+"""
+WORDS = ["cats", "rain", "maps", "tea", "ships", "glass", "bread", "stars", "bees", "clay",
+         "rivers", "snow"]
+
+
+@pytest.mark.ray
+def test_eagle_profile_and_bench_end_to_end(tmp_path, tiny_llama, tiny_llama_dir, run_autotune):
+    import json
+
+    from autotune.heads.eagle import save_eagle_head
+    from autotune.profile.io import read_profile
+
+    head_dir = save_eagle_head(random_head(tiny_llama), tmp_path / "head",
+                               tiny_llama.model.embed_tokens.weight, "tiny")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Tell me about {w}.", "id": w}) + "\n"
+                               for w in WORDS))
+    space = tmp_path / "eagle.yaml"
+    space.write_text(SMALL_EAGLE_SPACE)
+    out = tmp_path / "p.yaml"
+    done = run_autotune(["profile", "--model", tiny_llama_dir, "--methods", "eagle",
+                         "--eagle-head", head_dir, "--eagle-search-space", space,
+                         "--storage", f"sqlite:///{tmp_path / 'db.sqlite'}", "--out", out,
+                         "--prompts", prompts, "--time-budget", 200, "--threads", 1],
+                        cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    block = read_profile(out).methods.eagle
+    assert block is not None and block.measured.lossless is True
+    assert set(block.alternatives) == {"static", "dynamic"}
+    kept = block.alternatives[block.tree.kind]["measured"]["speedup"]
+    assert kept == max(a["measured"]["speedup"] for a in block.alternatives.values())
+    assert set(block.study) == {"static", "dynamic"} and "/eagle-dynamic/" in block.study["dynamic"]
+    assert block.search["static_trials"] and block.search["dynamic_trials"]
+    if block.tree.kind == "static":
+        assert max(len(p) for p in block.tree.choices) <= 3 and len(block.tree.choices) <= 8
+    else:
+        assert 2 <= block.tree.total_tokens <= 10 and block.tree.top_k <= 3
+
+    bench = run_autotune(["bench", out, "--json", "--max-new-tokens", 10, "--prompts", prompts,
+                          "--threads", 1], cwd=tmp_path)
+    assert bench.returncode == 0, bench.stderr[-3000:]
+    row = json.loads(bench.stdout)["eagle"]
+    assert row["lossless"] is True and row["prompts"] == len(WORDS)
+
+
+def test_profile_eagle_without_a_head_is_a_one_line_error(tmp_path, tiny_llama_dir,
+                                                          run_autotune):
+    done = run_autotune(["profile", "--model", tiny_llama_dir, "--methods", "eagle",
+                         "--out", tmp_path / "p.yaml"], cwd=tmp_path, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith("error: --methods eagle needs "
+                                                            "--eagle-head")
+    done = run_autotune(["profile", "--model", tiny_llama_dir, "--methods", "eagle",
+                         "--eagle-head", tmp_path, "--out", tmp_path / "p.yaml"],
+                        cwd=tmp_path, timeout=120)
+    assert done.returncode == 2 and "needs config.json and model.safetensors" in done.stderr
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_head_for_another_model_is_refused(tmp_path, tiny_llama):
+    from transformers import LlamaConfig
+
+    from autotune.heads.eagle import load_eagle_head, save_eagle_head
+    from autotune.heads.medusa import HeadsError
+
+    folder = save_eagle_head(random_head(tiny_llama), tmp_path / "head",
+                             tiny_llama.model.embed_tokens.weight, "tiny")
+    other = LlamaConfig(vocab_size=128, hidden_size=32, num_attention_heads=4)
+    with pytest.raises(HeadsError, match="hidden size 64 .* the model has 32"):
+        load_eagle_head(folder, other)
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(HeadsError, match="cannot read EAGLE weights"):
+        load_eagle_head(folder, tiny_llama.config)

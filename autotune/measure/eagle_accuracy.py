@@ -85,3 +85,44 @@ def measure_eagle_accuracy(runner: Runner, head: EagleHead,
         if progress:
             progress()
     return tally.accuracy()
+
+
+@torch.inference_mode()
+def measure_level_costs(runner: Runner, head: EagleHead, widths=(1, 2, 4, 8, 16, 32),
+                        context: int = 256, repeats: int = 9) -> dict[int, float]:
+    """seconds[width]: median time of one drafting level, the head over ``width`` tree
+    nodes plus their logits and top tokens (what expanding that many nodes costs)."""
+    import statistics
+    import time
+
+    device, hidden = runner.device, head.hidden_size
+    cache = head.new_cache(capacity=context + max(widths) + 8)
+    head(torch.zeros(1, context, hidden, dtype=runner.dtype, device=device),
+         torch.zeros(1, context, hidden, dtype=runner.dtype, device=device),
+         torch.arange(context, device=device)[None], cache)
+    samples: dict[int, list[float]] = {w: [] for w in widths}
+    for _ in range(repeats + 1):
+        for width in widths:
+            cache.crop(context)
+            features = torch.randn(1, width, hidden, dtype=runner.dtype, device=device)
+            start = time.perf_counter()
+            out = head(features, features, torch.full((1, width), context, device=device), cache,
+                       torch.ones(width, context + width, dtype=torch.bool, device=device))
+            runner.lm_head(out[0]).float().log_softmax(-1).topk(10, dim=-1)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            samples[width].append(time.perf_counter() - start)
+    return {w: statistics.median(s[1:]) for w, s in samples.items()}
+
+
+def level_seconds(costs: dict[int, float], width: int) -> float:
+    """Cost of a level of ``width`` nodes, interpolated between measured widths."""
+    if width <= 0:
+        return 0.0
+    known = sorted(costs)
+    lower = max((w for w in known if w <= width), default=known[0])
+    upper = min((w for w in known if w >= width), default=known[-1])
+    if lower == upper:
+        return costs[lower] * (width / lower if width > lower else 1.0)
+    share = (width - lower) / (upper - lower)
+    return costs[lower] + share * (costs[upper] - costs[lower])

@@ -114,9 +114,40 @@ class MedusaMethod(_Block):
         return self
 
 
+class StaticEagleTree(_Block):
+    kind: Literal["static"] = "static"
+    choices: list[list[int]]        # paths of ranks, one rank per drafting step
+
+    @field_validator("choices")
+    @classmethod
+    def _tree_is_a_tree(cls, choices):
+        from autotune.engine.tree import check_tree
+        return [list(p) for p in check_tree(choices)]
+
+
+class DynamicEagleTree(_Block):
+    """EAGLE-2's expansion: verified tokens (root included), expansions, children."""
+
+    kind: Literal["dynamic"] = "dynamic"
+    total_tokens: int = Field(ge=2)
+    depth: int = Field(ge=0)
+    top_k: int = Field(ge=1)
+
+
+class EagleMethod(_Block):
+    head: str                       # the head folder (upstream EAGLE-1/2 layout)
+    tree: StaticEagleTree | DynamicEagleTree = Field(discriminator="kind")
+    cape: dict | None = None
+    measured: Measured
+    alternatives: dict = Field(default_factory=dict)  # both kinds' winners, held-back
+    study: dict[str, str]           # tree kind -> study name
+    search: dict = Field(default_factory=dict)
+
+
 class Methods(_Block):
     self_spec: SelfSpecMethod | None = None
     medusa: MedusaMethod | None = None
+    eagle: EagleMethod | None = None
 
 
 class Profile(_Block):

@@ -14,14 +14,14 @@ from autotune.drafters.medusa import MedusaDrafter
 from autotune.engine import small_matmul
 from autotune.engine.sampling import SamplingConfig
 from autotune.engine.verify import TypicalAcceptance
-from autotune.errors import AutotuneError
-from autotune.heads.train import trained_on
 from autotune.measure.costs import LatencyCurve
 from autotune.measure.head_accuracy import HeadAccuracy, measure_head_accuracy, measure_head_costs
 from autotune.measure.timing import Measurement, measure_side_by_side, measure_with_progress
 from autotune.progress import say, step
 from autotune.prompts import split_prompts
 from autotune.studies.worker import TargetRef, cached
+from autotune.tuners.head_prompts import (confirm_and_calibration, heads_id,
+                                          unseen_search_prompts)
 from autotune.tuners.medusa_tree import (grow_tree, positional_acceptance, rank_tree_sizes,
                                          sequoia_sizes, sequoia_tree)
 from autotune.tuners.space import MedusaSpace, TypicalSpace
@@ -98,14 +98,6 @@ class MedusaResult:
     search: dict
 
 
-def _heads_id(heads_dir: str) -> str:
-    """Names the heads in study names and cache keys: their weights' size and mtime."""
-    folder = Path(heads_dir).resolve()
-    stats = [(p.name, p.stat().st_size, p.stat().st_mtime_ns)
-             for p in sorted(folder.glob("medusa_lm_head.*"))]
-    return hashlib.sha256(repr((str(folder), stats)).encode()).hexdigest()[:8]
-
-
 def measure_tree(ws: Workspace, heads, tree, prompts, tokens: int, label: str) -> Measurement:
     return measure_with_progress(label, ws.runner, lambda: MedusaDrafter(heads, tree), prompts,
                                  tokens)
@@ -165,20 +157,6 @@ def tune_medusa(ws: Workspace, space: MedusaSpace, heads_dir: str, limits) -> Me
                         acceptance, choice.accuracy, choice.search)
 
 
-def unseen_search_prompts(ws: Workspace, heads_dir: str, announce: bool = False):
-    """The search split less the prompts whose answers trained the heads: heads are
-    measured on answers they were not trained on."""
-    seen = trained_on(heads_dir, ws.prompts_path)
-    unseen = [p for p in split_prompts(ws.prompts)[0] if p.id not in seen]
-    if len(unseen) < 4:
-        raise AutotuneError(f"the heads in {heads_dir} were trained on nearly all the search "
-                            "prompts; pass other --prompts, or heads trained by `autotune "
-                            "heads train` (which leaves a third of them out)")
-    if seen and announce:
-        say(f"measuring the heads on {len(unseen)} search prompts they were not trained on")
-    return unseen
-
-
 def search_medusa(ws: Workspace, space: MedusaSpace, heads_dir: str, limits) -> MedusaChoice:
     """The tree (and so the head count) from the search split of the prompts only."""
     from autotune.studies.tune import StudySpec, run_study
@@ -188,12 +166,10 @@ def search_medusa(ws: Workspace, space: MedusaSpace, heads_dir: str, limits) -> 
     name = ws.target.name
     search = ws.encode(unseen_search_prompts(ws, heads_dir, announce=True))
     # confirmation prompts are spread over the categories and kept out of calibration
-    confirm = search[1::max(1, len(search) // max(space.tree.confirm_prompts, 1))]
-    confirm = confirm[: space.tree.confirm_prompts]
-    rest = [p for p in search if p not in confirm] or search
+    confirm, rest = confirm_and_calibration(search, space.tree.confirm_prompts)
     calibration = ws.continuations(rest[: space.calibration.prompts], space.calibration.tokens)
 
-    heads_key = _heads_id(heads_dir)
+    heads_key = heads_id(heads_dir)
 
     def build_accuracy():
         with step("medusa: head accuracy on calibration decoding", len(calibration)) as advance:

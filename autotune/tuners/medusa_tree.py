@@ -142,12 +142,21 @@ def rank_tree_sizes(order: Sequence[Path], path_accuracy: Mapping[Path, float],
     draft_seconds is a constant or a function of the tree depth: heads beyond the tree's
     depth need not be evaluated.
     """
+    return rank_prefixes(order, path_accuracy, verify_seconds,
+                         lambda tree: _draft_cost(draft_seconds, tree_depth(tree)), min_nodes)
+
+
+def rank_prefixes(order: Sequence[Path], path_accuracy: Mapping[Path, float],
+                  verify_seconds: VerifySeconds, tree_seconds: Callable[[Sequence[Path]], float],
+                  min_nodes: int = 1) -> list[SizeChoice]:
+    """As ``rank_tree_sizes``, with the drafting cost a function of the whole tree."""
     choices = []
     accepted = 0.0
     for n, path in enumerate(order, start=1):
         accepted += path_accuracy.get(tuple(path), 0.0)
         if n >= min_nodes:
-            choices.append(_size_choice(order[:n], accepted, verify_seconds, draft_seconds))
+            tree = order[:n]
+            choices.append(_size_choice(tree, accepted, verify_seconds, tree_seconds(tree)))
     return _best_first(choices)
 
 

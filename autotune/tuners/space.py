@@ -108,6 +108,49 @@ class MedusaSpace(_Strict):
     measure: MeasureSettings = MeasureSettings(confirm_prompts=20, confirm_tokens=128)
 
 
+class EagleCalibration(_Strict):
+    prompts: int = 40         # search prompts whose greedy continuations measure the head
+    tokens: int = 128
+    max_rank: int = 10        # ranks counted per depth (the widest a static tree branches)
+    max_depth: int = 6        # drafting steps measured (the deepest a tree can be)
+
+
+class EagleStaticSpace(_Strict):
+    max_nodes: int = 63       # size cap; the verify curve is measured to max_nodes + 1
+    candidates: int = 4       # best predicted (depth, size) trees measured first
+    trials: int = 6           # measured trials in the static-tree study
+
+
+class EagleDynamicSpace(_Strict):
+    total_tokens: tuple[int, int] = (2, 64)   # verified tokens per step, root included
+    depth: tuple[int, int] = (0, 5)           # expansions after the first level
+    top_k: tuple[int, int] = (1, 10)
+    trials: int = 10          # measured trials in the dynamic-tree study
+
+    @model_validator(mode="after")
+    def _check(self):
+        for name in ("total_tokens", "depth", "top_k"):
+            low, high = getattr(self, name)
+            if low > high:
+                raise ValueError(f"{name}: the lower bound {low} exceeds the upper {high}")
+        if self.total_tokens[0] < 2 or self.top_k[0] < 1 or self.depth[0] < 0:
+            raise ValueError("need total_tokens >= 2, top_k >= 1, depth >= 0")
+        return self
+
+
+class EagleTrials(_Strict):
+    confirm_prompts: int = 6  # search prompts, not used for calibration, timed in trials
+    confirm_tokens: int = 64
+
+
+class EagleSpace(_Strict):
+    calibration: EagleCalibration = EagleCalibration()
+    static: EagleStaticSpace = EagleStaticSpace()
+    dynamic: EagleDynamicSpace = EagleDynamicSpace()
+    trials: EagleTrials = EagleTrials()
+    measure: MeasureSettings = MeasureSettings(confirm_prompts=20, confirm_tokens=128)
+
+
 def load_space(method: str, model: type[BaseModel], path: str | Path | None = None):
     path = Path(path) if path else SEARCH_SPACES / f"{method}.yaml"
     if not path.is_file():
@@ -125,3 +168,7 @@ def load_self_spec_space(path: str | Path | None = None) -> SelfSpecSpace:
 
 def load_medusa_space(path: str | Path | None = None) -> MedusaSpace:
     return load_space("medusa", MedusaSpace, path)
+
+
+def load_eagle_space(path: str | Path | None = None) -> EagleSpace:
+    return load_space("eagle", EagleSpace, path)

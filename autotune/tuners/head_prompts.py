@@ -1,0 +1,44 @@
+"""What tuners of trained draft heads (Medusa, EAGLE) share: which prompts may measure the
+heads, and a short id for the heads in study names and cache keys."""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from autotune.errors import AutotuneError
+from autotune.heads.train import trained_on
+from autotune.progress import say
+from autotune.prompts import split_prompts
+from autotune.workspace import Workspace
+
+WEIGHT_FILES = ("medusa_lm_head.*", "model.safetensors", "pytorch_model.bin")
+
+
+def heads_id(heads_dir: str) -> str:
+    """The heads' folder and their weights' sizes and mtimes, hashed."""
+    folder = Path(heads_dir).resolve()
+    files = sorted(p for pattern in WEIGHT_FILES for p in folder.glob(pattern))
+    stats = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    return hashlib.sha256(repr((str(folder), stats)).encode()).hexdigest()[:8]
+
+
+def unseen_search_prompts(ws: Workspace, heads_dir: str, announce: bool = False):
+    """The search split less the prompts whose answers trained the heads: heads are
+    measured on answers they were not trained on."""
+    seen = trained_on(heads_dir, ws.prompts_path)
+    unseen = [p for p in split_prompts(ws.prompts)[0] if p.id not in seen]
+    if len(unseen) < 4:
+        raise AutotuneError(f"the heads in {heads_dir} were trained on nearly all the search "
+                            "prompts; pass other --prompts, or heads trained by `autotune "
+                            "heads train` (which leaves a third of them out)")
+    if seen and announce:
+        say(f"measuring the heads on {len(unseen)} search prompts they were not trained on")
+    return unseen
+
+
+def confirm_and_calibration(search: list, confirm_prompts: int) -> tuple[list, list]:
+    """Prompts for wall-clock trials, spread over the categories, and the rest, for
+    calibration: trials never time a prompt the accuracy was measured on."""
+    confirm = search[1::max(1, len(search) // max(confirm_prompts, 1))][:confirm_prompts]
+    rest = [p for p in search if p not in confirm] or search
+    return confirm, rest
