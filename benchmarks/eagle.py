@@ -1,0 +1,90 @@
+"""EAGLE: our tuned tree against EAGLE-1's static tree and EAGLE-2's default expansion.
+
+    python benchmarks/eagle.py --head DIR --prompts FILE --max-new-tokens N --json
+
+Variants, each measured against plain greedy decoding in this one process on --prompts:
+  tuned           our search (a static tree from the head's measured path accuracies and
+                  EAGLE-2 expansion settings, both confirmed by wall clock in studies; the
+                  one faster in its study), or the tree of --profile when given
+  eagle1_tree     EAGLE-1's published 25-node static tree
+  eagle2_60_5_10  EAGLE-2's default dynamic expansion: total_tokens 60, depth 5, top_k 10
+The search uses the packaged calibration prompts' search split; --prompts is only where
+the variants are measured.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from _report import print_report  # benchmarks/ is on sys.path when run as a script
+from autotune.bench import eagle_drafter
+from autotune.drafters.eagle import EAGLE1_TREE, DynamicTree, StaticTree
+from autotune.profile.io import read_profile
+from autotune.prompts import default_prompts_path, load_prompts
+from autotune.studies.worker import TargetRef
+from autotune.tuners.eagle import (EagleSearch, load_head_for, measure_eagle_tree,
+                                   tree_settings)
+from autotune.tuners.self_spec import SearchLimits
+from autotune.tuners.space import load_eagle_space
+from autotune.workspace import Workspace
+
+
+def searched_tree(ws: Workspace, head_dir: str):
+    """The faster of the two studies' winners, judged on the search split only."""
+    search = EagleSearch(ws, load_eagle_space(), head_dir, SearchLimits())
+    winners = search.run()
+    best = {kind: search.info[f"{kind}_trials"][0]["speedup"] for kind in winners
+            if search.info.get(f"{kind}_trials")}
+    kind = max(best, key=best.get) if best else next(iter(winners))
+    return winners[kind], search.info
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--head", required=True, help="EAGLE head folder")
+    parser.add_argument("--prompts", required=True, help="JSONL prompts to measure on")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--model-path")
+    parser.add_argument("--profile", help="take the tuned tree from this profile instead "
+                                          "of searching")
+    parser.add_argument("--storage", default="sqlite:///studies/benchmark.db")
+    parser.add_argument("--limit", type=int, default=None, help="measure on the first N prompts")
+    args = parser.parse_args()
+
+    ws = Workspace.open(TargetRef.for_user(args.model, args.model_path), default_prompts_path(),
+                        args.storage)
+    head_dir = str(Path(args.head).expanduser().resolve())
+    head = load_head_for(ws.ref, head_dir)
+    measure_on = ws.encode(load_prompts(args.prompts)[: args.limit])
+
+    if args.profile:
+        block = read_profile(Path(args.profile)).methods.eagle
+        if block is None:
+            raise SystemExit(f"{args.profile} has no eagle method")
+        tuned, search = eagle_drafter(block, ws)().tree, {"profile": args.profile}
+    else:
+        tuned, search = searched_tree(ws, head_dir)
+
+    variants = {"tuned": tuned, "eagle1_tree": StaticTree(EAGLE1_TREE),
+                "eagle2_60_5_10": DynamicTree(total_tokens=60, depth=5, top_k=10)}
+    results = {}
+    for name, tree in variants.items():
+        m = measure_eagle_tree(ws, head, tree, measure_on, args.max_new_tokens, f"measure {name}")
+        results[name] = {**m.summary(), "tree": tree_settings(tree)}
+    tuned_speed = results["tuned"]["speedup"]
+    report = {
+        "variants": results,
+        "ratios": {f"tuned_vs_{k}": round(tuned_speed / results[k]["speedup"], 4)
+                   for k in ("eagle1_tree", "eagle2_60_5_10")},
+        "search": search, "head": head_dir,
+        "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
+    }
+    print_report(report, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
