@@ -31,16 +31,13 @@ def medusa_drafter(block, ws: Workspace) -> callable:
 
 
 def eagle_drafter(block, ws: Workspace) -> callable:
-    from autotune.drafters.eagle import DynamicTree, EagleDrafter, StaticTree
-    from autotune.tuners.eagle import load_head_for
+    from autotune.drafters.eagle import EagleDrafter
+    from autotune.tuners.eagle import load_head_for, projection_for, tree_from_settings
 
     head = load_head_for(ws.ref, block.head)
-    settings = block.tree
-    if settings.kind == "static":
-        tree = StaticTree(tuple(tuple(p) for p in settings.choices))
-    else:
-        tree = DynamicTree(settings.total_tokens, settings.depth, settings.top_k)
-    return lambda: EagleDrafter(head, tree)
+    tree = tree_from_settings(block.tree.model_dump())
+    projection = projection_for(ws.ref, block.head, block.draft_vocab)
+    return lambda: EagleDrafter(head, tree, projection)
 
 
 DRAFTERS = {"self_spec": self_spec_drafter, "medusa": medusa_drafter, "eagle": eagle_drafter}

@@ -85,7 +85,7 @@ def eagle_block(result, head_dir: str) -> EagleMethod:
     from autotune.tuners.eagle import tree_settings
 
     return EagleMethod(head=str(Path(head_dir).resolve()), tree=tree_settings(result.tree),
-                       measured=measured_block(result.measured),
+                       draft_vocab=result.vocab, measured=measured_block(result.measured),
                        alternatives=result.alternatives, study=result.studies,
                        search=result.search)
 

@@ -18,20 +18,20 @@ import sys
 from pathlib import Path
 
 from _report import print_report  # benchmarks/ is on sys.path when run as a script
-from autotune.bench import eagle_drafter
 from autotune.drafters.eagle import EAGLE1_TREE, DynamicTree, StaticTree
 from autotune.profile.io import read_profile
 from autotune.prompts import default_prompts_path, load_prompts
 from autotune.studies.worker import TargetRef
-from autotune.tuners.eagle import (EagleSearch, load_head_for, measure_eagle_tree,
-                                   tree_settings)
+from autotune.tuners.eagle import (EagleChoice, EagleSearch, load_head_for,
+                                   measure_eagle_tree, tree_from_settings, tree_settings)
 from autotune.tuners.self_spec import SearchLimits
 from autotune.tuners.space import load_eagle_space
 from autotune.workspace import Workspace
 
 
 def searched_tree(ws: Workspace, head_dir: str):
-    """The faster of the two studies' winners, judged on the search split only."""
+    """The faster of the two studies' winners (an EagleChoice), judged on the search
+    split only."""
     search = EagleSearch(ws, load_eagle_space(), head_dir, SearchLimits())
     winners = search.run()
     best = {kind: search.info[f"{kind}_trials"][0]["speedup"] for kind in winners
@@ -57,23 +57,27 @@ def main() -> int:
     ws = Workspace.open(TargetRef.for_user(args.model, args.model_path), default_prompts_path(),
                         args.storage)
     head_dir = str(Path(args.head).expanduser().resolve())
-    head = load_head_for(ws.ref, head_dir)
+    load_head_for(ws.ref, head_dir)  # a head that does not fit fails here, before searching
     measure_on = ws.encode(load_prompts(args.prompts)[: args.limit])
 
     if args.profile:
         block = read_profile(Path(args.profile)).methods.eagle
         if block is None:
             raise SystemExit(f"{args.profile} has no eagle method")
-        tuned, search = eagle_drafter(block, ws)().tree, {"profile": args.profile}
+        tuned = EagleChoice(tree_from_settings(block.tree.model_dump()), block.draft_vocab)
+        search = {"profile": args.profile}
     else:
         tuned, search = searched_tree(ws, head_dir)
 
-    variants = {"tuned": tuned, "eagle1_tree": StaticTree(EAGLE1_TREE),
-                "eagle2_60_5_10": DynamicTree(total_tokens=60, depth=5, top_k=10)}
+    # the published settings draft over the whole vocabulary, as EAGLE-1 and -2 do
+    variants = {"tuned": tuned, "eagle1_tree": EagleChoice(StaticTree(EAGLE1_TREE), 0),
+                "eagle2_60_5_10": EagleChoice(DynamicTree(total_tokens=60, depth=5, top_k=10), 0)}
     results = {}
-    for name, tree in variants.items():
-        m = measure_eagle_tree(ws, head, tree, measure_on, args.max_new_tokens, f"measure {name}")
-        results[name] = {**m.summary(), "tree": tree_settings(tree)}
+    for name, choice in variants.items():
+        m = measure_eagle_tree(ws, head_dir, choice, measure_on, args.max_new_tokens,
+                               f"measure {name}")
+        results[name] = {**m.summary(), "tree": tree_settings(choice.tree),
+                         "draft_vocab": choice.vocab}
     tuned_speed = results["tuned"]["speedup"]
     report = {
         "variants": results,

@@ -42,22 +42,28 @@ def test_greedy_eagle_decoding_is_lossless(tiny_llama, one_thread, tree):
         assert spec.steps <= len(plain.tokens)  # stops at the end-of-sequence token
 
 
+@pytest.mark.parametrize("vocab", [None, list(range(0, 128, 2))], ids=["all", "even ids"])
 @torch.inference_mode()
-def test_drafter_accepts_what_the_extrapolation_measure_predicts(tiny_llama, one_thread):
+def test_drafter_accepts_what_the_extrapolation_measure_predicts(tiny_llama, one_thread, vocab):
     """A chain is accepted as deep as the true tokens have rank 0 in the head's own
     extrapolation: the drafter (head cache, positions, masks, fed-back outputs) and the
     measurement the static trees are grown from must agree step by step."""
+    from autotune.heads.eagle import DraftProjection
+
     runner = Runner(tiny_llama)
     head = random_head(tiny_llama, std=0.05)
+    projection = DraftProjection(tiny_llama.lm_head, vocab)
     prompt, depth = PROMPTS[1], 3
     steps = []
-    result = decode_speculative(runner, EagleDrafter(head, StaticTree(((0,), (0, 0), (0, 0, 0)))),
-                                prompt, 40, on_verify=lambda d, path, logits: steps.append(len(path)))
+    chain = StaticTree(((0,), (0, 0), (0, 0, 0)))
+    result = decode_speculative(runner, EagleDrafter(head, chain, projection), prompt, 40,
+                                on_verify=lambda d, path, logits: steps.append(len(path)))
     tokens = prompt + result.tokens
     out = runner.forward(torch.tensor(tokens[:-1]), torch.arange(len(tokens) - 1),
                          runner.new_cache(128))
     first = len(prompt) - 1
-    ranks = extrapolation_ranks(head, runner, runner.norm(out.hidden), tokens, first, depth)
+    ranks = extrapolation_ranks(head, runner, runner.norm(out.hidden), tokens, first, depth,
+                                projection=projection)
     root = first
     for accepted in steps:
         row = ranks[root - first].tolist()
@@ -65,6 +71,28 @@ def test_drafter_accepts_what_the_extrapolation_measure_predicts(tiny_llama, one
         assert accepted == expected
         root += accepted + 1
     assert sum(steps) > 0
+
+
+def test_draft_vocabulary_maps_tokens_and_keeps_output(tiny_llama, one_thread):
+    from autotune.heads.eagle import DraftProjection
+
+    runner = Runner(tiny_llama)
+    vocab = list(range(100, 20, -3))                    # any order of any subset
+    projection = DraftProjection(tiny_llama.lm_head, vocab)
+    ids = torch.tensor([100, 97, 5, 22, 127])
+    assert projection.indices(ids).tolist() == [0, 1, -1, 26, -1]
+    assert projection.tokens(torch.tensor([0, 26])).tolist() == [100, 22]
+    hidden = torch.randn(3, tiny_llama.config.hidden_size)
+    with torch.inference_mode():
+        assert torch.allclose(projection(hidden), tiny_llama.lm_head(hidden)[:, vocab], atol=1e-5)
+    head = random_head(tiny_llama)
+    seen = []
+    for tree in (StaticTree(EAGLE1_TREE), DynamicTree(12, 3, 3)):
+        for prompt in PROMPTS:
+            result = decode_speculative(runner, EagleDrafter(head, tree, projection), prompt, 30,
+                                        on_verify=lambda d, path, logits: seen.extend(d.tokens))
+            assert result.tokens == decode_plain(runner, prompt, 30).tokens
+    assert seen and set(seen) <= set(vocab)             # drafts come from the vocabulary
 
 
 def test_sampled_eagle_decoding_runs_and_keeps_length(tiny_llama, one_thread):
@@ -136,7 +164,7 @@ def test_path_accuracy_predicts_accepted_chain_length(tiny_llama, one_thread):
 
 
 SMALL_EAGLE_SPACE = """\
-calibration: {prompts: 3, tokens: 16, max_rank: 4, max_depth: 3}
+calibration: {prompts: 3, tokens: 16, max_rank: 4, max_depth: 3, draft_vocab: [0, 24]}
 static: {max_nodes: 8, candidates: 2, trials: 2}
 dynamic: {total_tokens: [2, 10], depth: [0, 2], top_k: [1, 3], trials: 2}
 trials: {confirm_prompts: 2, confirm_tokens: 10}
@@ -150,11 +178,12 @@ WORDS = ["cats", "rain", "maps", "tea", "ships", "glass", "bread", "stars", "bee
 def test_eagle_profile_and_bench_end_to_end(tmp_path, tiny_llama, tiny_llama_dir, run_autotune):
     import json
 
-    from autotune.heads.eagle import save_eagle_head
+    from autotune.heads.eagle import save_draft_vocab, save_eagle_head
     from autotune.profile.io import read_profile
 
     head_dir = save_eagle_head(random_head(tiny_llama), tmp_path / "head",
                                tiny_llama.model.embed_tokens.weight, "tiny")
+    save_draft_vocab(head_dir, {token: 100 - token for token in range(3, 60)})
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"Tell me about {w}.", "id": w}) + "\n"
                                for w in WORDS))
@@ -174,6 +203,7 @@ def test_eagle_profile_and_bench_end_to_end(tmp_path, tiny_llama, tiny_llama_dir
     assert kept == max(a["measured"]["speedup"] for a in block.alternatives.values())
     assert set(block.study) == {"static", "dynamic"} and "/eagle-dynamic/" in block.study["dynamic"]
     assert block.search["static_trials"] and block.search["dynamic_trials"]
+    assert set(block.search["draft_vocab"]) == {"0", "24"} and block.draft_vocab in (0, 24)
     if block.tree.kind == "static":
         assert max(len(p) for p in block.tree.choices) <= 3 and len(block.tree.choices) <= 8
     else:

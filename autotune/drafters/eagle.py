@@ -18,7 +18,7 @@ import torch
 
 from autotune.drafters.base import Draft, DraftContext, VerifyResult
 from autotune.engine.tree import ROOT, TreeShape, check_tree
-from autotune.heads.eagle import EagleHead
+from autotune.heads.eagle import DraftProjection, EagleHead
 
 # EAGLE-1's published 25-node static tree (SafeAILab/EAGLE, eagle/model/choices.py).
 EAGLE1_TREE: tuple[tuple[int, ...], ...] = (
@@ -73,8 +73,12 @@ class _Nodes:
 
 
 class EagleDrafter:
-    def __init__(self, head: EagleHead, tree: StaticTree | DynamicTree):
-        self.head, self.tree = head, tree
+    """``projection``: the lm_head over a draft vocabulary (default: the target's whole
+    lm_head)."""
+
+    def __init__(self, head: EagleHead, tree: StaticTree | DynamicTree,
+                 projection: DraftProjection | None = None):
+        self.head, self.tree, self.projection = head, tree, projection
         self.cache = None
         self.committed = 0        # pairs in the head's cache that the target confirmed
         if isinstance(tree, StaticTree):
@@ -100,6 +104,8 @@ class EagleDrafter:
     def _commit(self, context: DraftContext) -> torch.Tensor:
         """Append the newly committed pairs; return the head's output at the root's pair."""
         runner = context.runner
+        if self.projection is None:
+            self.projection = DraftProjection(runner.lm_head)
         hidden, tokens = context.hidden, context.tokens
         if hidden is None or tokens is None:
             raise ValueError("EAGLE drafting needs the target's hidden states and tokens")
@@ -153,21 +159,22 @@ class EagleDrafter:
                           for level in self._levels]
 
     def _static(self, context: DraftContext, root: torch.Tensor) -> _Nodes:
-        runner = context.runner
         parents = self._static_shape.parents
         nodes = _Nodes([], [], [], [])
+        project = self.projection
         outputs = {ROOT: root[0]}
-        top = {ROOT: runner.lm_head(root)[0]}
+        top = {ROOT: project(root)[0]}
         for level, expanded in zip(self._levels, self._expanded):
             for node in level:
                 parent = parents[node]
                 if not isinstance(top[parent], list):
-                    top[parent] = top[parent].topk(self._widest(parent)).indices.tolist()
+                    best = top[parent].topk(self._widest(parent)).indices
+                    top[parent] = project.tokens(best).tolist()
                 nodes.add(top[parent][self._ranks[node]], parent, 0.0)
             if expanded:
                 features = torch.stack([outputs[parents[n]] for n in expanded])
                 out = self._expand(context, nodes, expanded, features)
-                logits = runner.lm_head(out)
+                logits = project(out)
                 for row, node in enumerate(expanded):
                     outputs[node], top[node] = out[row], logits[row]
         return nodes
@@ -179,15 +186,17 @@ class EagleDrafter:
     # --- EAGLE-2 dynamic trees ---------------------------------------------------------
 
     def _dynamic(self, context: DraftContext, root: torch.Tensor) -> _Nodes:
-        runner, tree = context.runner, self.tree
+        tree, project = self.tree, self.projection
         nodes = _Nodes([], [], [], [])
-        scores, tokens = runner.lm_head(root).float().log_softmax(-1)[0].topk(tree.top_k)
+        scores, best = project(root).float().log_softmax(-1)[0].topk(tree.top_k)
+        tokens = project.tokens(best)
         frontier = [nodes.add(t, ROOT, s) for t, s in zip(tokens.tolist(), scores.tolist())]
         features = root.expand(len(frontier), -1)
         for _ in range(tree.depth):
             out = self._expand(context, nodes, frontier, features)
-            logp = runner.lm_head(out).float().log_softmax(-1)
-            child_logp, child_tokens = logp.topk(tree.top_k, dim=-1)            # [F, k]
+            logp = project(out).float().log_softmax(-1)
+            child_logp, child_best = logp.topk(tree.top_k, dim=-1)              # [F, k]
+            child_tokens = project.tokens(child_best)
             total = torch.tensor([nodes.scores[n] for n in frontier])[:, None] + child_logp.cpu()
             children = [[nodes.add(t, parent, s) for t, s in zip(row_t, row_s)]
                         for parent, row_t, row_s in zip(frontier, child_tokens.tolist(),

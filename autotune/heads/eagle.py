@@ -187,3 +187,67 @@ def load_eagle_head(folder: str | Path, target_config, dtype: torch.dtype = torc
         raise HeadsError(f"{folder}: weights missing for {sorted(missing)[:4]}")
     head.load_state_dict({k: state[k] for k in expected}, strict=False)
     return head.to(dtype=dtype, device=device).eval().requires_grad_(False)
+
+
+# --- draft vocabulary ------------------------------------------------------------------
+
+DRAFT_VOCAB = "draft_vocab.json"
+
+
+def save_draft_vocab(folder: str | Path, token_counts: dict[int, int]) -> Path:
+    """Token ids by how often the target emitted them while the head was trained (most
+    frequent first): a draft vocabulary is a prefix of this list."""
+    ranked = sorted(token_counts, key=lambda t: (-token_counts[t], t))
+    path = Path(folder) / DRAFT_VOCAB
+    path.write_text(json.dumps({"ranked_token_ids": ranked,
+                                "counts": [token_counts[t] for t in ranked]}) + "\n")
+    return path
+
+
+def load_draft_vocab(folder: str | Path) -> list[int] | None:
+    """The ranked token ids of a head folder, or None (upstream heads have none)."""
+    try:
+        return list(json.loads((Path(folder) / DRAFT_VOCAB).read_text())["ranked_token_ids"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class DraftProjection:
+    """The target's frozen lm_head, over the whole vocabulary or over a draft vocabulary
+    of frequent tokens (as EAGLE-3 does). On CPU the full projection is most of a drafting
+    step's cost (49152 x 576 for SmolLM2: ~4 ms a row, the head's layer ~2 ms); rows of
+    tokens the target rarely emits cost as much and are seldom right. Verification is
+    unchanged, so a smaller draft vocabulary never changes the output, only speed."""
+
+    def __init__(self, lm_head: nn.Linear, vocab: list[int] | None = None):
+        self.size = None if vocab is None else len(vocab)
+        if vocab is None:
+            self.linear, self.ids = lm_head, None
+            return
+        weight = lm_head.weight
+        self.ids = torch.tensor(vocab, dtype=torch.long, device=weight.device)
+        self.linear = nn.Linear(weight.shape[1], len(vocab), bias=False,
+                                device=weight.device, dtype=weight.dtype).requires_grad_(False)
+        self.linear.weight.copy_(weight.detach()[self.ids])
+        if weight.device.type == "cpu":
+            from autotune.engine import small_matmul
+            small_matmul.enable(self.linear)
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [..., V'] over the draft vocabulary."""
+        return self.linear(hidden)
+
+    def tokens(self, indices: torch.Tensor) -> torch.Tensor:
+        """Token ids of draft-vocabulary indices."""
+        return indices if self.ids is None else self.ids[indices]
+
+    def indices(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary index of each token id, -1 for ids outside it."""
+        if self.ids is None:
+            return tokens
+        lookup = torch.full((int(self.ids.max()) + 1,), -1, dtype=torch.long,
+                            device=self.ids.device)
+        lookup[self.ids] = torch.arange(len(self.ids), device=self.ids.device)
+        inside = tokens <= self.ids.max()
+        return torch.where(inside, lookup[tokens.clamp(max=int(self.ids.max()))],
+                           torch.full_like(tokens, -1))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from autotune.engine.runner import Runner
-from autotune.heads.eagle import EagleHead
+from autotune.heads.eagle import DraftProjection, EagleHead
 from autotune.measure.head_accuracy import HeadAccuracy, RankTally
 
 
@@ -28,14 +28,17 @@ def _rank_of(logits: torch.Tensor, truth: torch.Tensor, max_rank: int) -> torch.
 
 @torch.inference_mode()
 def extrapolation_ranks(head: EagleHead, runner: Runner, features: torch.Tensor,
-                        tokens: list[int], first: int, depth: int,
-                        max_rank: int = 10) -> torch.Tensor:
+                        tokens: list[int], first: int, depth: int, max_rank: int = 10,
+                        projection: DraftProjection | None = None) -> torch.Tensor:
     """[R, depth]: for roots t = first .. n - 2 (R of them), the rank of the true token
     x_{t+k+1} in the head's step-k logits, -1 if it is not in the top ``max_rank`` or lies
     past the sequence's end.
 
     features: [n - 1, H] the target's normed features f_0 .. f_{n-2} of ``tokens`` (n).
+    projection: the draft vocabulary (default the whole lm_head); a true token outside it
+    has no rank.
     """
+    projection = projection or DraftProjection(runner.lm_head)
     n, device = len(tokens), features.device
     ids = torch.tensor(tokens, device=device)
     roots = torch.arange(first, n - 1, device=device)
@@ -58,8 +61,8 @@ def extrapolation_ranks(head: EagleHead, runner: Runner, features: torch.Tensor,
                             (roots + k - 1)[None], cache, mask)[0]
         truth_at = roots + k + 1
         inside = truth_at < n
-        rank = _rank_of(runner.lm_head(previous).float(), ids[truth_at.clamp(max=n - 1)],
-                        max_rank)
+        truth = projection.indices(ids[truth_at.clamp(max=n - 1)])
+        rank = _rank_of(projection(previous).float(), truth, max_rank)
         ranks[:, k - 1] = torch.where(inside, rank, torch.full_like(rank, -1)).cpu()
     return ranks
 
@@ -67,7 +70,8 @@ def extrapolation_ranks(head: EagleHead, runner: Runner, features: torch.Tensor,
 @torch.inference_mode()
 def measure_eagle_accuracy(runner: Runner, head: EagleHead,
                            calibration: list[tuple[list[int], list[int]]], depth: int,
-                           max_rank: int = 10, progress=None) -> HeadAccuracy:
+                           max_rank: int = 10, progress=None,
+                           projection: DraftProjection | None = None) -> HeadAccuracy:
     """Per-depth top-k accuracy and path accuracy over (prompt, greedy continuation)
     pairs; depth d counts positions whose true token at depth d exists."""
     tally = RankTally(depth, max_rank)
@@ -79,7 +83,7 @@ def measure_eagle_accuracy(runner: Runner, head: EagleHead,
                              last_only=True)
         first = len(prompt) - 1      # the root whose next token is continuation[0]
         ranks = extrapolation_ranks(head, runner, runner.norm(out.hidden), sequence, first,
-                                    depth, max_rank).tolist()
+                                    depth, max_rank, projection).tolist()
         for i, row in enumerate(ranks):
             tally.add(row, len(sequence) - (first + i) - 2)
         if progress:
@@ -89,12 +93,14 @@ def measure_eagle_accuracy(runner: Runner, head: EagleHead,
 
 @torch.inference_mode()
 def measure_level_costs(runner: Runner, head: EagleHead, widths=(1, 2, 4, 8, 16, 32),
-                        context: int = 256, repeats: int = 9) -> dict[int, float]:
+                        context: int = 256, repeats: int = 9,
+                        projection: DraftProjection | None = None) -> dict[int, float]:
     """seconds[width]: median time of one drafting level, the head over ``width`` tree
     nodes plus their logits and top tokens (what expanding that many nodes costs)."""
     import statistics
     import time
 
+    projection = projection or DraftProjection(runner.lm_head)
     device, hidden = runner.device, head.hidden_size
     cache = head.new_cache(capacity=context + max(widths) + 8)
     head(torch.zeros(1, context, hidden, dtype=runner.dtype, device=device),
@@ -108,7 +114,7 @@ def measure_level_costs(runner: Runner, head: EagleHead, widths=(1, 2, 4, 8, 16,
             start = time.perf_counter()
             out = head(features, features, torch.full((1, width), context, device=device), cache,
                        torch.ones(width, context + width, dtype=torch.bool, device=device))
-            runner.lm_head(out[0]).float().log_softmax(-1).topk(10, dim=-1)
+            projection(out[0]).float().log_softmax(-1).topk(10, dim=-1)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             samples[width].append(time.perf_counter() - start)

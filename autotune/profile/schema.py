@@ -137,6 +137,8 @@ class DynamicEagleTree(_Block):
 class EagleMethod(_Block):
     head: str                       # the head folder (upstream EAGLE-1/2 layout)
     tree: StaticEagleTree | DynamicEagleTree = Field(discriminator="kind")
+    # the draft's lm_head covers the head folder's N most frequent tokens (0: all of them)
+    draft_vocab: int = Field(0, ge=0)
     cape: dict | None = None
     measured: Measured
     alternatives: dict = Field(default_factory=dict)  # both kinds' winners, held-back

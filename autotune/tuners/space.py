@@ -113,6 +113,9 @@ class EagleCalibration(_Strict):
     tokens: int = 128
     max_rank: int = 10        # ranks counted per depth (the widest a static tree branches)
     max_depth: int = 6        # drafting steps measured (the deepest a tree can be)
+    # draft vocabularies tried: the most frequent N tokens of the head's training answers
+    # (0: the whole vocabulary; heads without a ranked token list use only that)
+    draft_vocab: list[int] = [0, 4096, 1024]
 
 
 class EagleStaticSpace(_Strict):
