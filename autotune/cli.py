@@ -50,6 +50,8 @@ def profile(
     search_space: Optional[str] = typer.Option(None, help="Search-space YAML (default search_spaces/self_spec.yaml)."),
     medusa_heads: Optional[str] = typer.Option(None, help="Medusa head folder (upstream layout); needed by --methods medusa."),
     medusa_search_space: Optional[str] = typer.Option(None, help="Medusa search-space YAML (default search_spaces/medusa.yaml)."),
+    eagle_head: Optional[str] = typer.Option(None, help="EAGLE head folder (upstream EAGLE-1/2 layout); needed by --methods eagle."),
+    eagle_search_space: Optional[str] = typer.Option(None, help="EAGLE search-space YAML (default search_spaces/eagle.yaml)."),
     ray_address: Optional[str] = typer.Option(None, help="Join this Ray cluster instead of a local one."),
     threads: Optional[int] = typer.Option(None, min=1, help="Torch threads (default: all cores)."),
 ):
@@ -61,6 +63,7 @@ def profile(
                              prompts=prompts, out=out, storage=storage, trials=trials,
                              time_budget_s=time_budget, search_space=search_space,
                              medusa_heads=medusa_heads, medusa_search_space=medusa_search_space,
+                             eagle_head=eagle_head, eagle_search_space=eagle_search_space,
                              ray_address=ray_address)
     result, path = run_profile(options)
     typer.echo(f"wrote {path}")
@@ -119,30 +122,41 @@ app.add_typer(heads_app, name="heads")
 @heads_app.command("train")
 @_user_errors
 def heads_train(
-    kind: str = typer.Option(..., help="Head kind: medusa (eagle is not built yet)."),
+    kind: str = typer.Option(..., help="Head kind: medusa (Medusa-1 heads) or eagle "
+                                       "(an EAGLE-1/2 draft head: one decoder layer)."),
     model: str = typer.Option("smollm2-135m", help="Alias, local model folder or .gguf file."),
     model_path: Optional[str] = typer.Option(None, help="Where the weights of the alias are."),
-    out: Optional[Path] = typer.Option(None, help="Heads folder (default heads/<model>-medusa)."),
+    out: Optional[Path] = typer.Option(
+        None, help="Heads folder (default heads/<model>-medusa or heads/<model>-eagle)."),
     num_heads: Optional[int] = typer.Option(
-        None, min=1, help="Medusa heads; head k predicts k+2 tokens ahead (default 5)."),
+        None, min=1, help="Medusa only: heads; head k predicts k+2 tokens ahead (default 5)."),
     prompts: Optional[str] = typer.Option(None, help="JSONL calibration prompts (default: MT-bench)."),
     max_new_tokens: Optional[int] = typer.Option(
         None, min=2, help="Length of the target's answers to train on (default 256)."),
-    epochs: Optional[int] = typer.Option(None, min=1, help="Passes over the answers (default 6)."),
+    epochs: Optional[int] = typer.Option(
+        None, min=1, help="Passes over the answers (default: medusa 6, eagle 40)."),
     time_budget: Optional[float] = typer.Option(
-        None, min=1, help="Seconds for generation and training together (default 780): "
-                          "training ends early to keep it; the held-back report comes after."),
+        None, min=1, help="Seconds for generation and training together (default: medusa 780, "
+                          "eagle 870): training ends early to keep it; the held-back report "
+                          "comes after."),
     threads: Optional[int] = typer.Option(None, min=1, help="Torch threads (default: all cores)."),
 ):
-    """Train heads on the target's own greedy answers; report accuracy on held-back prompts."""
+    """Train heads on the target's own greedy answers; report accuracy on held-back prompts
+    (per head for Medusa; per draft depth for EAGLE, each depth drafting from the last)."""
+    import dataclasses
+
     from rich.console import Console
 
-    from autotune.heads.train import HeadsJob, TrainOptions, accuracy_table, run_heads_train
+    from autotune.heads.train import HeadsJob, accuracy_table, default_options, run_heads_train
 
+    if kind == "eagle" and num_heads is not None:
+        raise AutotuneError("--num-heads is for Medusa heads only: an EAGLE head is one "
+                            "decoder layer that drafts depth by depth; leave --num-heads out")
     _threads(threads)
     given = {"num_heads": num_heads, "max_new_tokens": max_new_tokens, "epochs": epochs,
              "time_budget_s": time_budget}
-    options = TrainOptions(**{k: v for k, v in given.items() if v is not None})  # its defaults
+    options = dataclasses.replace(default_options(kind),
+                                  **{k: v for k, v in given.items() if v is not None})
     job = HeadsJob(kind=kind, model=model, model_path=model_path, prompts=prompts, out=out,
                    options=options)
     result, folder = run_heads_train(job)

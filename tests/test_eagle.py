@@ -244,3 +244,30 @@ def test_head_for_another_model_is_refused(tmp_path, tiny_llama):
     (folder / "model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(HeadsError, match="cannot read EAGLE weights"):
         load_eagle_head(folder, tiny_llama.config)
+
+
+@pytest.mark.embedded
+def test_trained_head_decodes_the_embedded_model_losslessly(embedded_target, tmp_path):
+    """A head trained briefly by the real trainer on the embedded model, saved and loaded
+    back: static, dynamic and draft-vocabulary decoding equal plain greedy decoding."""
+    from autotune.heads.eagle import DraftProjection, load_draft_vocab, load_eagle_head
+    from autotune.heads.eagle_train import EagleOptions, train_eagle
+
+    target = embedded_target
+    texts = ["Name three fruits.", "What is rain?", "Say hello in French.",
+             "Count to five.", "What is a cat?", "Describe the sea."]
+    ids = [target.encode_chat(t) for t in texts]
+    options = EagleOptions(max_new_tokens=24, epochs=2, time_budget_s=None, depth=2)
+    result = train_eagle(target, ids[:4], ids[4:], options)
+    folder = result.save(tmp_path / "head", target, "smollm2-135m", {})
+    runner = Runner(target.model)
+    head = load_eagle_head(folder, target.model.config)
+    ranked = load_draft_vocab(folder)
+    assert ranked and len(ranked) == len(set(ranked))
+    projection = DraftProjection(runner.lm_head, ranked[:64])
+    for prompt in ids[4:]:
+        reference = decode_plain(runner, prompt, 32).tokens
+        for tree, vocab in ((StaticTree(EAGLE1_TREE), None), (DynamicTree(10, 2, 3), None),
+                            (StaticTree(((0,), (0, 0))), projection)):
+            result = decode_speculative(runner, EagleDrafter(head, tree, vocab), prompt, 32)
+            assert result.tokens == reference

@@ -261,11 +261,10 @@ def assert_user_error(result, *words: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("kind,words", [("eagle", ("not built yet",)),
-                                        ("hydra", ("hydra", "medusa, eagle"))])
-def test_kinds_other_than_medusa(tmp_path, no_model_load, kind, words):
+def test_unknown_head_kind(tmp_path, no_model_load):
     out = tmp_path / "out"
-    assert_user_error(invoke("heads", "train", "--kind", kind, "--out", out), *words)
+    assert_user_error(invoke("heads", "train", "--kind", "hydra", "--out", out),
+                      "hydra", "medusa, eagle")
     assert not out.exists()
 
 

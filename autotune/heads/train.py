@@ -18,7 +18,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, ClassVar, Iterator
 
 import torch
 
@@ -74,6 +74,8 @@ class Answer:
     hidden: torch.Tensor  # [len(tokens), H]: row i is the state the base head turned
     #                       into tokens[i] (row 0: the prompt's last position), after the
     #                       final norm
+    prefill: torch.Tensor | None = None  # [len(prompt) - 1, H]: the prompt's other
+    #                       positions' states, when asked for (EAGLE reads every position)
 
 
 @dataclass(frozen=True)
@@ -122,14 +124,18 @@ def eos_token_ids(model) -> set[int]:
 
 @contextlib.contextmanager
 def _capture_final_norm(model, store: list[torch.Tensor],
-                        on_forward: Callable[[], None] | None) -> Iterator[None]:
-    """While active, each forward appends the last position's output of the final norm."""
+                        on_forward: Callable[[], None] | None,
+                        prefill: list[torch.Tensor] | None = None) -> Iterator[None]:
+    """While active, each forward appends the last position's output of the final norm;
+    with ``prefill``, the first forward's whole output [B, P, H] is kept there too."""
     norm = getattr(getattr(model, "model", None), "norm", None)
     if norm is None:
-        raise AutotuneError(f"{type(model).__name__} has no model.norm: Medusa heads are "
-                            "trained on LLaMA-family models only")
+        raise AutotuneError(f"{type(model).__name__} has no model.norm: heads are trained "
+                            "on LLaMA-family models only")
 
     def keep(module, args, output):
+        if prefill is not None and not store:
+            prefill.append(output.clone())
         # [B, H]: the prompt's last position (prefill), then each new token's
         store.append(output[:, -1].clone())
         if on_forward is not None:
@@ -150,7 +156,7 @@ def _trim(tokens: list[int], eos: set[int]) -> list[int]:
 
 
 def _generate_batch(model, prompts: list[list[int]], max_new_tokens: int, pad: int,
-                    eos: set[int], on_forward) -> list[Answer]:
+                    eos: set[int], on_forward, with_prefill: bool) -> list[Answer]:
     from transformers import GenerationConfig
 
     width = max(map(len, prompts))
@@ -159,20 +165,24 @@ def _generate_batch(model, prompts: list[list[int]], max_new_tokens: int, pad: i
     config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
                               pad_token_id=pad, eos_token_id=sorted(eos) or None)
     store: list[torch.Tensor] = []
-    with _capture_final_norm(model, store, on_forward), torch.inference_mode():
+    prefill: list[torch.Tensor] | None = [] if with_prefill else None
+    with _capture_final_norm(model, store, on_forward, prefill), torch.inference_mode():
         out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
     hidden = torch.stack(store, dim=1)                                      # [B, steps, H]
     answers = []
-    for row in range(len(prompts)):
+    for row, prompt in enumerate(prompts):
         tokens = _trim(out[row, width:].tolist(), eos)
-        answers.append(Answer(tokens, hidden[row, :len(tokens)]))
+        # the prompt's positions but its last (that one is hidden[row, 0]), padding left out
+        before = prefill[0][row, width - len(prompt):width - 1] if prefill else None
+        answers.append(Answer(tokens, hidden[row, :len(tokens)], before))
     return answers
 
 
 def generate_answers(model, prompts: list[list[int]], max_new_tokens: int,
-                     batch_size: int = GENERATION_BATCH) -> list[Answer]:
+                     batch_size: int = GENERATION_BATCH, prefill: bool = False) -> list[Answer]:
     """The target's greedy answers to ``prompts`` (token ids, chat template applied) and
     their hidden states, captured from the same forwards: no second pass over the text.
+    ``prefill``: keep the states of every prompt position too (``Answer.prefill``).
     Batches hold prompts of similar length; answers come back in the order of prompts."""
     eos = eos_token_ids(model)
     pad = getattr(model.generation_config, "pad_token_id", None)
@@ -190,7 +200,7 @@ def generate_answers(model, prompts: list[list[int]], max_new_tokens: int,
                 advance()
 
             got = _generate_batch(model, [prompts[i] for i in batch], max_new_tokens, pad, eos,
-                                  forward_done)
+                                  forward_done, prefill)
             advance(max_new_tokens - done[0])  # the batch stopped early: all rows ended
             answers.update(zip(batch, got))
     return [answers[i] for i in range(len(prompts))]
@@ -282,28 +292,22 @@ def _lr_factor(step_index: int, progress: float) -> float:
     return warmup * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
 
 
-def train_heads(heads: MedusaHeads, data: HeadData, options: TrainOptions,
-                seconds: float | None = None) -> TrainStats:
-    """AdamW on the residual blocks, minibatches of positions, cosine decay over
+def train_loop(params, options, count: int, per_step: int, seconds: float | None,
+               loss_of: Callable[[torch.Tensor], torch.Tensor]) -> TrainStats:
+    """AdamW on ``params`` over minibatches of ``per_step`` of ``count`` items (a new order
+    each epoch; ``loss_of`` maps their indices to the loss), warmup then cosine decay over
     ``options.epochs`` epochs or ``seconds``, whichever ends first (the schedule follows
-    the further along of the two)."""
-    if not heads.shares_vocab_projection:
-        raise ValueError("train_heads needs heads sharing the frozen lm_head "
-                         "(call share_vocab_projection first)")
-    weight = heads.vocab_weights()[0].detach().to(loss_dtype(options.loss_dtype))
-    blocks = [p for head in heads.heads for p in head[:-1].parameters()]
-    optimizer = torch.optim.AdamW(blocks, lr=options.lr, weight_decay=options.weight_decay)
+    the further along of the two). ``options`` gives lr, weight_decay, epochs and seed."""
+    optimizer = torch.optim.AdamW(params, lr=options.lr, weight_decay=options.weight_decay)
     generator = torch.Generator().manual_seed(options.seed)
-    count = data.features.shape[0]
-    per_epoch = math.ceil(count / options.positions_per_step)
+    per_epoch = math.ceil(count / per_step)
     total_steps = per_epoch * options.epochs
     stats = TrainStats()
     started = time.perf_counter()
-    heads.train()
     for epoch in range(options.epochs):
         order = torch.randperm(count, generator=generator)
         with step(f"training epoch {epoch + 1}/{options.epochs}", per_epoch) as advance:
-            for start in range(0, count, options.positions_per_step):
+            for start in range(0, count, per_step):
                 elapsed = time.perf_counter() - started
                 progress = stats.steps / total_steps
                 if seconds is not None:
@@ -313,9 +317,7 @@ def train_heads(heads: MedusaHeads, data: HeadData, options: TrainOptions,
                     break
                 for group in optimizer.param_groups:
                     group["lr"] = options.lr * _lr_factor(stats.steps, progress)
-                batch = order[start:start + options.positions_per_step]
-                loss = heads_loss(heads.features(data.features[batch]), data.labels[batch],
-                                  weight)
+                loss = loss_of(order[start:start + per_step])
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
@@ -324,10 +326,29 @@ def train_heads(heads: MedusaHeads, data: HeadData, options: TrainOptions,
                 advance()
         if stats.stopped_by_time:
             break
-    heads.eval()
     stats.epochs = stats.steps / per_epoch
     stats.seconds = time.perf_counter() - started
     return stats
+
+
+def train_heads(heads: MedusaHeads, data: HeadData, options: TrainOptions,
+                seconds: float | None = None) -> TrainStats:
+    """AdamW on the residual blocks, minibatches of positions (see ``train_loop``)."""
+    if not heads.shares_vocab_projection:
+        raise ValueError("train_heads needs heads sharing the frozen lm_head "
+                         "(call share_vocab_projection first)")
+    weight = heads.vocab_weights()[0].detach().to(loss_dtype(options.loss_dtype))
+    blocks = [p for head in heads.heads for p in head[:-1].parameters()]
+
+    def loss_of(batch: torch.Tensor) -> torch.Tensor:
+        return heads_loss(heads.features(data.features[batch]), data.labels[batch], weight)
+
+    heads.train()
+    try:
+        return train_loop(blocks, options, data.features.shape[0], options.positions_per_step,
+                          seconds, loss_of)
+    finally:
+        heads.eval()
 
 
 # --- report --------------------------------------------------------------------------
@@ -335,6 +356,8 @@ def train_heads(heads: MedusaHeads, data: HeadData, options: TrainOptions,
 @dataclass(frozen=True)
 class HeadScore:
     """One head's accuracy on held-back answers."""
+
+    UNIT: ClassVar[str] = "head"  # what the first column of ``accuracy_table`` counts
 
     head: int
     offset: int       # tokens ahead of the hidden state it reads (k + 2)
@@ -361,15 +384,18 @@ def head_accuracy(heads: MedusaHeads, data: HeadData) -> list[HeadScore]:
             for k, n in enumerate(positions)]
 
 
-def accuracy_table(accuracy: list[HeadScore], title: str):
+def accuracy_table(accuracy: list, title: str):
+    """Rows of ``HeadScore`` (Medusa: one per head) or of a score type with another
+    ``UNIT`` (EAGLE: one per draft depth); "predicts" counts from the position read."""
     from rich.table import Table
 
+    unit = type(accuracy[0]).UNIT if accuracy else HeadScore.UNIT
     table = Table(title=title)
-    for name in ("head", "predicts", "top-1", "top-5", "positions"):
+    for name in (unit, "predicts", "top-1", "top-5", "positions"):
         table.add_column(name, justify="right")
     for row in accuracy:
-        table.add_row(str(row.head), f"t+{row.offset}", f"{row.top1:.3f}", f"{row.top5:.3f}",
-                      str(row.positions))
+        table.add_row(str(getattr(row, unit)), f"t+{row.offset}", f"{row.top1:.3f}",
+                      f"{row.top5:.3f}", str(row.positions))
     return table
 
 
@@ -377,12 +403,42 @@ def accuracy_table(accuracy: list[HeadScore], title: str):
 
 @dataclass
 class TrainResult:
+    METHOD: ClassVar[str] = "Medusa-1 self-distillation: frozen target, frozen shared lm_head"
+    LOSS: ClassVar[str] = "final_loss_sum_over_heads"  # what stats.losses hold
+
     heads: MedusaHeads
     accuracy: list[HeadScore]   # on the held-back prompts' answers
     stats: TrainStats
     train_tokens: int
     held_back_tokens: int
     seconds: dict[str, float]
+
+    def save(self, folder: Path, target, base_model: str, extra: dict) -> Path:
+        return save_medusa_heads(self.heads, folder, base_model=base_model, extra=extra)
+
+
+Pair = tuple[list[int], Answer]  # a prompt's token ids and the target's answer to it
+
+
+def answer_prompts(target, search: list[list[int]], held_back: list[list[int]],
+                   max_new_tokens: int, batch_size: int,
+                   followups: list[tuple[str, str]] | None = None,
+                   prefill: bool = False) -> tuple[list[Pair], list[Pair]]:
+    """The target's answers: (prompt, answer) pairs to train on, and held-back ones.
+
+    ``followups`` (first turn, second turn), one per search prompt with a second turn (in
+    order, first), add a second round of answers to train on: the conversation so far is
+    its prompt. ``prefill``: keep the states of every prompt position (EAGLE)."""
+    model = target.model
+    # one pool: batches of similar-length prompts, whichever split they belong to
+    answers = generate_answers(model, search + held_back, max_new_tokens, batch_size, prefill)
+    train = list(zip(search, answers[:len(search)]))
+    if followups:
+        conversations = [target.encode_conversation([first, target.decode(answer.tokens), second])
+                         for (first, second), (_, answer) in zip(followups, train)]
+        train += zip(conversations, generate_answers(model, conversations, max_new_tokens,
+                                                     batch_size, prefill))
+    return train, list(zip(held_back, answers[len(search):]))
 
 
 def train_medusa(target, search: list[list[int]], held_back: list[list[int]],
@@ -397,27 +453,18 @@ def train_medusa(target, search: list[list[int]], held_back: list[list[int]],
     started = began if started is None else started
     model = target.model
     torch.manual_seed(options.seed)
-    # one pool: batches of similar-length prompts, whichever split they belong to
-    answers = generate_answers(model, search + held_back, options.max_new_tokens,
-                               options.generation_batch)
-    train_answers = answers[:len(search)]
-    if followups:
-        conversations = [target.encode_conversation([first, target.decode(answer.tokens), second])
-                         for (first, second), answer in zip(followups, train_answers)]
-        train_answers = train_answers + generate_answers(
-            model, conversations, options.max_new_tokens, options.generation_batch)
-    train = HeadData.from_answers(train_answers, options.num_heads)
-    held = HeadData.from_answers(answers[len(search):], options.num_heads)
+    train_pairs, held_pairs = answer_prompts(target, search, held_back, options.max_new_tokens,
+                                             options.generation_batch, followups)
+    train = HeadData.from_answers([answer for _, answer in train_pairs], options.num_heads)
+    held = HeadData.from_answers([answer for _, answer in held_pairs], options.num_heads)
     generated = time.perf_counter()
     heads = MedusaHeads(model.config.hidden_size, model.config.vocab_size, options.num_heads,
                         options.num_layers)
     # Train only the residual blocks: the projection stays the frozen base lm_head, shared
     # by every head, so at inference all heads cost one product with one weight on CPU.
     heads.share_vocab_projection(model.lm_head.weight)
-    seconds = None
-    if options.time_budget_s is not None:
-        seconds = max(options.time_budget_s - (generated - started), MIN_TRAIN_S)
-    stats = train_heads(heads, train, options, seconds)
+    stats = train_heads(heads, train, options,
+                        training_time(options.time_budget_s, started, generated))
     trained = time.perf_counter()
     accuracy = head_accuracy(heads, held)
     done = time.perf_counter()
@@ -450,10 +497,23 @@ def trained_on(heads_dir, prompts_path) -> set[str]:
 
 
 def check_kind(kind: str) -> None:
-    if kind == "eagle":
-        raise AutotuneError("EAGLE head training is not built yet: use --kind medusa")
     if kind not in KINDS:
         raise AutotuneError(f"unknown head kind '{kind}': choose from {', '.join(KINDS)}")
+
+
+def default_options(kind: str):
+    """The options a head kind trains with unless told otherwise."""
+    check_kind(kind)
+    if kind == "eagle":
+        from autotune.heads.eagle_train import EagleOptions
+        return EagleOptions()
+    return TrainOptions()
+
+
+def training_time(budget_s: float | None, started: float, now: float) -> float | None:
+    """Seconds left for training when the budget counts from ``started``: at least
+    ``MIN_TRAIN_S`` however long generation took; None: no limit."""
+    return None if budget_s is None else max(budget_s - (now - started), MIN_TRAIN_S)
 
 
 def check_out_folder(folder: Path) -> None:
@@ -470,8 +530,8 @@ def check_out_folder(folder: Path) -> None:
         raise OutputPathError(f"{folder} is not writable; choose another --out")
 
 
-def default_out(model_name: str) -> Path:
-    return Path("heads") / f"{model_name}-medusa"
+def default_out(model_name: str, kind: str = "medusa") -> Path:
+    return Path("heads") / f"{model_name}-{kind}"
 
 
 @dataclass(frozen=True)
@@ -483,18 +543,23 @@ class HeadsJob:
     model_path: str | None = None
     prompts: str | None = None
     out: Path | None = None
-    options: TrainOptions = TrainOptions()
+    options: object = None  # TrainOptions (medusa) or EagleOptions (eagle); None: defaults
     dtype: str = "float32"
     device: str = "cpu"
 
 
 def run_heads_train(job: HeadsJob) -> tuple[TrainResult, Path]:
-    """Check every input (cheap), then load the target, train, save the heads folder."""
+    """Check every input (cheap), then load the target, train, save the heads folder.
+    Medusa heads or an EAGLE head, as ``job.kind`` says (the result has the same fields)."""
     from autotune.models import ALIASES, load_target, resolve_model
     from autotune.prompts import default_prompts_path, load_prompts, split_prompts
 
     started = time.perf_counter()
-    check_kind(job.kind)
+    defaults = default_options(job.kind)
+    options = defaults if job.options is None else job.options
+    if type(options) is not type(defaults):
+        raise ValueError(f"{job.kind} heads take {type(defaults).__name__}, "
+                         f"not {type(options).__name__}")
     prompts_path = Path(job.prompts).expanduser() if job.prompts else default_prompts_path()
     prompts = load_prompts(prompts_path)
     search, held_back = split_prompts(prompts)
@@ -505,33 +570,36 @@ def run_heads_train(job: HeadsJob) -> tuple[TrainResult, Path]:
     if not held_back:
         raise AutotuneError(f"{prompts_path} has one prompt: heads need at least two "
                             "(one to train on, one held back to measure them)")
-    loss_dtype(job.options.loss_dtype)
+    loss_dtype(options.loss_dtype)
     resolved = resolve_model(job.model, job.model_path)
-    out = job.out or default_out(resolved.name)
+    out = job.out or default_out(resolved.name, job.kind)
     check_out_folder(out)
     say(f"loading {resolved.name} from {resolved.path}")
     target = load_target(job.model, job.model_path, job.dtype, job.device)
     # second turns follow their first: answers to them need the first answers in context
     search = sorted(search, key=lambda p: not p.followups)
     followups = [(p.text, p.followups[0]) for p in search if p.followups]
-    result = train_medusa(target, [target.encode_chat(p.text) for p in search],
-                          [target.encode_chat(p.text) for p in held_back], job.options, started,
-                          followups)
+    if job.kind == "eagle":
+        from autotune.heads.eagle_train import train_eagle as train
+    else:
+        train = train_medusa
+    result = train(target, [target.encode_chat(p.text) for p in search],
+                   [target.encode_chat(p.text) for p in held_back], options, started, followups)
     # upstream configs name the Hugging Face repo; a local model is named by its path
     base = resolved.source if resolved.source in ALIASES.values() else str(resolved.path)
-    record = _record(job.options, target, prompts_path, (len(search), len(held_back)), result,
-                     [p.id for p in search])
-    save_medusa_heads(result.heads, out, base_model=base, extra={"autotune": record})
+    record = _record(job.kind, options, target, prompts_path, (len(search), len(held_back)),
+                     result, [p.id for p in search])
+    result.save(out, target, base, {"autotune": record})
     return result, out
 
 
-def _record(options: TrainOptions, target, prompts_path: Path, split: tuple[int, int],
+def _record(kind: str, options, target, prompts_path: Path, split: tuple[int, int],
             result: TrainResult, trained_on: list[str]) -> dict:
     """What config.json's "autotune" key says about how the heads were made."""
     stats = result.stats
     return {
-        "trained_by": "autotune heads train --kind medusa",
-        "method": "Medusa-1 self-distillation: frozen target, frozen shared lm_head",
+        "trained_by": f"autotune heads train --kind {kind}",
+        "method": result.METHOD,
         "model": target.name, "model_fingerprint": target.fingerprint,
         "prompts": {"file": str(prompts_path.resolve()), "train": split[0],
                     "held_back": split[1], "trained_on": trained_on},
@@ -539,7 +607,7 @@ def _record(options: TrainOptions, target, prompts_path: Path, split: tuple[int,
                    "held_back": result.held_back_tokens},
         "training": {"epochs": round(stats.epochs, 3), "steps": stats.steps,
                      "stopped_by_time": stats.stopped_by_time,
-                     "final_loss_sum_over_heads": stats.losses[-1] if stats.losses else None},
+                     result.LOSS: stats.losses[-1] if stats.losses else None},
         "options": {**asdict(options),
                     "loss_dtype": str(loss_dtype(options.loss_dtype)).removeprefix("torch.")},
         "accuracy_held_back": [asdict(row) for row in result.accuracy],

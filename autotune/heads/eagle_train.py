@@ -1,0 +1,351 @@
+"""Train an EAGLE-1/2 draft head on a frozen target by self-distillation.
+
+The data are the target's own greedy answers to calibration prompts (as for Medusa heads,
+``heads.train``), with its normed last hidden state f_t at EVERY position, prompt
+included: the head attends over the whole sequence as it does when drafting.
+
+At position t the head reads the pair (f_t, embedding of x_{t+1}). Its output there is
+trained to equal f_{t+1} (feature regression, SmoothL1 as in EAGLE) and, through the
+target's frozen lm_head, to give x_{t+2} (cross-entropy). Only rows whose x_{t+2} lies in
+the answer count: the prompt is text the target did not write. Noise on the input
+features, and an unrolled second step that reads the head's own first-step output (as
+drafting does from depth 2 on), teach it to cope with its own errors.
+
+Only fc and the decoder layer are trained; the embedding and lm_head stay the target's.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from autotune.errors import AutotuneError
+from autotune.heads.eagle import EagleHead, head_config, save_draft_vocab, save_eagle_head
+from autotune.heads.train import (GENERATION_BATCH, IGNORE, Answer, TrainStats,
+                                  _FrozenProjectionCE, answer_prompts, loss_dtype,
+                                  train_loop, training_time)
+
+INITS = ("random", "identity", "last-layer")
+
+
+@dataclass(frozen=True)
+class EagleOptions:
+    # Choices measured on SmolLM2-135M (80 answers to train on, 20 held back; 180 s of
+    # training each; held-back top-1 at draft depths 1..5):
+    #   init identity, unroll 1      .279 .088 .060 .047 .033
+    #   init random,   unroll 1      .245 .104 .085 .089 .077
+    #   init identity, unroll 2      .198 .115 .087 .057 .040   (4 epochs, not 10)
+    #   init random,   unroll 2      .188 .171 .147 .142 .138   (3.6 epochs, not 10)
+    #   identity + token_weight 1.0  .273 .072 .040 .038 .025
+    #   identity + lr 3e-3           .153 .033 .029 .022 .012
+    #   identity + last-layer init   .026 .000 .000 .000 .000   (its residual scale is
+    #                                the target's pre-norm one, not the features')
+    # The unrolled step trades some depth-1 accuracy for much better deeper drafts, which
+    # is what a draft tree lives on.
+    max_new_tokens: int = 256      # answer length (tokens) per calibration prompt
+    epochs: int = 40               # an upper bound: the time budget ends training first
+    # Seconds for answer generation and training together (the held-back report and
+    # saving come after, 15-60 s on SmolLM2-135M); training ends early to keep it.
+    time_budget_s: float | None = 870.0
+    sequences_per_step: int = 2    # prompt + answer sequences per minibatch
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    feature_weight: float = 1.0    # EAGLE-1's weights: SmoothL1 on features 1.0,
+    token_weight: float = 0.1      # cross-entropy of the next-next token 0.1
+    noise: float = 0.1             # std of the input features' noise, in features' RMS
+    unroll: int = 2                # steps trained per position (2: also from its own output)
+    init: str = "random"           # see ``new_head``
+    depth: int = 5                 # draft depths in the held-back report
+    loss_dtype: str = "auto"       # of the vocabulary product; see ``heads.train.loss_dtype``
+    generation_batch: int = GENERATION_BATCH
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.init not in INITS:
+            raise AutotuneError(f"unknown EAGLE head init '{self.init}': use {', '.join(INITS)}")
+        if self.unroll < 1 or self.depth < 1 or self.sequences_per_step < 1:
+            raise AutotuneError("unroll, depth and sequences_per_step must be at least 1")
+
+
+# --- data ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EagleSequence:
+    """A prompt and the target's answer, with the target's features of all positions."""
+
+    tokens: torch.Tensor     # [n] int64: the prompt, then the answer
+    features: torch.Tensor   # [n - 1, H] f_0 .. f_{n-2} (the last token's is never needed)
+    answer_start: int        # index of the answer's first token: the prompt's length
+
+    @classmethod
+    def of(cls, prompt: list[int], answer: Answer) -> "EagleSequence":
+        if answer.prefill is None:
+            raise ValueError("EAGLE needs every prompt position's features: generate the "
+                             "answers with prefill=True")
+        features = torch.cat([answer.prefill, answer.hidden]).float()
+        return cls(torch.tensor(prompt + answer.tokens), features, len(prompt))
+
+    @property
+    def counted(self) -> int:
+        """Rows of step 1 in the loss: x_{t+2} in the answer, t = answer_start - 2 .. n - 3."""
+        n = len(self.tokens)
+        return max(0, n - 2 - max(self.answer_start - 2, 0))
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Sequences padded to one length: S pair rows each, room for ``steps`` unrolled steps."""
+
+    features: torch.Tensor   # [B, S + unroll, H] f_t, zero past a sequence's end
+    tokens: torch.Tensor     # [B, S + unroll + 1] x_t, zero past the end
+    lengths: torch.Tensor    # [B] n: each sequence's token count
+    answer_start: torch.Tensor  # [B]
+    size: int                # S: the longest sequence's pair rows (n - 1)
+    steps: int               # steps trained per pair row (``EagleOptions.unroll``)
+
+    @classmethod
+    def of(cls, sequences: list[EagleSequence], unroll: int) -> "Batch":
+        size = max(len(s.tokens) for s in sequences) - 1
+        hidden = sequences[0].features.shape[1]
+        features = sequences[0].features.new_zeros(len(sequences), size + unroll, hidden)
+        tokens = torch.zeros(len(sequences), size + unroll + 1, dtype=torch.long)
+        for row, seq in enumerate(sequences):
+            features[row, :len(seq.features)] = seq.features
+            tokens[row, :len(seq.tokens)] = seq.tokens
+        return cls(features, tokens, torch.tensor([len(s.tokens) for s in sequences]),
+                   torch.tensor([s.answer_start for s in sequences]), size, unroll)
+
+    def step(self, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Step k's (1-based) rows t = 0 .. S - 1, rooted at pair t: the token it reads
+        x_{t+k} and its position t + k - 1, and its targets f_{t+k} and x_{t+k+1}
+        (IGNORE unless x_{t+k+1} exists and lies in the answer). Step 1 reads f_t; step
+        k > 1 reads step k - 1's output."""
+        rows = torch.arange(self.size)
+        read = self.tokens[:, k:k + self.size]                                # [B, S]
+        truth = self.tokens[:, k + 1:k + 1 + self.size].clone()
+        at = rows[None] + k + 1                                               # truth's index
+        counted = (at < self.lengths[:, None]) & (at >= self.answer_start[:, None])
+        truth[~counted] = IGNORE
+        positions = (rows + k - 1).expand(len(self.lengths), -1)
+        return read, positions, self.features[:, k:k + self.size], truth
+
+
+def unrolled_mask(size: int, steps: int, lengths: torch.Tensor, dtype) -> torch.Tensor:
+    """Additive mask [B, 1, steps * S, steps * S] over rows (step, t): step 1 is causal;
+    (k, t) sees step 1's rows 0 .. t and its own root's rows of steps 2 .. k, as a draft
+    tree's node sees the committed prefix and its ancestors. Pair rows past a sequence's
+    end are hidden from the others (their own rows are ignored by the loss)."""
+    rows = torch.arange(size)
+    causal = rows[None] <= rows[:, None]
+    allowed = torch.zeros(steps * size, steps * size, dtype=torch.bool)
+    for k in range(steps):
+        allowed[k * size:(k + 1) * size, :size] = causal
+        for j in range(1, k + 1):
+            allowed[k * size + rows, j * size + rows] = True
+    valid = (rows[None] < (lengths[:, None] - 1)).repeat(1, steps)            # [B, steps*S]
+    allowed = allowed[None] & valid[:, None, :]
+    allowed |= torch.eye(steps * size, dtype=torch.bool)[None]  # a padded row sees itself
+    mask = torch.zeros(allowed.shape, dtype=dtype)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[:, None]
+
+
+# --- the head ------------------------------------------------------------------------
+
+def new_head(model, init: str = "random") -> EagleHead:
+    """A head for ``model`` (float32, on its device).
+
+    random: PyTorch's default initialisation (upstream EAGLE's); measured best at depth 2+.
+    identity: fc passes the feature through and the layer's output projections are zero,
+        so the untrained head returns f_t: best at depth 1 only (``EagleOptions``).
+    last-layer: fc as identity, the decoder layer a copy of the target's last one."""
+    head = EagleHead(head_config(model.config)).to(model.lm_head.weight.device)
+    if init == "random":
+        return head
+    hidden = head.hidden_size
+    with torch.no_grad():
+        # fc reads cat(embedding, feature): keep its default weights on the embedding half
+        head.fc.weight[:, hidden:] = torch.eye(hidden)
+        head.fc.bias.zero_()
+        layer = head.layers[0]
+        if init == "last-layer":
+            source = model.model.layers[-1]
+            for name in ("self_attn", "mlp", "post_attention_layernorm"):
+                getattr(layer, name).load_state_dict(getattr(source, name).state_dict())
+        else:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    return head
+
+
+# --- loss and training ---------------------------------------------------------------
+
+def eagle_loss(head: EagleHead, embed, batch: Batch, weight: torch.Tensor,
+               options: EagleOptions, scale: float,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+    """Sum over the batch's unrolled steps of feature_weight * SmoothL1(output / scale, f / scale)
+    + token_weight * CE(lm_head(output), x), each a mean over the step's counted rows.
+
+    ``scale`` (the features' RMS) makes the feature loss and the noise independent of the
+    target's feature size. Step k > 1 reads step k - 1's output computed without gradient
+    (one extra forward per step, not a backward through it)."""
+    size, steps = batch.size, batch.steps
+    inputs = [batch.step(k) for k in range(1, steps + 1)]
+    features = batch.features[:, :size]
+    if options.noise > 0:
+        noise = torch.randn(features.shape, generator=generator).to(features.device)
+        features = features + noise * (options.noise * scale)
+    embeds = [embed(read.to(features.device)).detach() for read, _, _, _ in inputs]
+    positions = [pos.to(features.device) for _, pos, _, _ in inputs]
+    read_features = [features]
+    for k in range(1, steps + 1):
+        mask = unrolled_mask(size, k, batch.lengths, features.dtype).to(features.device)
+        last = k == steps
+        with torch.set_grad_enabled(last and torch.is_grad_enabled()):
+            out = head(torch.cat(read_features, 1), torch.cat(embeds[:k], 1),
+                       torch.cat(positions[:k], 1), mask=mask)
+        if not last:
+            read_features.append(out[:, (k - 1) * size:].detach())
+    total = out.new_zeros(())
+    for k, (_, _, target, truth) in enumerate(inputs):
+        counted = truth != IGNORE
+        count = int(counted.sum())
+        if count == 0:
+            continue
+        rows = out[:, k * size:(k + 1) * size][counted]
+        feature_loss = F.smooth_l1_loss(rows / scale, target.to(rows.device)[counted] / scale)
+        token_loss = _FrozenProjectionCE.apply(rows, weight, truth[counted].to(rows.device),
+                                               rows.new_full((count,), 1.0 / count))
+        total = total + options.feature_weight * feature_loss + options.token_weight * token_loss
+    return total
+
+
+def feature_scale(sequences: list[EagleSequence]) -> float:
+    """Root mean square of the features: the unit of the noise and the feature loss."""
+    squares = sum(float(s.features.pow(2).sum()) for s in sequences)
+    return (squares / sum(s.features.numel() for s in sequences)) ** 0.5
+
+
+def train_eagle_head(head: EagleHead, model, sequences: list[EagleSequence],
+                     options: EagleOptions, seconds: float | None = None) -> TrainStats:
+    """AdamW on fc and the decoder layer, minibatches of whole sequences (see
+    ``heads.train.train_loop``); the target's embedding and lm_head stay frozen."""
+    sequences = [s for s in sequences if s.counted > 0]
+    if not sequences:
+        raise AutotuneError("the target's answers are too short to train an EAGLE head on "
+                            "(every answer ended after one token): use other prompts")
+    weight = model.lm_head.weight.detach().to(loss_dtype(options.loss_dtype))
+    embed = model.get_input_embeddings()
+    scale = feature_scale(sequences)
+    generator = torch.Generator().manual_seed(options.seed)
+    params = [p for name, p in head.named_parameters() if not name.startswith("rotary.")]
+
+    def loss_of(indices: torch.Tensor) -> torch.Tensor:
+        batch = Batch.of([sequences[i] for i in indices.tolist()], options.unroll)
+        return eagle_loss(head, embed, batch, weight, options, scale, generator)
+
+    head.train()
+    try:
+        return train_loop(params, options, len(sequences), options.sequences_per_step,
+                          seconds, loss_of)
+    finally:
+        head.eval()
+
+
+# --- report --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DepthScore:
+    """The head's accuracy at one draft depth on held-back answers: depth d reads its own
+    d - 1 step extrapolation (as when drafting), not the target's features."""
+
+    UNIT: ClassVar[str] = "depth"  # the first column of ``heads.train.accuracy_table``
+
+    depth: int
+    offset: int       # tokens ahead of the feature f_t it starts from (d + 1)
+    top1: float
+    top5: float
+    positions: int    # draft roots it was measured on
+
+
+@torch.inference_mode()
+def eagle_accuracy(head: EagleHead, model, sequences: list[EagleSequence],
+                   depth: int) -> list[DepthScore]:
+    """Per-depth top-1 / top-5 along each answer, from the features captured with it
+    (``measure.eagle_accuracy.extrapolation_ranks``; the same figures as
+    ``measure_eagle_accuracy`` without a second pass of the target)."""
+    from autotune.engine.runner import Runner
+    from autotune.measure.eagle_accuracy import extrapolation_ranks
+    from autotune.measure.head_accuracy import RankTally
+
+    runner = Runner(model, fast_small_matmul=False)   # only its embedding and lm_head
+    tally = RankTally(depth, max_rank=5)
+    for seq in sequences:
+        n, first = len(seq.tokens), seq.answer_start - 1   # root whose next token is answer[0]
+        if n - 1 <= first:
+            continue
+        ranks = extrapolation_ranks(head, runner, seq.features.to(runner.device),
+                                    seq.tokens.tolist(), first, depth, max_rank=5)
+        for i, row in enumerate(ranks.tolist()):
+            tally.add(row, n - (first + i) - 2)
+    accuracy = tally.accuracy()
+    return [DepthScore(d + 1, d + 2, accuracy.top1[d], accuracy.top5[d], accuracy.positions[d])
+            for d in range(depth)]
+
+
+# --- the job -------------------------------------------------------------------------
+
+@dataclass
+class EagleResult:
+    METHOD: ClassVar[str] = ("EAGLE-1/2 self-distillation: frozen target, embedding and "
+                             "lm_head; fc and one decoder layer trained")
+    LOSS: ClassVar[str] = "final_loss"
+
+    head: EagleHead
+    accuracy: list[DepthScore]   # on the held-back prompts' answers
+    stats: TrainStats
+    train_tokens: int
+    held_back_tokens: int
+    seconds: dict[str, float]
+
+    # how often the target emitted each token in the training answers: the ranked list
+    # draft vocabularies are cut from (``heads.eagle.DraftProjection``)
+    token_counts: dict[int, int] = field(default_factory=dict)
+
+    def save(self, folder: Path, target, base_model: str, extra: dict) -> Path:
+        saved = save_eagle_head(self.head, folder, target.model.get_input_embeddings().weight,
+                                base_model, extra)
+        save_draft_vocab(saved, self.token_counts)
+        return saved
+
+
+def train_eagle(target, search: list[list[int]], held_back: list[list[int]],
+                options: EagleOptions, started: float | None = None,
+                followups: list[tuple[str, str]] | None = None) -> EagleResult:
+    """Generate answers, train a head on the search prompts' answers, report per-depth
+    accuracy on the held-back ones; as ``heads.train.train_medusa`` (same arguments)."""
+    began = time.perf_counter()
+    started = began if started is None else started
+    model = target.model
+    torch.manual_seed(options.seed)
+    train_pairs, held_pairs = answer_prompts(target, search, held_back, options.max_new_tokens,
+                                             options.generation_batch, followups, prefill=True)
+    train = [EagleSequence.of(prompt, answer) for prompt, answer in train_pairs]
+    held = [EagleSequence.of(prompt, answer) for prompt, answer in held_pairs]
+    generated = time.perf_counter()
+    head = new_head(model, options.init)
+    stats = train_eagle_head(head, model, train, options,
+                             training_time(options.time_budget_s, started, generated))
+    trained = time.perf_counter()
+    accuracy = eagle_accuracy(head, model, held, options.depth)
+    done = time.perf_counter()
+    counts = Counter(token for _, answer in train_pairs for token in answer.tokens)
+    return EagleResult(head, accuracy, stats, sum(len(a.tokens) for _, a in train_pairs),
+                       sum(len(a.tokens) for _, a in held_pairs),
+                       {"generation": generated - began, "training": trained - generated,
+                        "report": done - trained, "total": done - started}, dict(counts))
