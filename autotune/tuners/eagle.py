@@ -88,6 +88,11 @@ def tree_from_settings(settings: dict) -> StaticTree | DynamicTree:
     return DynamicTree(settings["total_tokens"], settings["depth"], settings["top_k"])
 
 
+def tree_nodes(tree: StaticTree | DynamicTree) -> int:
+    """Draft tokens verified per step (the dynamic tree's budget; it may keep fewer)."""
+    return len(tree.choices) if isinstance(tree, StaticTree) else tree.total_tokens - 1
+
+
 def tree_settings(tree: StaticTree | DynamicTree) -> dict:
     """The profile's ``tree`` block."""
     if isinstance(tree, StaticTree):
@@ -119,7 +124,7 @@ class EagleTreeObjective:
         if measured.lossless is False:
             raise RuntimeError("EAGLE output differed from plain greedy output")
         return {"objective": measured.speedup, "tree": tree_settings(tree),
-                **measured.summary()}
+                "tree_nodes": tree_nodes(tree), **measured.summary()}
 
 
 @dataclass(frozen=True)
@@ -323,7 +328,7 @@ class EagleSearch:
         done = [t for t in done if t.params.get("vocab") in self.vocabs]
         self.info[f"{kind}_trials"] = sorted(
             ({**t.params, "speedup": round(t.value, 4),
-              "tree_nodes": _nodes(t.user_attrs.get("tree"))} for t in done),
+              "tree_nodes": t.user_attrs.get("tree_nodes")} for t in done),
             key=lambda r: r["speedup"], reverse=True)
         if done:
             return self._choice(kind, max(done, key=lambda t: t.value).params)
@@ -334,9 +339,3 @@ class EagleSearch:
         say(f"[yellow]the EAGLE {kind}-tree study finished no trial within the time "
             "budget[/yellow]")
         return None
-
-
-def _nodes(tree: dict | None) -> int | None:
-    if not tree:
-        return None
-    return len(tree["choices"]) if tree["kind"] == "static" else tree["total_tokens"] - 1
