@@ -59,6 +59,14 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 
 
 @pytest.fixture
+def tiny_target(tiny_llama, tiny_tokenizer):
+    """The tiny LLaMA as a loaded target (chat template, encode/decode)."""
+    from autotune.models import target_from_model
+
+    return target_from_model(tiny_llama, tiny_tokenizer, "tiny")
+
+
+@pytest.fixture
 def tiny_llama_dir(tmp_path: Path, tiny_llama: LlamaForCausalLM) -> Path:
     """The tiny LLaMA and its tokenizer saved as a local Hugging Face model folder."""
     folder = tmp_path / "tiny-llama"

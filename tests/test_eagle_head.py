@@ -23,17 +23,11 @@ from autotune.heads.eagle_train import (Batch, EagleOptions, EagleSequence, eagl
 from autotune.heads.train import (IGNORE, Answer, HeadsJob, TrainOptions, answer_prompts,
                                   default_out, generate_answers, run_heads_train, trained_on)
 from autotune.measure.eagle_accuracy import measure_eagle_accuracy
-from autotune.models import target_from_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 PROMPTS = ["Tell me a story.", "What is 2+2?", "Name a color.", "Write a poem about rain.",
            "Why is the sky blue?", "Give me a recipe.", "Describe a cat.", "How do planes fly?"]
-
-
-@pytest.fixture
-def tiny_target(tiny_llama, tiny_tokenizer):
-    return target_from_model(tiny_llama, tiny_tokenizer, "tiny")
 
 
 @pytest.fixture

@@ -17,17 +17,11 @@ from autotune.heads.medusa import HeadsError, MedusaHeads, load_medusa_heads
 from autotune.heads.train import (IGNORE, Answer, HeadData, TrainOptions, generate_answers,
                                   head_accuracy, heads_loss, train_heads, train_medusa,
                                   trained_on)
-from autotune.models import target_from_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 PROMPTS = ["Tell me a story.", "What is 2+2?", "Name a color.", "Write a poem about rain.",
            "Why is the sky blue?", "Give me a recipe.", "Describe a cat.", "How do planes fly?"]
-
-
-@pytest.fixture
-def tiny_target(tiny_llama, tiny_tokenizer):
-    return target_from_model(tiny_llama, tiny_tokenizer, "tiny")
 
 
 def encode(target, texts):

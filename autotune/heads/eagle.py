@@ -22,7 +22,7 @@ from torch import nn
 
 from autotune.engine.kvcache import KVCache
 from autotune.engine.runner import additive_mask
-from autotune.heads.medusa import HeadsError
+from autotune.heads.medusa import HeadsError, read_weights
 
 CONFIG = "config.json"
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
@@ -118,27 +118,16 @@ def save_eagle_head(head: EagleHead, folder: str | Path, embed_weight: torch.Ten
 
 
 def _read_state(folder: Path) -> dict[str, torch.Tensor]:
-    for name in WEIGHTS:
-        path = folder / name
-        if not path.is_file():
-            continue
-        try:
-            if name.endswith(".safetensors"):
-                from safetensors.torch import load_file
-                state = load_file(str(path))
-            else:
-                state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # a truncated or foreign file: say which one
-            raise HeadsError(f"cannot read EAGLE weights {path}: {exc}") from None
-        out = {}
-        for key, value in state.items():
-            for prefix in _PREFIXES:
-                key = key.removeprefix(prefix)
-            out[key] = value
-        return out
-    raise HeadsError(f"no {' or '.join(WEIGHTS)} in {folder}: pass an EAGLE head folder "
-                     "(config.json + model.safetensors or pytorch_model.bin), or train one "
-                     "with `autotune heads train --kind eagle`")
+    state = read_weights(folder, WEIGHTS, "EAGLE",
+                         "pass an EAGLE head folder (config.json + model.safetensors or "
+                         "pytorch_model.bin), or train one with `autotune heads train "
+                         "--kind eagle`")
+    out = {}
+    for key, value in state.items():
+        for prefix in _PREFIXES:
+            key = key.removeprefix(prefix)
+        out[key] = value
+    return out
 
 
 def _read_config(folder: Path):

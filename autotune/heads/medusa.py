@@ -101,8 +101,12 @@ _RESBLOCK = re.compile(r"^(\d+)\.(\d+)\.linear\.(weight|bias)$")
 _PROJECTION = re.compile(r"^(\d+)\.(\d+)\.weight$")
 
 
-def _read_state(folder: Path) -> dict[str, torch.Tensor]:
-    for name in WEIGHTS:
+def read_weights(folder: Path, names: tuple[str, ...], kind: str, missing: str
+                 ) -> dict[str, torch.Tensor]:
+    """The state dict in the first of ``names`` present in ``folder`` (safetensors or a
+    torch pickle), or a HeadsError naming the file; ``missing`` says what to do when
+    there is none."""
+    for name in names:
         path = folder / name
         if not path.is_file():
             continue
@@ -112,10 +116,14 @@ def _read_state(folder: Path) -> dict[str, torch.Tensor]:
                 return load_file(str(path))
             return torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # a truncated or foreign file: say which one
-            raise HeadsError(f"cannot read Medusa weights {path}: {exc}") from None
-    raise HeadsError(f"no {' or '.join(WEIGHTS)} in {folder}: pass a Medusa head folder "
-                     "(config.json + medusa_lm_head.*), or train one with "
-                     "`autotune heads train --kind medusa`")
+            raise HeadsError(f"cannot read {kind} weights {path}: {exc}") from None
+    raise HeadsError(f"no {' or '.join(names)} in {folder}: {missing}")
+
+
+def _read_state(folder: Path) -> dict[str, torch.Tensor]:
+    return read_weights(folder, WEIGHTS, "Medusa",
+                        "pass a Medusa head folder (config.json + medusa_lm_head.*), or "
+                        "train one with `autotune heads train --kind medusa`")
 
 
 def load_medusa_heads(folder: str | Path, lm_head: torch.Tensor | None = None,

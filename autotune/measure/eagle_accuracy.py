@@ -16,7 +16,7 @@ import torch
 
 from autotune.engine.runner import Runner
 from autotune.heads.eagle import DraftProjection, EagleHead
-from autotune.measure.head_accuracy import HeadAccuracy, RankTally
+from autotune.measure.head_accuracy import HeadAccuracy, RankTally, calibration_states
 
 
 def _rank_of(logits: torch.Tensor, truth: torch.Tensor, max_rank: int) -> torch.Tensor:
@@ -77,13 +77,10 @@ def measure_eagle_accuracy(runner: Runner, head: EagleHead,
     tally = RankTally(depth, max_rank)
     for prompt, continuation in calibration:
         sequence = prompt + continuation
-        cache = runner.new_cache(capacity=len(sequence) + 8)
-        ids = torch.tensor(sequence[:-1], device=runner.device)
-        out = runner.forward(ids, torch.arange(len(ids), device=runner.device), cache,
-                             last_only=True)
+        features = runner.norm(calibration_states(runner, prompt, continuation))
         first = len(prompt) - 1      # the root whose next token is continuation[0]
-        ranks = extrapolation_ranks(head, runner, runner.norm(out.hidden), sequence, first,
-                                    depth, max_rank, projection).tolist()
+        ranks = extrapolation_ranks(head, runner, features, sequence, first, depth, max_rank,
+                                    projection).tolist()
         for i, row in enumerate(ranks):
             tally.add(row, len(sequence) - (first + i) - 2)
         if progress:

@@ -90,6 +90,16 @@ class RankTally:
                                            for p, n in self.paths.items()})
 
 
+def calibration_states(runner: Runner, prompt: list[int], continuation: list[int]):
+    """The target's hidden states (before its final norm) at every position of prompt +
+    continuation but the last, from one forward: what heads are measured on."""
+    sequence = prompt + continuation
+    cache = runner.new_cache(capacity=len(sequence) + 8)
+    ids = torch.tensor(sequence[:-1], device=runner.device)
+    return runner.forward(ids, torch.arange(len(ids), device=runner.device), cache,
+                          last_only=True).hidden
+
+
 @torch.inference_mode()
 def measure_head_accuracy(runner: Runner, heads: MedusaHeads,
                           calibration: list[tuple[list[int], list[int]]],
@@ -100,12 +110,9 @@ def measure_head_accuracy(runner: Runner, heads: MedusaHeads,
     tally = RankTally(num_heads, max_rank)
     for prompt, continuation in calibration:
         sequence = prompt + continuation
-        cache = runner.new_cache(capacity=len(sequence) + 8)
-        ids = torch.tensor(sequence[:-1], device=runner.device)
-        out = runner.forward(ids, torch.arange(len(ids), device=runner.device), cache,
-                             last_only=True)
+        states = calibration_states(runner, prompt, continuation)
         first = len(prompt) - 1                     # its logits gave continuation[0]
-        hidden = runner.norm(out.hidden[first:])    # positions first .. len(sequence) - 2
+        hidden = runner.norm(states[first:])        # positions first .. len(sequence) - 2
         truth = sequence[first:]                    # truth[j + k + 2] answers head k at row j
         ranks = _ranks(heads, hidden, num_heads, max_rank, truth).tolist()
         for j, row in enumerate(ranks):
