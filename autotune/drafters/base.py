@@ -46,6 +46,11 @@ class Draft:
     tokens: list[int]
     draft_probs: torch.Tensor | None = None
     tree: TreeShape | None = None
+    # For a chain, when the drafter was asked for them (``ranked_width``): per step the
+    # draft's most likely tokens [k, width] and their probabilities [k, width], best first
+    # (what confidence-aware expansion reads).
+    ranked_tokens: torch.Tensor | None = None
+    ranked_probs: torch.Tensor | None = None
 
 
 @dataclass

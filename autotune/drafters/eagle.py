@@ -76,6 +76,8 @@ class EagleDrafter:
     """``projection``: the lm_head over a draft vocabulary (default: the target's whole
     lm_head)."""
 
+    ranked_width = 0  # > 0 (static chains): drafts carry each step's top tokens and probs
+
     def __init__(self, head: EagleHead, tree: StaticTree | DynamicTree,
                  projection: DraftProjection | None = None):
         self.head, self.tree, self.projection = head, tree, projection
@@ -95,7 +97,10 @@ class EagleDrafter:
             root = self._commit(context)
             if isinstance(self.tree, StaticTree):
                 nodes = self._static(context, root)
-                return Draft(nodes.tokens, tree=self._static_shape)
+                draft = Draft(nodes.tokens, tree=self._static_shape)
+                if self.ranked_width and self._static_shape.is_chain:
+                    draft.ranked_tokens, draft.ranked_probs = self._ranked
+                return draft
             nodes = self._dynamic(context, root)
         return Draft(*self._keep_best(nodes, self.tree.total_tokens - 1))
 
@@ -164,10 +169,13 @@ class EagleDrafter:
         project = self.projection
         outputs = {ROOT: root[0]}
         top = {ROOT: project(root)[0]}
+        ranked: list[torch.Tensor] = []   # per expanded node: its distribution's top
         for level, expanded in zip(self._levels, self._expanded):
             for node in level:
                 parent = parents[node]
                 if not isinstance(top[parent], list):
+                    if self.ranked_width:
+                        ranked.append(top[parent].float().softmax(-1).topk(self.ranked_width))
                     best = top[parent].topk(self._widest(parent)).indices
                     top[parent] = project.tokens(best).tolist()
                 nodes.add(top[parent][self._ranks[node]], parent, 0.0)
@@ -177,6 +185,9 @@ class EagleDrafter:
                 logits = project(out)
                 for row, node in enumerate(expanded):
                     outputs[node], top[node] = out[row], logits[row]
+        if ranked:
+            self._ranked = (project.tokens(torch.stack([r.indices for r in ranked])),
+                            torch.stack([r.values for r in ranked]))
         return nodes
 
     def _widest(self, parent: int) -> int:

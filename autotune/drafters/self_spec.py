@@ -34,6 +34,8 @@ DV_DEFAULT_POLICY = DraftExitPolicy()  # Draft & Verify's published defaults
 
 
 class LayerSkipDrafter:
+    ranked_width = 0  # > 0: drafts carry each step's top tokens and probabilities
+
     def __init__(self, skip: SkipMask, policy: DraftExitPolicy = DV_DEFAULT_POLICY):
         if skip.size == 0:
             raise ValueError("a layer-skip draft must skip at least one sublayer")
@@ -69,7 +71,11 @@ class LayerSkipDrafter:
             dists.append(probs)
         self._hit_max = len(tokens) == limit
         draft_probs = None if context.sampling.greedy else torch.stack(dists)
-        return Draft(tokens=tokens, draft_probs=draft_probs)
+        draft = Draft(tokens=tokens, draft_probs=draft_probs)
+        if self.ranked_width:
+            top = torch.stack(dists).topk(self.ranked_width, dim=-1)
+            draft.ranked_tokens, draft.ranked_probs = top.indices, top.values
+        return draft
 
     def observe(self, result: VerifyResult) -> None:
         rule = self.policy.adaptive

@@ -1,0 +1,86 @@
+"""CAPE (confidence-aware proposal expansion, from GLIDE): an autoregressive drafter's
+chain, plus at each step k - 1 runner-up tokens as siblings of the chain token when the
+draft was unsure there. The bin of the step's top-1 probability gives k. Siblings are
+not extended; chain and siblings are verified as one tree, within a verify-token budget.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from autotune.drafters.base import Draft, DraftContext, VerifyResult
+from autotune.engine.tree import ROOT, TreeShape
+
+
+@dataclass(frozen=True)
+class CapePolicy:
+    """Confidence p falls in bin i when edges[i - 1] < p <= edges[i] (edges ascending,
+    the last 1.0); that step proposes expansion[i] tokens, the chain's included."""
+
+    edges: tuple[float, ...]
+    expansion: tuple[int, ...]
+    max_verify_tokens: int = 32
+
+    def __post_init__(self):
+        if len(self.edges) != len(self.expansion) or not self.edges:
+            raise ValueError("CAPE needs one expansion size per confidence bin")
+        if list(self.edges) != sorted(self.edges) or self.edges[-1] != 1.0:
+            raise ValueError(f"bin edges must ascend to 1.0, got {list(self.edges)}")
+        if min(self.expansion) < 1 or self.max_verify_tokens < 2:
+            raise ValueError("expansion sizes must be >= 1 and max_verify_tokens >= 2")
+
+    def tokens_at(self, confidence: float) -> int:
+        return self.expansion[min(bisect.bisect_left(self.edges, confidence),
+                                  len(self.edges) - 1)]
+
+
+NO_EXPANSION = CapePolicy((1.0,), (1,))
+PAPER_7531 = CapePolicy((0.3, 0.6, 0.8, 1.0), (7, 5, 3, 1))  # GLIDE's paper
+
+
+class CapeDrafter:
+    """Wraps a chain drafter that can report each step's ranked tokens (``ranked_width``):
+    the layer-skip drafter, or the EAGLE drafter with a chain."""
+
+    def __init__(self, base, policy: CapePolicy):
+        self.base, self.policy = base, policy
+        base.ranked_width = max(policy.expansion)
+        self._chain_nodes: list[int] = []
+
+    def reset(self) -> None:
+        self.base.reset()
+
+    def propose(self, context: DraftContext) -> Draft:
+        draft = self.base.propose(context)
+        if draft.ranked_tokens is None or (draft.tree is not None and not draft.tree.is_chain):
+            raise ValueError("CAPE expands a chain drafter that reports its ranked tokens")
+        budget = self.policy.max_verify_tokens - 1          # the root is verified too
+        chain = draft.tokens[:budget]
+        siblings = budget - len(chain)
+        tokens, parents, self._chain_nodes = [], [], []
+        for step, token in enumerate(chain):
+            parent = self._chain_nodes[-1] if self._chain_nodes else ROOT
+            self._chain_nodes.append(len(tokens))
+            tokens.append(token)
+            parents.append(parent)
+            wanted = self.policy.tokens_at(float(draft.ranked_probs[step, 0])) - 1
+            for alternative in draft.ranked_tokens[step].tolist():
+                if wanted <= 0 or siblings <= 0:  # earlier steps get the budget first
+                    break
+                if alternative == token:
+                    continue
+                tokens.append(alternative)
+                parents.append(parent)
+                wanted, siblings = wanted - 1, siblings - 1
+        # parents come before children: chain node i precedes everything at depth i + 1
+        return Draft(tokens, tree=TreeShape(tuple(parents)))
+
+    def observe(self, result: VerifyResult) -> None:
+        """The base drafter learns how far its own chain was accepted."""
+        accepted = 0
+        for node in result.path or []:
+            if accepted < len(self._chain_nodes) and node == self._chain_nodes[accepted]:
+                accepted += 1
+            else:
+                break
+        self.base.observe(VerifyResult(len(self._chain_nodes), accepted))

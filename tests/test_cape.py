@@ -1,0 +1,91 @@
+"""CAPE expansion on the autoregressive drafters: tree shape, budget, losslessness."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotune.drafters.cape import NO_EXPANSION, PAPER_7531, CapeDrafter, CapePolicy
+from autotune.drafters.eagle import EagleDrafter, StaticTree
+from autotune.drafters.self_spec import DraftExitPolicy, LayerSkipDrafter
+from autotune.engine.decoding import decode_plain, decode_speculative
+from autotune.engine.runner import Runner
+from autotune.engine.sampling import SamplingConfig
+from autotune.engine.skip import SkipMask
+from tests.test_eagle import random_head
+
+PROMPTS = [[1, 5, 9, 13, 40, 41], [1, 70, 3, 3, 3, 90, 12, 8, 77]]
+WIDE = CapePolicy((0.5, 1.0), (4, 2), max_verify_tokens=9)
+
+
+def drafters(model):
+    yield "self_spec", lambda: LayerSkipDrafter(SkipMask.of([1, 2], [2]),
+                                                DraftExitPolicy(4, 0.0, None))
+    head = random_head(model)
+    yield "eagle", lambda: EagleDrafter(head, StaticTree(((0,), (0, 0), (0, 0, 0))))
+
+
+def test_policy_bins():
+    assert [PAPER_7531.tokens_at(p) for p in (0.05, 0.3, 0.31, 0.6, 0.7, 0.8, 0.95, 1.0)] == \
+        [7, 7, 5, 5, 3, 3, 1, 1]
+    with pytest.raises(ValueError, match="ascend to 1.0"):
+        CapePolicy((0.5, 0.9), (2, 1))
+    with pytest.raises(ValueError, match="one expansion size per"):
+        CapePolicy((1.0,), (2, 1))
+
+
+@pytest.mark.parametrize("policy", [NO_EXPANSION, PAPER_7531, WIDE], ids=["none", "7531", "wide"])
+def test_greedy_cape_decoding_is_lossless_for_both_drafters(tiny_llama, one_thread, policy):
+    runner = Runner(tiny_llama)
+    for name, make in drafters(tiny_llama):
+        for prompt in PROMPTS:
+            drafts = []
+            result = decode_speculative(runner, CapeDrafter(make(), policy), prompt, 30,
+                                        on_verify=lambda d, path, logits: drafts.append(d))
+            assert result.tokens == decode_plain(runner, prompt, 30).tokens, name
+            for draft in drafts:
+                assert len(draft.tokens) + 1 <= policy.max_verify_tokens
+                if policy is NO_EXPANSION:
+                    assert draft.tree.is_chain
+
+
+@torch.inference_mode()
+def test_siblings_are_the_runner_up_tokens_at_their_depth(tiny_llama, one_thread):
+    """Step i's chain token and its k_i - 1 runner-ups hang below chain node i - 1, k_i
+    from the bin of that step's top-1 probability; siblings are never extended."""
+    runner = Runner(tiny_llama)
+    for name, make in drafters(tiny_llama):
+        base = make()
+        cape = CapeDrafter(base, WIDE)
+        pairs = []
+        propose = base.propose
+
+        def spy(context):
+            draft = propose(context)
+            pairs.append(draft)
+            return draft
+
+        base.propose = spy
+        decode_speculative(runner, cape, PROMPTS[1], 20,
+                           on_verify=lambda d, path, logits: pairs.append(d))
+        for chain_draft, tree_draft in zip(pairs[::2], pairs[1::2]):
+            tree, tokens = tree_draft.tree, tree_draft.tokens
+            chain_node = -1
+            for step, token in enumerate(chain_draft.tokens):
+                below = [n for n, p in enumerate(tree.parents) if p == chain_node]
+                k = WIDE.tokens_at(float(chain_draft.ranked_probs[step, 0]))
+                expected = [token] + [t for t in chain_draft.ranked_tokens[step].tolist()
+                                      if t != token][: k - 1]
+                assert [tokens[n] for n in below] == expected[: len(below)], name
+                chain_node = below[0]
+            assert tree.size <= WIDE.max_verify_tokens - 1
+            leaves = {n for n in range(tree.size)} - set(tree.parents)
+            assert len(set(range(tree.size)) - leaves) <= len(chain_draft.tokens)
+        assert any(not d.tree.is_chain for d in pairs[1::2])   # siblings were added
+
+
+def test_sampled_cape_decoding_runs(tiny_llama, one_thread):
+    runner = Runner(tiny_llama)
+    for name, make in drafters(tiny_llama):
+        result = decode_speculative(runner, CapeDrafter(make(), PAPER_7531), PROMPTS[0], 20,
+                                    SamplingConfig(temperature=0.8, seed=1))
+        assert len(result.tokens) == 20 or result.tokens[-1] in runner.eos_token_ids
