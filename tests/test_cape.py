@@ -89,3 +89,58 @@ def test_sampled_cape_decoding_runs(tiny_llama, one_thread):
         result = decode_speculative(runner, CapeDrafter(make(), PAPER_7531), PROMPTS[0], 20,
                                     SamplingConfig(temperature=0.8, seed=1))
         assert len(result.tokens) == 20 or result.tokens[-1] in runner.eos_token_ids
+
+
+def test_confidence_ranks_bin_and_normalise():
+    from autotune.measure.cape_stats import ConfidenceRanks
+
+    stats = ConfidenceRanks.collect([0.05, 0.1, 0.12, 0.55, 0.99, 1.0], [0, 3, -1, 1, 0, 12],
+                                    bins=10, max_rank=4)
+    assert stats.steps(0.0, 0.1) == 2 and stats.steps(0.1, 0.2) == 1
+    assert stats.rank_distribution(0.0, 0.2).tolist() == [1 / 3, 0, 0, 1 / 3, 1 / 3]
+    assert stats.rank_distribution(0.9, 1.0).tolist() == [0.5, 0, 0, 0, 0.5]  # 12: past 4
+    again = ConfidenceRanks.from_dict(stats.as_dict())
+    assert (again.merged(stats).counts == 2 * stats.counts).all()
+
+
+@torch.inference_mode()
+def test_self_spec_traces_rank_the_target_token(tiny_llama, one_thread):
+    from autotune.measure.cape_stats import self_spec_confidence_ranks
+    from autotune.measure.draft_trace import DraftTracer
+
+    runner = Runner(tiny_llama)
+    calibration = [(p, decode_plain(runner, p, 16).tokens) for p in PROMPTS]
+    traces = DraftTracer(runner, calibration).traces(SkipMask.of([1, 2], [2]))
+    for trace in traces:
+        assert ((trace.ranks == 0) == trace.matches).all()
+    stats = self_spec_confidence_ranks(traces)
+    assert stats.steps(0.0, 1.0) == sum(len(t.ranks) for t in traces)
+
+
+@torch.inference_mode()
+def test_eagle_statistics_count_the_steps_a_chain_reaches(tiny_llama, one_thread):
+    from autotune.measure.cape_stats import eagle_confidence_ranks
+    from autotune.measure.eagle_accuracy import extrapolation_ranks
+
+    runner = Runner(tiny_llama)
+    head = random_head(tiny_llama, std=0.05)
+    calibration = [(p, decode_plain(runner, p, 16).tokens) for p in PROMPTS]
+    stats = eagle_confidence_ranks(runner, head, calibration, depth=3)
+    reached, right = 0, 0
+    for prompt, continuation in calibration:     # one root and one step at a time
+        tokens = prompt + continuation
+        out = runner.forward(torch.tensor(tokens[:-1]), torch.arange(len(tokens) - 1),
+                             runner.new_cache(64))
+        ranks = extrapolation_ranks(head, runner, runner.norm(out.hidden), tokens,
+                                    len(prompt) - 1, 3).tolist()
+        for i, row in enumerate(ranks):
+            root = len(prompt) - 1 + i
+            for step in range(3):
+                if root + step + 2 >= len(tokens):   # no true token this deep
+                    break
+                reached += 1
+                right += row[step] == 0
+                if row[step] != 0:                 # the chain went wrong here
+                    break
+    assert stats.steps(0.0, 1.0) == reached and stats.counts[:, 0].sum() == right
+    assert right > 0

@@ -16,10 +16,14 @@ from autotune.engine.runner import Runner
 from autotune.engine.skip import SkipMask
 
 
+MAX_RANK = 10  # ranks counted in traces: CAPE expands by at most this many tokens a step
+
+
 @dataclass
 class DraftTrace:
     matches: np.ndarray       # [C] bool: draft's top-1 == target's greedy token
     confidences: np.ndarray   # [C] draft's top-1 probability
+    ranks: np.ndarray | None = None  # [C] rank of the target's token, -1 past MAX_RANK
 
 
 @dataclass
@@ -58,6 +62,9 @@ class DraftTracer:
         logits = self.runner.forward(seq.tokens[seq.start:], positions, seq.cache,
                                      mask=mask, skip=skip).logits
         seq.cache.crop(total)
-        top = torch.softmax(logits, dim=-1).max(dim=-1)
-        return DraftTrace(matches=(top.indices == seq.targets).cpu().numpy(),
-                          confidences=top.values.cpu().numpy())
+        probs = torch.softmax(logits, dim=-1)
+        top = probs.topk(MAX_RANK, dim=-1)
+        hit = top.indices == seq.targets[:, None]
+        ranks = torch.where(hit.any(-1), hit.int().argmax(-1), torch.full_like(seq.targets, -1))
+        return DraftTrace(matches=(top.indices[:, 0] == seq.targets).cpu().numpy(),
+                          confidences=top.values[:, 0].cpu().numpy(), ranks=ranks.cpu().numpy())

@@ -29,14 +29,16 @@ def _rank_of(logits: torch.Tensor, truth: torch.Tensor, max_rank: int) -> torch.
 @torch.inference_mode()
 def extrapolation_ranks(head: EagleHead, runner: Runner, features: torch.Tensor,
                         tokens: list[int], first: int, depth: int, max_rank: int = 10,
-                        projection: DraftProjection | None = None) -> torch.Tensor:
+                        projection: DraftProjection | None = None,
+                        with_confidence: bool = False):
     """[R, depth]: for roots t = first .. n - 2 (R of them), the rank of the true token
     x_{t+k+1} in the head's step-k logits, -1 if it is not in the top ``max_rank`` or lies
     past the sequence's end.
 
     features: [n - 1, H] the target's normed features f_0 .. f_{n-2} of ``tokens`` (n).
     projection: the draft vocabulary (default the whole lm_head); a true token outside it
-    has no rank.
+    has no rank. with_confidence: also return [R, depth] the draft's top-1 probability at
+    each step (what CAPE bins on).
     """
     projection = projection or DraftProjection(runner.lm_head)
     n, device = len(tokens), features.device
@@ -47,6 +49,7 @@ def extrapolation_ranks(head: EagleHead, runner: Runner, features: torch.Tensor,
     committed = head(features[None], runner.embed(ids[1:])[None],
                      torch.arange(n - 1, device=device)[None], cache)[0]
     ranks = torch.full((count, depth), -1, dtype=torch.long)
+    confidence = torch.zeros(count, depth)
     previous = committed[roots]                      # step-1 outputs, one per root
     for k in range(1, depth + 1):
         if k > 1:
@@ -62,9 +65,12 @@ def extrapolation_ranks(head: EagleHead, runner: Runner, features: torch.Tensor,
         truth_at = roots + k + 1
         inside = truth_at < n
         truth = projection.indices(ids[truth_at.clamp(max=n - 1)])
-        rank = _rank_of(projection(previous).float(), truth, max_rank)
+        logits = projection(previous).float()
+        rank = _rank_of(logits, truth, max_rank)
         ranks[:, k - 1] = torch.where(inside, rank, torch.full_like(rank, -1)).cpu()
-    return ranks
+        if with_confidence:
+            confidence[:, k - 1] = logits.softmax(-1).amax(-1).cpu()
+    return (ranks, confidence) if with_confidence else ranks
 
 
 @torch.inference_mode()
