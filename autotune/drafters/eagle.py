@@ -96,10 +96,10 @@ class EagleDrafter:
         with torch.inference_mode():
             root = self._commit(context)
             if isinstance(self.tree, StaticTree):
-                nodes = self._static(context, root)
-                draft = Draft(nodes.tokens, tree=self._static_shape)
-                if self.ranked_width and self._static_shape.is_chain:
-                    draft.ranked_tokens, draft.ranked_probs = self._ranked
+                tokens, ranked = self._static(context, root)
+                draft = Draft(tokens, tree=self._static_shape)
+                if ranked is not None and self._static_shape.is_chain:
+                    draft.ranked_tokens, draft.ranked_probs = ranked
                 return draft
             nodes = self._dynamic(context, root)
         return Draft(*self._keep_best(nodes, self.tree.total_tokens - 1))
@@ -154,7 +154,7 @@ class EagleDrafter:
     # --- static trees ------------------------------------------------------------------
 
     def _plan_static(self, choices) -> None:
-        self._static_shape = TreeShape.from_choices(choices)
+        shape = self._static_shape = TreeShape.from_choices(choices)
         self._ranks = [path[-1] for path in choices]
         depth = max(len(path) for path in choices)
         self._levels = [[i for i, p in enumerate(choices) if len(p) == d]
@@ -162,37 +162,37 @@ class EagleDrafter:
         has_children = {p[:-1] for p in choices if len(p) > 1}
         self._expanded = [[i for i in level if choices[i] in has_children]
                           for level in self._levels]
+        # per parent (ROOT or node): how many of its top tokens its children take
+        self._widths = {parent - 1: 1 + max(self._ranks[c] for c in children)
+                        for parent, children in enumerate(shape.children) if children}
 
-    def _static(self, context: DraftContext, root: torch.Tensor) -> _Nodes:
-        parents = self._static_shape.parents
+    def _static(self, context: DraftContext, root: torch.Tensor):
+        """The tree's tokens, and (with ``ranked_width``) each expanded node's top tokens
+        and probabilities, in expansion order."""
+        parents, project = self._static_shape.parents, self.projection
         nodes = _Nodes([], [], [], [])
-        project = self.projection
         outputs = {ROOT: root[0]}
-        top = {ROOT: project(root)[0]}
-        ranked: list[torch.Tensor] = []   # per expanded node: its distribution's top
+        logits = {ROOT: project(root)[0]}
+        picked: dict[int, list[int]] = {}    # parent -> its top tokens, best first
+        ranked = []
         for level, expanded in zip(self._levels, self._expanded):
             for node in level:
                 parent = parents[node]
-                if not isinstance(top[parent], list):
+                if parent not in picked:
                     if self.ranked_width:
-                        ranked.append(top[parent].float().softmax(-1).topk(self.ranked_width))
-                    best = top[parent].topk(self._widest(parent)).indices
-                    top[parent] = project.tokens(best).tolist()
-                nodes.add(top[parent][self._ranks[node]], parent, 0.0)
+                        ranked.append(logits[parent].float().softmax(-1).topk(self.ranked_width))
+                    best = logits[parent].topk(self._widths[parent]).indices
+                    picked[parent] = project.tokens(best).tolist()
+                nodes.add(picked[parent][self._ranks[node]], parent, 0.0)
             if expanded:
                 features = torch.stack([outputs[parents[n]] for n in expanded])
                 out = self._expand(context, nodes, expanded, features)
-                logits = project(out)
-                for row, node in enumerate(expanded):
-                    outputs[node], top[node] = out[row], logits[row]
-        if ranked:
-            self._ranked = (project.tokens(torch.stack([r.indices for r in ranked])),
-                            torch.stack([r.values for r in ranked]))
-        return nodes
-
-    def _widest(self, parent: int) -> int:
-        shape = self._static_shape
-        return 1 + max(self._ranks[child] for child in shape.children[parent + 1])
+                for row, (node, row_logits) in enumerate(zip(expanded, project(out))):
+                    outputs[node], logits[node] = out[row], row_logits
+        if not ranked:
+            return nodes.tokens, None
+        return nodes.tokens, (project.tokens(torch.stack([r.indices for r in ranked])),
+                              torch.stack([r.values for r in ranked]))
 
     # --- EAGLE-2 dynamic trees ---------------------------------------------------------
 

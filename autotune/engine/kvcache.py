@@ -18,6 +18,14 @@ class KVCache:
         self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.lengths = [0] * num_layers
 
+    @classmethod
+    def for_config(cls, config, num_layers: int, dtype: torch.dtype, device,
+                   capacity: int = 512) -> "KVCache":
+        """A cache shaped for the attention of a LLaMA-family ``config``."""
+        head_dim = getattr(config, "head_dim", None) or \
+            config.hidden_size // config.num_attention_heads
+        return cls(num_layers, config.num_key_value_heads, head_dim, dtype, device, capacity)
+
     @property
     def capacity(self) -> int:
         return self.keys[0].shape[2]

@@ -42,10 +42,7 @@ class Runner:
         self.eos_token_ids = _eos_ids(self.config)
 
     def new_cache(self, capacity: int = 512) -> KVCache:
-        cfg = self.config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        return KVCache(self.num_layers, cfg.num_key_value_heads, head_dim,
-                       self.dtype, self.device, capacity)
+        return KVCache.for_config(self.config, self.num_layers, self.dtype, self.device, capacity)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, *,

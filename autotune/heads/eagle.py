@@ -56,11 +56,9 @@ class EagleHead(nn.Module):
         return self.config.vocab_size
 
     def new_cache(self, capacity: int = 512) -> KVCache:
-        cfg = self.config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         weight = self.fc.weight
-        return KVCache(len(self.layers), cfg.num_key_value_heads, head_dim, weight.dtype,
-                       weight.device, capacity)
+        return KVCache.for_config(self.config, len(self.layers), weight.dtype, weight.device,
+                                  capacity)
 
     def forward(self, features: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
                 cache: KVCache | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -209,12 +207,14 @@ class DraftProjection:
     unchanged, so a smaller draft vocabulary never changes the output, only speed."""
 
     def __init__(self, lm_head: nn.Linear, vocab: list[int] | None = None):
-        self.size = None if vocab is None else len(vocab)
         if vocab is None:
             self.linear, self.ids = lm_head, None
             return
         weight = lm_head.weight
         self.ids = torch.tensor(vocab, dtype=torch.long, device=weight.device)
+        # token id -> draft index, -1 outside the draft vocabulary
+        self._index = torch.full((weight.shape[0],), -1, dtype=torch.long, device=weight.device)
+        self._index[self.ids] = torch.arange(len(vocab), device=weight.device)
         self.linear = nn.Linear(weight.shape[1], len(vocab), bias=False,
                                 device=weight.device, dtype=weight.dtype).requires_grad_(False)
         self.linear.weight.copy_(weight.detach()[self.ids])
@@ -232,11 +232,4 @@ class DraftProjection:
 
     def indices(self, tokens: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary index of each token id, -1 for ids outside it."""
-        if self.ids is None:
-            return tokens
-        lookup = torch.full((int(self.ids.max()) + 1,), -1, dtype=torch.long,
-                            device=self.ids.device)
-        lookup[self.ids] = torch.arange(len(self.ids), device=self.ids.device)
-        inside = tokens <= self.ids.max()
-        return torch.where(inside, lookup[tokens.clamp(max=int(self.ids.max()))],
-                           torch.full_like(tokens, -1))
+        return tokens if self.ids is None else self._index[tokens]

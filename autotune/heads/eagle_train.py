@@ -280,7 +280,7 @@ def eagle_accuracy(head: EagleHead, model, sequences: list[EagleSequence],
     (``measure.eagle_accuracy.extrapolation_ranks``; the same figures as
     ``measure_eagle_accuracy`` without a second pass of the target)."""
     from autotune.engine.runner import Runner
-    from autotune.measure.eagle_accuracy import extrapolation_ranks
+    from autotune.measure.eagle_accuracy import tally_extrapolation
     from autotune.measure.head_accuracy import RankTally
 
     runner = Runner(model, fast_small_matmul=False)   # only its embedding and lm_head
@@ -289,10 +289,8 @@ def eagle_accuracy(head: EagleHead, model, sequences: list[EagleSequence],
         n, first = len(seq.tokens), seq.answer_start - 1   # root whose next token is answer[0]
         if n - 1 <= first:
             continue
-        ranks = extrapolation_ranks(head, runner, seq.features.to(runner.device),
-                                    seq.tokens.tolist(), first, depth, max_rank=5)
-        for i, row in enumerate(ranks.tolist()):
-            tally.add(row, n - (first + i) - 2)
+        tally_extrapolation(tally, head, runner, seq.features.to(runner.device),
+                            seq.tokens.tolist(), first)
     accuracy = tally.accuracy()
     return [DepthScore(d + 1, d + 2, accuracy.top1[d], accuracy.top5[d], accuracy.positions[d])
             for d in range(depth)]

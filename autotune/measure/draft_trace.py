@@ -14,6 +14,7 @@ import torch
 
 from autotune.engine.runner import Runner
 from autotune.engine.skip import SkipMask
+from autotune.measure.head_accuracy import rank_among
 
 
 MAX_RANK = 10  # ranks counted in traces: CAPE expands by at most this many tokens a step
@@ -64,7 +65,6 @@ class DraftTracer:
         seq.cache.crop(total)
         probs = torch.softmax(logits, dim=-1)
         top = probs.topk(MAX_RANK, dim=-1)
-        hit = top.indices == seq.targets[:, None]
-        ranks = torch.where(hit.any(-1), hit.int().argmax(-1), torch.full_like(seq.targets, -1))
+        ranks = rank_among(top.indices, seq.targets)
         return DraftTrace(matches=(top.indices[:, 0] == seq.targets).cpu().numpy(),
                           confidences=top.values[:, 0].cpu().numpy(), ranks=ranks.cpu().numpy())

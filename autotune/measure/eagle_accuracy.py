@@ -16,14 +16,8 @@ import torch
 
 from autotune.engine.runner import Runner
 from autotune.heads.eagle import DraftProjection, EagleHead
-from autotune.measure.head_accuracy import HeadAccuracy, RankTally, calibration_states
-
-
-def _rank_of(logits: torch.Tensor, truth: torch.Tensor, max_rank: int) -> torch.Tensor:
-    """Rank of truth[i] in logits[i]'s top ``max_rank``, or -1."""
-    top = logits.topk(max_rank, dim=-1).indices
-    hit = top == truth[:, None]
-    return torch.where(hit.any(-1), hit.int().argmax(-1), torch.full_like(truth, -1))
+from autotune.measure.head_accuracy import (HeadAccuracy, RankTally, calibration_states,
+                                            rank_among)
 
 
 @torch.inference_mode()
@@ -66,7 +60,7 @@ def extrapolation_ranks(head: EagleHead, runner: Runner, features: torch.Tensor,
         inside = truth_at < n
         truth = projection.indices(ids[truth_at.clamp(max=n - 1)])
         logits = projection(previous).float()
-        rank = _rank_of(logits, truth, max_rank)
+        rank = rank_among(logits.topk(max_rank, dim=-1).indices, truth)
         ranks[:, k - 1] = torch.where(inside, rank, torch.full_like(rank, -1)).cpu()
         if with_confidence:
             confidence[:, k - 1] = logits.softmax(-1).amax(-1).cpu()
@@ -82,16 +76,25 @@ def measure_eagle_accuracy(runner: Runner, head: EagleHead,
     pairs; depth d counts positions whose true token at depth d exists."""
     tally = RankTally(depth, max_rank)
     for prompt, continuation in calibration:
-        sequence = prompt + continuation
         features = runner.norm(calibration_states(runner, prompt, continuation))
-        first = len(prompt) - 1      # the root whose next token is continuation[0]
-        ranks = extrapolation_ranks(head, runner, features, sequence, first, depth, max_rank,
-                                    projection).tolist()
-        for i, row in enumerate(ranks):
-            tally.add(row, len(sequence) - (first + i) - 2)
+        # the first root is the one whose next token is continuation[0]
+        tally_extrapolation(tally, head, runner, features, prompt + continuation,
+                            len(prompt) - 1, projection)
         if progress:
             progress()
     return tally.accuracy()
+
+
+def tally_extrapolation(tally: RankTally, head: EagleHead, runner: Runner,
+                        features: torch.Tensor, tokens: list[int], first: int,
+                        projection: DraftProjection | None = None) -> None:
+    """Add the ranks of every root from ``first`` on (see ``extrapolation_ranks``) to
+    ``tally``, each depth where its true token exists."""
+    depth, max_rank = len(tally.positions), tally.hits.shape[1]
+    ranks = extrapolation_ranks(head, runner, features, tokens, first, depth, max_rank,
+                                projection).tolist()
+    for i, row in enumerate(ranks):
+        tally.add(row, len(tokens) - (first + i) - 2)
 
 
 @torch.inference_mode()

@@ -38,6 +38,13 @@ class HeadAccuracy:
         return [row[min(4, len(row) - 1)] for row in self.top_k]
 
 
+def rank_among(top: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
+    """The position of each ``truth`` token among its ranked candidates ``top`` [..., K]
+    (best first), or -1 when it is not among them."""
+    hit = top == truth.unsqueeze(-1)
+    return torch.where(hit.any(-1), hit.int().argmax(-1), torch.full_like(truth, -1))
+
+
 def _ranks(heads: MedusaHeads, hidden: torch.Tensor, num_heads: int, max_rank: int,
            truth: list[int], chunk: int = 64) -> torch.Tensor:
     """[T, heads]: rank of the true token in each head's top ``max_rank``, -1 if absent
@@ -51,11 +58,7 @@ def _ranks(heads: MedusaHeads, hidden: torch.Tensor, num_heads: int, max_rank: i
         top = logits.topk(max_rank, dim=-1).indices                  # [heads, t, R]
         for k in range(num_heads):
             offsets = torch.arange(rows.start, rows.stop) + k + 2
-            wanted = truth_t[offsets].unsqueeze(-1)                   # [t, 1]
-            hit = top[k] == wanted
-            found = hit.any(-1)
-            out[rows, k] = torch.where(found, hit.int().argmax(-1), torch.full_like(found, -1,
-                                                                                 dtype=torch.long))
+            out[rows, k] = rank_among(top[k], truth_t[offsets])
     return out
 
 
