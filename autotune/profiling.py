@@ -8,9 +8,9 @@ from autotune.engine.sampling import GREEDY
 from autotune.errors import AutotuneError
 from autotune.profile.io import check_writable, write_profile
 from autotune.profile.schema import (Adaptive, DraftSettings, EagleMethod, HardwareInfo,
-                                     MedusaAcceptance,
-                                     MedusaMethod, Measured, Methods, ModelInfo, Profile,
-                                     SelfSpecMethod, SkipLayers, Workload, recommend)
+                                     MedusaAcceptance, MedusaMethod, Measured, Methods,
+                                     ModelInfo, Profile, SelfSpecMethod, SkipLayers, Workload,
+                                     recommend)
 from autotune.studies.worker import TargetRef
 from autotune.workspace import Workspace
 
@@ -97,11 +97,12 @@ def _check_eagle_head(options: ProfileOptions) -> None:
     if not options.eagle_head:
         raise AutotuneError("--methods eagle needs --eagle-head DIR (an EAGLE head folder; "
                             "train one with `autotune heads train --kind eagle`)")
+    from autotune.heads.eagle import CONFIG, WEIGHTS
+
     folder = Path(options.eagle_head).expanduser()
-    if not (folder / "config.json").is_file() or not (
-            (folder / "model.safetensors").is_file() or (folder / "pytorch_model.bin").is_file()):
-        raise AutotuneError(f"--eagle-head {folder}: needs config.json and model.safetensors "
-                            "or pytorch_model.bin; train a head with "
+    if not (folder / CONFIG).is_file() or not any((folder / w).is_file() for w in WEIGHTS):
+        raise AutotuneError(f"--eagle-head {folder}: needs {CONFIG} and "
+                            f"{' or '.join(WEIGHTS)}; train a head with "
                             "`autotune heads train --kind eagle`")
 
 

@@ -12,6 +12,12 @@ class _Block(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _canonical_tree(choices) -> list[list[int]]:
+    """A token tree in ``choices`` form, checked and in canonical order."""
+    from autotune.engine.tree import check_tree
+    return [list(p) for p in check_tree(choices)]
+
+
 class ModelInfo(_Block):
     name: str
     path: str
@@ -103,8 +109,7 @@ class MedusaMethod(_Block):
     @field_validator("tree")
     @classmethod
     def _tree_is_a_tree(cls, tree):
-        from autotune.engine.tree import check_tree
-        return [list(p) for p in check_tree(tree)]
+        return _canonical_tree(tree)
 
     @model_validator(mode="after")
     def _depth_within_heads(self):
@@ -121,8 +126,7 @@ class StaticEagleTree(_Block):
     @field_validator("choices")
     @classmethod
     def _tree_is_a_tree(cls, choices):
-        from autotune.engine.tree import check_tree
-        return [list(p) for p in check_tree(choices)]
+        return _canonical_tree(choices)
 
 
 class DynamicEagleTree(_Block):
