@@ -1,9 +1,41 @@
-"""Output shared by the benchmark scripts: JSON, or one line per variant."""
+"""What the benchmark scripts share: the measuring arguments, the workspace they search in,
+and the output (JSON, or one line per variant)."""
 from __future__ import annotations
 
+import argparse
 import json
 
 from autotune.progress import say
+
+
+def measuring_arguments(parser: argparse.ArgumentParser) -> None:
+    """--prompts (where variants are measured, never searched on), --max-new-tokens,
+    --json, --model, --model-path, --storage, --limit."""
+    parser.add_argument("--prompts", required=True, help="JSONL prompts to measure on")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--model-path")
+    parser.add_argument("--storage", default="sqlite:///studies/benchmark.db")
+    parser.add_argument("--limit", type=int, default=None, help="measure on the first N prompts")
+
+
+def open_workspace(args: argparse.Namespace):
+    """The workspace over the packaged calibration prompts (what searches use), and the
+    encoded --prompts (what variants are measured on)."""
+    from autotune.prompts import default_prompts_path, load_prompts
+    from autotune.studies.worker import TargetRef
+    from autotune.workspace import Workspace
+
+    ws = Workspace.open(TargetRef.for_user(args.model, args.model_path), default_prompts_path(),
+                        args.storage)
+    return ws, ws.encode(load_prompts(args.prompts)[: args.limit])
+
+
+def tuned_ratios(results: dict, others) -> dict:
+    """Speedup of ``tuned`` over each of ``others``."""
+    tuned = results["tuned"]["speedup"]
+    return {f"tuned_vs_{k}": round(tuned / results[k]["speedup"], 4) for k in others}
 
 
 def print_report(report: dict, as_json: bool, extra: str = "") -> None:

@@ -17,11 +17,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from _report import print_report  # benchmarks/ is on sys.path when run as a script
+# benchmarks/ is on sys.path when run as a script
+from _report import measuring_arguments, open_workspace, print_report, tuned_ratios
 from autotune.drafters.eagle import EAGLE1_TREE, DynamicTree, StaticTree
 from autotune.profile.io import read_profile
-from autotune.prompts import default_prompts_path, load_prompts
-from autotune.studies.worker import TargetRef
 from autotune.tuners.eagle import (EagleChoice, EagleSearch, load_head_for,
                                    measure_eagle_tree, tree_from_settings, tree_settings)
 from autotune.tuners.self_spec import SearchLimits
@@ -43,22 +42,14 @@ def searched_tree(ws: Workspace, head_dir: str):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--head", required=True, help="EAGLE head folder")
-    parser.add_argument("--prompts", required=True, help="JSONL prompts to measure on")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--model-path")
+    measuring_arguments(parser)
     parser.add_argument("--profile", help="take the tuned tree from this profile instead "
                                           "of searching")
-    parser.add_argument("--storage", default="sqlite:///studies/benchmark.db")
-    parser.add_argument("--limit", type=int, default=None, help="measure on the first N prompts")
     args = parser.parse_args()
 
-    ws = Workspace.open(TargetRef.for_user(args.model, args.model_path), default_prompts_path(),
-                        args.storage)
+    ws, measure_on = open_workspace(args)
     head_dir = str(Path(args.head).expanduser().resolve())
     load_head_for(ws.ref, head_dir)  # a head that does not fit fails here, before searching
-    measure_on = ws.encode(load_prompts(args.prompts)[: args.limit])
 
     if args.profile:
         block = read_profile(Path(args.profile)).methods.eagle
@@ -78,11 +69,9 @@ def main() -> int:
                                f"measure {name}")
         results[name] = {**m.summary(), "tree": tree_settings(choice.tree),
                          "draft_vocab": choice.vocab}
-    tuned_speed = results["tuned"]["speedup"]
     report = {
         "variants": results,
-        "ratios": {f"tuned_vs_{k}": round(tuned_speed / results[k]["speedup"], 4)
-                   for k in ("eagle1_tree", "eagle2_60_5_10")},
+        "ratios": tuned_ratios(results, ("eagle1_tree", "eagle2_60_5_10")),
         "search": search, "head": head_dir,
         "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
     }

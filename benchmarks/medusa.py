@@ -17,37 +17,27 @@ import argparse
 import sys
 from pathlib import Path
 
-from _report import print_report  # benchmarks/ is on sys.path when run as a script
+# benchmarks/ is on sys.path when run as a script
+from _report import measuring_arguments, open_workspace, print_report, tuned_ratios
 from autotune.profile.io import read_profile
-from autotune.prompts import default_prompts_path, load_prompts
-from autotune.studies.worker import TargetRef
 from autotune.tuners.medusa import load_heads_for, measure_tree, search_medusa
 from autotune.tuners.medusa_tree import MC_SIM_7B_63, chain_tree, clip_tree
 from autotune.tuners.self_spec import SearchLimits
 from autotune.tuners.space import load_medusa_space
-from autotune.workspace import Workspace
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heads", required=True, help="Medusa head folder")
-    parser.add_argument("--prompts", required=True, help="JSONL prompts to measure on")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--model-path")
+    measuring_arguments(parser)
     parser.add_argument("--profile", help="take the tuned tree from this profile instead "
                                           "of searching")
-    parser.add_argument("--storage", default="sqlite:///studies/benchmark.db")
-    parser.add_argument("--limit", type=int, default=None, help="measure on the first N prompts")
     args = parser.parse_args()
 
     space = load_medusa_space()
-    ws = Workspace.open(TargetRef.for_user(args.model, args.model_path), default_prompts_path(),
-                        args.storage)
+    ws, measure_on = open_workspace(args)
     heads_dir = str(Path(args.heads).expanduser().resolve())
     heads = load_heads_for(ws.ref, heads_dir)
-    measure_on = ws.encode(load_prompts(args.prompts)[: args.limit])
 
     if args.profile:
         block = read_profile(Path(args.profile)).methods.medusa
@@ -70,11 +60,9 @@ def main() -> int:
                          f"measure {name} ({len(tree)} nodes)")
         results[name] = {**m.summary(), "nodes": len(tree),
                          "depth": max(len(p) for p in tree), "tree": [list(p) for p in tree]}
-    tuned_speed = results["tuned"]["speedup"]
     report = {
         "variants": results,
-        "ratios": {f"tuned_vs_{k}": round(tuned_speed / results[k]["speedup"], 4)
-                   for k in ("mc_sim_7b_63", "chain")},
+        "ratios": tuned_ratios(results, ("mc_sim_7b_63", "chain")),
         "search": search, "heads": heads_dir, "num_heads": heads.num_heads,
         "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
     }

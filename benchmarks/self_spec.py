@@ -15,34 +15,25 @@ from __future__ import annotations
 import argparse
 import sys
 
-from _report import print_report  # benchmarks/ is on sys.path when run as a script
+# benchmarks/ is on sys.path when run as a script
+from _report import measuring_arguments, open_workspace, print_report, tuned_ratios
 from autotune.drafters.self_spec import DV_DEFAULT_POLICY
 from autotune.progress import step
-from autotune.prompts import default_prompts_path, load_prompts, split_prompts
-from autotune.studies.worker import TargetRef
+from autotune.prompts import split_prompts
 from autotune.tuners.dv_baseline import dv_search
 from autotune.tuners.self_spec import SearchLimits, measure_policy, search_self_spec
 from autotune.tuners.skip_mask import middle_attention_mask
 from autotune.tuners.space import load_self_spec_space
-from autotune.workspace import Workspace
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", required=True, help="JSONL prompts to measure on")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--model-path")
+    measuring_arguments(parser)
     parser.add_argument("--trials", type=int, default=None, help="skip-mask trials of our search")
-    parser.add_argument("--storage", default="sqlite:///studies/benchmark.db")
-    parser.add_argument("--limit", type=int, default=None, help="measure on the first N prompts")
     args = parser.parse_args()
 
     space = load_self_spec_space()
-    ws = Workspace.open(TargetRef.for_user(args.model, args.model_path), default_prompts_path(),
-                        args.storage)
-    measure_on = ws.encode(load_prompts(args.prompts)[: args.limit])
+    ws, measure_on = open_workspace(args)
     search_split = ws.encode(split_prompts(ws.prompts)[0])
 
     choice = search_self_spec(ws, space, SearchLimits(trials=args.trials))
@@ -63,11 +54,9 @@ def main() -> int:
                          "draft": {"max_tokens": policy.max_tokens,
                                    "exit_threshold": round(policy.exit_threshold, 4),
                                    "adaptive": policy.adaptive is not None}}
-    tuned = results["tuned"]["speedup"]
     report = {
         "variants": results,
-        "ratios": {f"tuned_vs_{k}": round(tuned / results[k]["speedup"], 4)
-                   for k in ("dv_baseline", "fixed_middle")},
+        "ratios": tuned_ratios(results, ("dv_baseline", "fixed_middle")),
         "search": {"tuned": choice.search, "dv_baseline_trials": len(dv_values),
                    "dv_baseline_best_tokens_per_s": round(max(dv_values), 3)},
         "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,

@@ -126,3 +126,20 @@ def random_heads():
         heads.share_vocab_projection(model.lm_head.weight)
         return heads
     return make
+
+
+@pytest.fixture
+def random_eagle_head():
+    """An EAGLE head whose output stays near its input feature (fc's feature half near the
+    identity), so its guesses are not all junk."""
+    from autotune.heads.eagle import EagleHead, head_config
+
+    def make(model, std: float = 0.3, seed: int = 0) -> EagleHead:
+        torch.manual_seed(seed)
+        head = EagleHead(head_config(model.config)).eval()
+        hidden = model.config.hidden_size
+        with torch.no_grad():
+            head.fc.weight.normal_(std=std / hidden ** 0.5)
+            head.fc.weight[:, hidden:] += torch.eye(hidden)
+        return head.requires_grad_(False)
+    return make

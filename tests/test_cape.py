@@ -11,16 +11,15 @@ from autotune.engine.decoding import decode_plain, decode_speculative
 from autotune.engine.runner import Runner
 from autotune.engine.sampling import SamplingConfig
 from autotune.engine.skip import SkipMask
-from tests.test_eagle import random_head
 
 PROMPTS = [[1, 5, 9, 13, 40, 41], [1, 70, 3, 3, 3, 90, 12, 8, 77]]
 WIDE = CapePolicy((0.5, 1.0), (4, 2), max_verify_tokens=9)
 
 
-def drafters(model):
+def drafters(model, make_head):
     yield "self_spec", lambda: LayerSkipDrafter(SkipMask.of([1, 2], [2]),
                                                 DraftExitPolicy(4, 0.0, None))
-    head = random_head(model)
+    head = make_head(model)
     yield "eagle", lambda: EagleDrafter(head, StaticTree(((0,), (0, 0), (0, 0, 0))))
 
 
@@ -34,9 +33,10 @@ def test_policy_bins():
 
 
 @pytest.mark.parametrize("policy", [NO_EXPANSION, PAPER_7531, WIDE], ids=["none", "7531", "wide"])
-def test_greedy_cape_decoding_is_lossless_for_both_drafters(tiny_llama, one_thread, policy):
+def test_greedy_cape_decoding_is_lossless_for_both_drafters(tiny_llama, one_thread, policy,
+                                                            random_eagle_head):
     runner = Runner(tiny_llama)
-    for name, make in drafters(tiny_llama):
+    for name, make in drafters(tiny_llama, random_eagle_head):
         for prompt in PROMPTS:
             drafts = []
             result = decode_speculative(runner, CapeDrafter(make(), policy), prompt, 30,
@@ -49,11 +49,12 @@ def test_greedy_cape_decoding_is_lossless_for_both_drafters(tiny_llama, one_thre
 
 
 @torch.inference_mode()
-def test_siblings_are_the_runner_up_tokens_at_their_depth(tiny_llama, one_thread):
+def test_siblings_are_the_runner_up_tokens_at_their_depth(tiny_llama, one_thread,
+                                                          random_eagle_head):
     """Step i's chain token and its k_i - 1 runner-ups hang below chain node i - 1, k_i
     from the bin of that step's top-1 probability; siblings are never extended."""
     runner = Runner(tiny_llama)
-    for name, make in drafters(tiny_llama):
+    for name, make in drafters(tiny_llama, random_eagle_head):
         base = make()
         cape = CapeDrafter(base, WIDE)
         pairs = []
@@ -83,9 +84,9 @@ def test_siblings_are_the_runner_up_tokens_at_their_depth(tiny_llama, one_thread
         assert any(not d.tree.is_chain for d in pairs[1::2])   # siblings were added
 
 
-def test_sampled_cape_decoding_runs(tiny_llama, one_thread):
+def test_sampled_cape_decoding_runs(tiny_llama, one_thread, random_eagle_head):
     runner = Runner(tiny_llama)
-    for name, make in drafters(tiny_llama):
+    for name, make in drafters(tiny_llama, random_eagle_head):
         result = decode_speculative(runner, CapeDrafter(make(), PAPER_7531), PROMPTS[0], 20,
                                     SamplingConfig(temperature=0.8, seed=1))
         assert len(result.tokens) == 20 or result.tokens[-1] in runner.eos_token_ids
@@ -118,12 +119,13 @@ def test_self_spec_traces_rank_the_target_token(tiny_llama, one_thread):
 
 
 @torch.inference_mode()
-def test_eagle_statistics_count_the_steps_a_chain_reaches(tiny_llama, one_thread):
+def test_eagle_statistics_count_the_steps_a_chain_reaches(tiny_llama, one_thread,
+                                                         random_eagle_head):
     from autotune.measure.cape_stats import eagle_confidence_ranks
     from autotune.measure.eagle_accuracy import extrapolation_ranks
 
     runner = Runner(tiny_llama)
-    head = random_head(tiny_llama, std=0.05)
+    head = random_eagle_head(tiny_llama, std=0.05)
     calibration = [(p, decode_plain(runner, p, 16).tokens) for p in PROMPTS]
     stats = eagle_confidence_ranks(runner, head, calibration, depth=3)
     reached, right = 0, 0

@@ -9,32 +9,21 @@ from autotune.drafters.eagle import EAGLE1_TREE, DynamicTree, EagleDrafter, Stat
 from autotune.engine.decoding import decode_plain, decode_speculative
 from autotune.engine.runner import Runner
 from autotune.engine.sampling import SamplingConfig
-from autotune.heads.eagle import EagleHead, head_config
 from autotune.measure.eagle_accuracy import extrapolation_ranks, measure_eagle_accuracy
-
-
-def random_head(model, std: float = 0.3, seed: int = 0) -> EagleHead:
-    """A head whose output stays near its input feature, so its guesses are not all junk."""
-    torch.manual_seed(seed)
-    head = EagleHead(head_config(model.config)).eval()
-    hidden = model.config.hidden_size
-    with torch.no_grad():
-        head.fc.weight.normal_(std=std / hidden ** 0.5)
-        head.fc.weight[:, hidden:] += torch.eye(hidden)
-    return head.requires_grad_(False)
 
 
 PROMPTS = [[1, 5, 9, 13, 40, 41], [1, 70, 3, 3, 3, 90, 12, 8, 77], [1, 22]]
 TREES = [StaticTree(((0,), (0, 0), (0, 0, 0))), StaticTree(EAGLE1_TREE),
          StaticTree(((0,), (1,), (1, 0), (1, 1), (1, 1, 2))),
-         DynamicTree(total_tokens=12, depth=3, top_k=3), DynamicTree(total_tokens=2, depth=0, top_k=1),
+         DynamicTree(total_tokens=12, depth=3, top_k=3),
+         DynamicTree(total_tokens=2, depth=0, top_k=1),
          DynamicTree(total_tokens=60, depth=5, top_k=10)]
 
 
 @pytest.mark.parametrize("tree", TREES, ids=lambda t: repr(t)[:40])
-def test_greedy_eagle_decoding_is_lossless(tiny_llama, one_thread, tree):
+def test_greedy_eagle_decoding_is_lossless(tiny_llama, one_thread, tree, random_eagle_head):
     runner = Runner(tiny_llama)
-    head = random_head(tiny_llama)
+    head = random_eagle_head(tiny_llama)
     for prompt in PROMPTS:
         plain = decode_plain(runner, prompt, 40)
         spec = decode_speculative(runner, EagleDrafter(head, tree), prompt, 40)
@@ -44,14 +33,15 @@ def test_greedy_eagle_decoding_is_lossless(tiny_llama, one_thread, tree):
 
 @pytest.mark.parametrize("vocab", [None, list(range(0, 128, 2))], ids=["all", "even ids"])
 @torch.inference_mode()
-def test_drafter_accepts_what_the_extrapolation_measure_predicts(tiny_llama, one_thread, vocab):
+def test_drafter_accepts_what_the_extrapolation_measure_predicts(tiny_llama, one_thread, vocab,
+                                                                random_eagle_head):
     """A chain is accepted as deep as the true tokens have rank 0 in the head's own
     extrapolation: the drafter (head cache, positions, masks, fed-back outputs) and the
     measurement the static trees are grown from must agree step by step."""
     from autotune.heads.eagle import DraftProjection
 
     runner = Runner(tiny_llama)
-    head = random_head(tiny_llama, std=0.05)
+    head = random_eagle_head(tiny_llama, std=0.05)
     projection = DraftProjection(tiny_llama.lm_head, vocab)
     prompt, depth = PROMPTS[1], 3
     steps = []
@@ -73,7 +63,7 @@ def test_drafter_accepts_what_the_extrapolation_measure_predicts(tiny_llama, one
     assert sum(steps) > 0
 
 
-def test_draft_vocabulary_maps_tokens_and_keeps_output(tiny_llama, one_thread):
+def test_draft_vocabulary_maps_tokens_and_keeps_output(tiny_llama, one_thread, random_eagle_head):
     from autotune.heads.eagle import DraftProjection
 
     runner = Runner(tiny_llama)
@@ -85,7 +75,7 @@ def test_draft_vocabulary_maps_tokens_and_keeps_output(tiny_llama, one_thread):
     hidden = torch.randn(3, tiny_llama.config.hidden_size)
     with torch.inference_mode():
         assert torch.allclose(projection(hidden), tiny_llama.lm_head(hidden)[:, vocab], atol=1e-5)
-    head = random_head(tiny_llama)
+    head = random_eagle_head(tiny_llama)
     seen = []
     for tree in (StaticTree(EAGLE1_TREE), DynamicTree(12, 3, 3)):
         for prompt in PROMPTS:
@@ -95,18 +85,18 @@ def test_draft_vocabulary_maps_tokens_and_keeps_output(tiny_llama, one_thread):
     assert seen and set(seen) <= set(vocab)             # drafts come from the vocabulary
 
 
-def test_sampled_eagle_decoding_runs_and_keeps_length(tiny_llama, one_thread):
+def test_sampled_eagle_decoding_runs_and_keeps_length(tiny_llama, one_thread, random_eagle_head):
     runner = Runner(tiny_llama)
-    drafter = EagleDrafter(random_head(tiny_llama), DynamicTree(10, 2, 3))
+    drafter = EagleDrafter(random_eagle_head(tiny_llama), DynamicTree(10, 2, 3))
     result = decode_speculative(runner, drafter, PROMPTS[1], 25,
                                 SamplingConfig(temperature=0.8, seed=3))
     assert len(result.tokens) == 25 or result.tokens[-1] in runner.eos_token_ids
 
 
-def test_dynamic_tree_keeps_best_nodes_as_a_tree(tiny_llama, one_thread):
+def test_dynamic_tree_keeps_best_nodes_as_a_tree(tiny_llama, one_thread, random_eagle_head):
     runner = Runner(tiny_llama)
     seen = []
-    decode_speculative(runner, EagleDrafter(random_head(tiny_llama), DynamicTree(9, 3, 2)),
+    decode_speculative(runner, EagleDrafter(random_eagle_head(tiny_llama), DynamicTree(9, 3, 2)),
                        PROMPTS[0], 20, on_verify=lambda draft, path, logits: seen.append(draft))
     for draft in seen:
         assert draft.tree.size == len(draft.tokens) <= 8
@@ -134,9 +124,9 @@ def _sequential_ranks(head, runner, features, tokens, root, depth):
 
 
 @torch.inference_mode()
-def test_extrapolation_ranks_match_one_root_at_a_time(tiny_llama, one_thread):
+def test_extrapolation_ranks_match_one_root_at_a_time(tiny_llama, one_thread, random_eagle_head):
     runner = Runner(tiny_llama)
-    head = random_head(tiny_llama)
+    head = random_eagle_head(tiny_llama)
     prompt = PROMPTS[1]
     tokens = prompt + decode_plain(runner, prompt, 12).tokens
     out = runner.forward(torch.tensor(tokens[:-1]), torch.arange(len(tokens) - 1),
@@ -149,11 +139,11 @@ def test_extrapolation_ranks_match_one_root_at_a_time(tiny_llama, one_thread):
         assert row == _sequential_ranks(head, runner, features, tokens, first + i, 4)
 
 
-def test_path_accuracy_predicts_accepted_chain_length(tiny_llama, one_thread):
+def test_path_accuracy_predicts_accepted_chain_length(tiny_llama, one_thread, random_eagle_head):
     """Along greedy decoding, the chain [0], [0, 0], ... is accepted exactly as far as the
     true tokens have rank 0: the measured chain accuracy sums give the accepted count."""
     runner = Runner(tiny_llama)
-    head = random_head(tiny_llama)
+    head = random_eagle_head(tiny_llama)
     prompt = PROMPTS[0]
     continuation = decode_plain(runner, prompt, 30).tokens
     accuracy = measure_eagle_accuracy(runner, head, [(prompt, continuation)], depth=3)
@@ -175,13 +165,14 @@ WORDS = ["cats", "rain", "maps", "tea", "ships", "glass", "bread", "stars", "bee
 
 
 @pytest.mark.ray
-def test_eagle_profile_and_bench_end_to_end(tmp_path, tiny_llama, tiny_llama_dir, run_autotune):
+def test_eagle_profile_and_bench_end_to_end(tmp_path, tiny_llama, tiny_llama_dir, run_autotune,
+                                            random_eagle_head):
     import json
 
     from autotune.heads.eagle import save_draft_vocab, save_eagle_head
     from autotune.profile.io import read_profile
 
-    head_dir = save_eagle_head(random_head(tiny_llama), tmp_path / "head",
+    head_dir = save_eagle_head(random_eagle_head(tiny_llama), tmp_path / "head",
                                tiny_llama.model.embed_tokens.weight, "tiny")
     save_draft_vocab(head_dir, {token: 100 - token for token in range(3, 60)})
     prompts = tmp_path / "prompts.jsonl"
@@ -230,13 +221,13 @@ def test_profile_eagle_without_a_head_is_a_one_line_error(tmp_path, tiny_llama_d
     assert not (tmp_path / "p.yaml").exists()
 
 
-def test_head_for_another_model_is_refused(tmp_path, tiny_llama):
+def test_head_for_another_model_is_refused(tmp_path, tiny_llama, random_eagle_head):
     from transformers import LlamaConfig
 
     from autotune.heads.eagle import load_eagle_head, save_eagle_head
     from autotune.heads.medusa import HeadsError
 
-    folder = save_eagle_head(random_head(tiny_llama), tmp_path / "head",
+    folder = save_eagle_head(random_eagle_head(tiny_llama), tmp_path / "head",
                              tiny_llama.model.embed_tokens.weight, "tiny")
     other = LlamaConfig(vocab_size=128, hidden_size=32, num_attention_heads=4)
     with pytest.raises(HeadsError, match="hidden size 64 .* the model has 32"):
