@@ -391,7 +391,7 @@ def test_profile_with_relative_model_folder(tmp_path, tiny_llama_dir, run_autotu
     space = tmp_path / "space.yaml"
     space.write_text(SMALL_SPACE)
     done = run_cli(["profile", "--model", tiny_llama_dir.name, "--trials", 2,
-                    "--time-budget", 30, "--storage", f"sqlite:///{tmp_path / 'x.db'}",
+                    "--time-budget", 120, "--storage", f"sqlite:///{tmp_path / 'x.db'}",
                     "--out", tmp_path / "p.yaml", "--prompts", prompts,
                     "--search-space", space, "--threads", 1], cwd=tiny_llama_dir.parent)
     assert done.returncode == 0, done.stderr[-2000:]
