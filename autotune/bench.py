@@ -30,17 +30,31 @@ def medusa_drafter(block, ws: Workspace) -> callable:
     return lambda: MedusaDrafter(heads, tree)
 
 
-def eagle_drafter(block, ws: Workspace) -> callable:
-    from autotune.drafters.eagle import EagleDrafter
+def eagle_drafter(block, ws: Workspace, chain_depth: int | None = None) -> callable:
+    """The profile's tree, or a chain of ``chain_depth`` (what CAPE expands)."""
+    from autotune.drafters.eagle import EagleDrafter, StaticTree
     from autotune.tuners.eagle import load_head_for, projection_for, tree_from_settings
 
     head = load_head_for(ws.ref, block.head)
-    tree = tree_from_settings(block.tree.model_dump())
+    tree = tree_from_settings(block.tree.model_dump()) if chain_depth is None else \
+        StaticTree(tuple((0,) * d for d in range(1, chain_depth + 1)))
     projection = projection_for(ws.ref, block.head, block.draft_vocab)
     return lambda: EagleDrafter(head, tree, projection)
 
 
 DRAFTERS = {"self_spec": self_spec_drafter, "medusa": medusa_drafter, "eagle": eagle_drafter}
+
+
+def cape_drafter(name: str, block, ws: Workspace, policy=None) -> callable:
+    """The method's chain drafter with CAPE expansion: the profile's fitted policy, or
+    ``policy``."""
+    from autotune.drafters.cape import CapeDrafter
+    from autotune.tuners.cape import policy_from_block
+
+    policy = policy or policy_from_block(block.cape)
+    base = eagle_drafter(block, ws, block.cape.chain_depth or 1) if name == "eagle" \
+        else DRAFTERS[name](block, ws)
+    return lambda: CapeDrafter(base(), policy)
 
 
 def bench_profile(path: Path, prompts: str | None, max_new_tokens: int,
@@ -61,4 +75,9 @@ def bench_profile(path: Path, prompts: str | None, max_new_tokens: int,
         measured = measure_with_progress(f"bench {name}", ws.runner, DRAFTERS[name](block, ws),
                                          encoded, max_new_tokens)
         results[name] = {**measured.summary(), "per_prompt": measured.per_prompt()}
+        if getattr(block, "cape", None) is not None:
+            measured = measure_with_progress(f"bench {name}+cape", ws.runner,
+                                             cape_drafter(name, block, ws), encoded,
+                                             max_new_tokens)
+            results[f"{name}+cape"] = {**measured.summary(), "per_prompt": measured.per_prompt()}
     return results

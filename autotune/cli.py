@@ -40,7 +40,7 @@ def _threads(threads: Optional[int]) -> None:
 def profile(
     model: str = typer.Option("smollm2-135m", help="Alias, local model folder or .gguf file."),
     model_path: Optional[str] = typer.Option(None, help="Where the weights of the alias are."),
-    methods: str = typer.Option("self-spec", help="Comma-separated methods to tune."),
+    methods: str = typer.Option("self-spec", help="Comma-separated methods to tune: self-spec, medusa, eagle, cape (with self-spec or eagle)."),
     prompts: Optional[str] = typer.Option(None, help="JSONL calibration prompts (default: MT-bench)."),
     out: Optional[Path] = typer.Option(None, help="Profile path (default profiles/<model>.yaml)."),
     storage: Optional[str] = typer.Option(None, help="Study database SQLAlchemy URL "
@@ -52,6 +52,7 @@ def profile(
     medusa_search_space: Optional[str] = typer.Option(None, help="Medusa search-space YAML (default search_spaces/medusa.yaml)."),
     eagle_head: Optional[str] = typer.Option(None, help="EAGLE head folder (upstream EAGLE-1/2 layout); needed by --methods eagle."),
     eagle_search_space: Optional[str] = typer.Option(None, help="EAGLE search-space YAML (default search_spaces/eagle.yaml)."),
+    cape_search_space: Optional[str] = typer.Option(None, help="CAPE fit settings YAML (default search_spaces/cape.yaml); --methods self-spec,cape or eagle,cape."),
     ray_address: Optional[str] = typer.Option(None, help="Join this Ray cluster instead of a local one."),
     threads: Optional[int] = typer.Option(None, min=1, help="Torch threads (default: all cores)."),
 ):
@@ -64,7 +65,7 @@ def profile(
                              time_budget_s=time_budget, search_space=search_space,
                              medusa_heads=medusa_heads, medusa_search_space=medusa_search_space,
                              eagle_head=eagle_head, eagle_search_space=eagle_search_space,
-                             ray_address=ray_address)
+                             cape_search_space=cape_search_space, ray_address=ray_address)
     result, path = run_profile(options)
     typer.echo(f"wrote {path}")
     for line in verdict(result):

@@ -14,14 +14,15 @@ from autotune.profile.schema import (Adaptive, DraftSettings, EagleMethod, Hardw
 from autotune.studies.worker import TargetRef
 from autotune.workspace import Workspace
 
-KNOWN_METHODS = ("self-spec", "medusa", "eagle")
+KNOWN_METHODS = ("self-spec", "medusa", "eagle", "cape")
+CAPE_DRAFTERS = ("self-spec", "eagle")  # the chain drafters CAPE expands
 
 
 @dataclass
 class ProfileOptions:
     model: str
     model_path: str | None = None
-    methods: tuple[str, ...] = KNOWN_METHODS
+    methods: tuple[str, ...] = ("self-spec",)
     prompts: str | None = None
     out: Path | None = None
     storage: str | None = None
@@ -32,6 +33,7 @@ class ProfileOptions:
     medusa_search_space: str | None = None
     eagle_head: str | None = None
     eagle_search_space: str | None = None
+    cape_search_space: str | None = None
     ray_address: str | None = None
     workers: int = 1
     dtype: str = "float32"
@@ -44,6 +46,9 @@ def parse_methods(text: str) -> tuple[str, ...]:
     if unknown or not methods:
         raise AutotuneError(f"unknown method {', '.join(unknown) or '(none)'}: "
                             f"choose from {', '.join(KNOWN_METHODS)}")
+    if "cape" in methods and not set(methods) & set(CAPE_DRAFTERS):
+        raise AutotuneError("cape expands a chain drafter: add self-spec or eagle, e.g. "
+                            "--methods self-spec,cape")
     return methods
 
 
@@ -121,13 +126,17 @@ def _check_medusa_heads(options: ProfileOptions) -> None:
 
 def run_profile(options: ProfileOptions) -> tuple[Profile, Path]:
     from autotune.tuners.self_spec import SearchLimits, tune_self_spec
-    from autotune.tuners.space import load_eagle_space, load_medusa_space, load_self_spec_space
+    from autotune.tuners.cape import cape_block, fit_eagle_cape, fit_self_spec_cape
+    from autotune.tuners.space import (load_cape_space, load_eagle_space, load_medusa_space,
+                                       load_self_spec_space)
 
     space = load_self_spec_space(options.search_space)
     medusa_space = load_medusa_space(options.medusa_search_space) \
         if "medusa" in options.methods else None
     eagle_space = load_eagle_space(options.eagle_search_space) \
         if "eagle" in options.methods else None
+    cape_space = load_cape_space(options.cape_search_space) \
+        if "cape" in options.methods else None
     _check_medusa_heads(options)
     _check_eagle_head(options)
     ref = TargetRef.for_user(options.model, options.model_path, options.dtype, options.device)
@@ -140,7 +149,11 @@ def run_profile(options: ProfileOptions) -> tuple[Profile, Path]:
                           options.ray_address)
     methods = Methods()
     if "self-spec" in options.methods:
-        methods.self_spec = self_spec_block(tune_self_spec(ws, space, limits))
+        result = tune_self_spec(ws, space, limits)
+        methods.self_spec = self_spec_block(result)
+        if cape_space is not None:
+            methods.self_spec.cape = cape_block(
+                fit_self_spec_cape(ws, result, space.measure, cape_space))
     if "medusa" in options.methods:
         from autotune.tuners.medusa import tune_medusa
 
@@ -150,7 +163,11 @@ def run_profile(options: ProfileOptions) -> tuple[Profile, Path]:
         from autotune.tuners.eagle import tune_eagle
 
         head_dir = str(Path(options.eagle_head).expanduser().resolve())
-        methods.eagle = eagle_block(tune_eagle(ws, eagle_space, head_dir, limits), head_dir)
+        result = tune_eagle(ws, eagle_space, head_dir, limits)
+        methods.eagle = eagle_block(result, head_dir)
+        if cape_space is not None:
+            methods.eagle.cape = cape_block(
+                fit_eagle_cape(ws, result, head_dir, eagle_space, cape_space))
     profile = Profile(
         model=model_info(ws), hardware=HardwareInfo(**ws.hardware),
         workload=Workload(prompts=str(ws.prompts_path.resolve()), num_prompts=len(ws.prompts),
@@ -173,6 +190,13 @@ def verdict(profile: Profile) -> list[str]:
                      f"{m.baseline_tokens_per_s:.1f} tokens/s, {m.tokens_per_step:.2f} tokens/step, "
                      f"acceptance {m.acceptance_rate:.2f}, lossless {m.lossless}) on {m.prompts} "
                      f"held-back prompts: {word} than plain greedy on this device")
+        cape = getattr(method, "cape", None)
+        if cape is not None and cape.measured is not None:
+            c = cape.measured
+            sizes = ", ".join(f"<= {e:g}: {k}" for e, k in zip(cape.bins, cape.expansion))
+            lines.append(f"{name} + cape (tokens per step by draft confidence {sizes}): "
+                         f"{c.speedup:.3f}x plain greedy ({c.tokens_per_step:.2f} tokens/step, "
+                         f"lossless {c.lossless}) on {c.prompts} held-back prompts")
     if profile.recommended == "none":
         lines.append("recommended: none. No method measured faster than plain greedy "
                      "decoding here; serve without speculation on this device.")

@@ -121,13 +121,13 @@ def test_self_spec_traces_rank_the_target_token(tiny_llama, one_thread):
 @torch.inference_mode()
 def test_eagle_statistics_count_the_steps_a_chain_reaches(tiny_llama, one_thread,
                                                          random_eagle_head):
-    from autotune.measure.cape_stats import eagle_confidence_ranks
+    from autotune.measure.cape_stats import chain_confidence_ranks, eagle_chain_steps
     from autotune.measure.eagle_accuracy import extrapolation_ranks
 
     runner = Runner(tiny_llama)
     head = random_eagle_head(tiny_llama, std=0.05)
     calibration = [(p, decode_plain(runner, p, 16).tokens) for p in PROMPTS]
-    stats = eagle_confidence_ranks(runner, head, calibration, depth=3)
+    stats = chain_confidence_ranks(eagle_chain_steps(runner, head, calibration, depth=3))
     reached, right = 0, 0
     for prompt, continuation in calibration:     # one root and one step at a time
         tokens = prompt + continuation
@@ -146,3 +146,58 @@ def test_eagle_statistics_count_the_steps_a_chain_reaches(tiny_llama, one_thread
                     break
     assert stats.steps(0.0, 1.0) == reached and stats.counts[:, 0].sum() == right
     assert right > 0
+
+
+@torch.inference_mode()
+def test_replay_predicts_eagle_cape_decoding_step_for_step(tiny_llama, one_thread,
+                                                           random_eagle_head):
+    """The fit's replay of a chain drafter with expansion takes exactly as many steps as
+    decoding does (EAGLE's chain steps are exact; the budget binds in WIDE)."""
+    from autotune.measure.cape_stats import eagle_chain_steps
+    from autotune.measure.costs import LatencyCurve
+    from autotune.tuners.cape import FixedChain, replay
+
+    runner = Runner(tiny_llama)
+    head = random_eagle_head(tiny_llama, std=0.05)
+    tree = StaticTree(((0,), (0, 0), (0, 0, 0)))
+    flat = LatencyCurve([1.0] * 40)
+    steps_by_policy = {}
+    for policy in (NO_EXPANSION, WIDE, PAPER_7531):
+        for prompt in PROMPTS:
+            continuation = decode_plain(runner, prompt, 40).tokens
+            chains = eagle_chain_steps(runner, head, [(prompt, continuation)], depth=3)
+            result = decode_speculative(runner, CapeDrafter(EagleDrafter(head, tree), policy),
+                                        prompt, len(continuation))
+            estimate = replay(chains, FixedChain(3, 0.0), policy, flat)
+            steps = round((len(continuation) - 1) / estimate.tokens_per_step)
+            assert steps == result.steps, (policy, prompt)
+            assert result.tokens == continuation
+            steps_by_policy.setdefault(policy, []).append(steps)
+    assert steps_by_policy[WIDE] != steps_by_policy[NO_EXPANSION]  # siblings were accepted
+
+
+def test_fit_expands_where_siblings_pay_and_not_where_verification_is_dear():
+    """On made-up chains whose runner-up is right whenever the draft is unsure: with flat
+    verification the fit expands the unsure bin; with dear verification it does not."""
+    import numpy as np
+
+    from autotune.measure.cape_stats import ChainSteps
+    from autotune.measure.costs import LatencyCurve
+    from autotune.tuners.cape import FixedChain, fit_expansion, replay
+    from autotune.tuners.space import CapeSpace
+
+    rng = np.random.default_rng(0)
+    roots = 400
+    unsure = rng.random((roots, 1)) < 0.5
+    confidences = np.where(unsure, 0.2, 0.95)
+    ranks = np.where(unsure, 1, 0)                  # unsure: the target's token is rank 1
+    chains = [ChainSteps(confidences, ranks)]
+    space = CapeSpace(fine_bins=10, max_expansion=4)
+    cheap = fit_expansion(chains, FixedChain(1, 0.1), LatencyCurve([1.0] * 40), space)
+    assert cheap.policy.tokens_at(0.2) >= 2 and cheap.policy.tokens_at(0.95) == 1
+    assert cheap.predicted.speedup > cheap.no_expansion.speedup
+    assert cheap.predicted == replay(chains, FixedChain(1, 0.1), cheap.policy,
+                                     LatencyCurve([1.0] * 40))
+    dear = fit_expansion(chains, FixedChain(1, 0.1),
+                         LatencyCurve([1.0 + 2.0 * n for n in range(40)]), space)
+    assert dear.policy == NO_EXPANSION.__class__((1.0,), (1,), space.max_verify_tokens)

@@ -29,6 +29,14 @@ draft_exit: {trials: 2}
 """
 
 
+SMALL_CAPE_SPACE = """\
+calibration: {prompts: 2, tokens: 16}
+fine_bins: 10
+max_expansion: 4
+max_verify_tokens: 12
+max_chain_depth: 3
+"""
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -344,12 +352,14 @@ def test_profile_and_bench_end_to_end(tmp_path, tiny_llama_dir, run_autotune):
     prompts = write_prompts(tmp_path / "prompts.jsonl")
     space = tmp_path / "space.yaml"
     space.write_text(SMALL_SPACE)
+    cape_space = tmp_path / "cape.yaml"
+    cape_space.write_text(SMALL_CAPE_SPACE)
     out = tmp_path / "p.yaml"
     db = tmp_path / "db" / "studies.db"
-    done = run_cli(["profile", "--model", tiny_llama_dir, "--methods", "self-spec",
+    done = run_cli(["profile", "--model", tiny_llama_dir, "--methods", "self-spec,cape",
                     "--trials", 4, "--time-budget", 60, "--storage", f"sqlite:///{db}",
                     "--out", out, "--prompts", prompts, "--search-space", space,
-                    "--threads", 1], cwd=tmp_path)
+                    "--cape-search-space", cape_space, "--threads", 1], cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"wrote {out}" in done.stdout
     profile = read_profile(out)
@@ -366,12 +376,19 @@ def test_profile_and_bench_end_to_end(tmp_path, tiny_llama_dir, run_autotune):
     assert block.search  # how the setting was found is recorded
     assert profile.model.num_layers == 4 and profile.hardware.threads == 1
     assert db.is_file()
+    cape = block.cape                # fitted on the tuned layer-skip drafter, then measured
+    assert cape is not None and cape.measured.lossless is True and cape.measured.prompts == 2
+    assert cape.bins[-1] == 1.0 and len(cape.bins) == len(cape.expansion)
+    assert max(cape.expansion) <= 4 and cape.max_verify_tokens == 12
+    assert cape.predicted_speedup > 0 and cape.search["replays"] > 1
+    assert "self_spec + cape" in done.stdout
 
     bench = run_cli(["bench", out, "--json", "--max-new-tokens", 12, "--prompts", prompts,
                      "--threads", 1], cwd=tmp_path)
     assert bench.returncode == 0, bench.stderr[-3000:]
     figures = json.loads(bench.stdout)
-    assert set(figures) == {"self_spec"}
+    assert set(figures) == {"self_spec", "self_spec+cape"}
+    assert figures["self_spec+cape"]["lossless"] is True
     row = figures["self_spec"]
     for key in ("speedup", "tokens_per_step", "tokens_per_s", "baseline_tokens_per_s",
                 "lossless"):

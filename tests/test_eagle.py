@@ -180,9 +180,13 @@ def test_eagle_profile_and_bench_end_to_end(tmp_path, tiny_llama, tiny_llama_dir
                                for w in WORDS))
     space = tmp_path / "eagle.yaml"
     space.write_text(SMALL_EAGLE_SPACE)
+    cape_space = tmp_path / "cape.yaml"
+    cape_space.write_text("calibration: {prompts: 2, tokens: 12}\nfine_bins: 10\n"
+                          "max_expansion: 4\nmax_chain_depth: 3\n")
     out = tmp_path / "p.yaml"
-    done = run_autotune(["profile", "--model", tiny_llama_dir, "--methods", "eagle",
+    done = run_autotune(["profile", "--model", tiny_llama_dir, "--methods", "eagle,cape",
                          "--eagle-head", head_dir, "--eagle-search-space", space,
+                         "--cape-search-space", cape_space,
                          "--storage", f"sqlite:///{tmp_path / 'db.sqlite'}", "--out", out,
                          "--prompts", prompts, "--time-budget", 200, "--threads", 1],
                         cwd=tmp_path)
@@ -199,12 +203,24 @@ def test_eagle_profile_and_bench_end_to_end(tmp_path, tiny_llama, tiny_llama_dir
         assert max(len(p) for p in block.tree.choices) <= 3 and len(block.tree.choices) <= 8
     else:
         assert 2 <= block.tree.total_tokens <= 10 and block.tree.top_k <= 3
+    check_eagle_cape_block(block)
 
     bench = run_autotune(["bench", out, "--json", "--max-new-tokens", 10, "--prompts", prompts,
                           "--threads", 1], cwd=tmp_path)
     assert bench.returncode == 0, bench.stderr[-3000:]
-    row = json.loads(bench.stdout)["eagle"]
+    rows = json.loads(bench.stdout)
+    row = rows["eagle"]
     assert row["lossless"] is True and row["prompts"] == len(WORDS)
+    assert rows["eagle+cape"]["lossless"] is True
+
+
+def check_eagle_cape_block(block) -> None:
+    """CAPE fitted on a chain of the tuned head, its depth within the space, measured."""
+    cape = block.cape
+    assert cape is not None and 1 <= cape.chain_depth <= 3
+    assert cape.measured.lossless is True and cape.measured.prompts == 2
+    assert cape.bins[-1] == 1.0 and max(cape.expansion) <= 4
+    assert set(cape.search["predicted_no_expansion_by_depth"]) == {"1", "2", "3"}
 
 
 def test_profile_eagle_without_a_head_is_a_one_line_error(tmp_path, tiny_llama_dir,

@@ -36,6 +36,11 @@ class CapePolicy:
 
 NO_EXPANSION = CapePolicy((1.0,), (1,))
 PAPER_7531 = CapePolicy((0.3, 0.6, 0.8, 1.0), (7, 5, 3, 1))  # GLIDE's paper
+# GLIDE's code: k = table[floor(10 p)] with table 8 8 8 6 6 6 4 4 2 2 2 (2); its bins
+# close on the left, [0.3, 0.6) ..., ours on the right: they differ only at p exactly on
+# an edge.
+CODE_FLOOR10 = CapePolicy((0.3, 0.6, 0.8, 1.0), (8, 6, 4, 2))
+PUBLISHED = {"paper_7531": PAPER_7531, "code_floor10": CODE_FLOOR10}
 
 
 class CapeDrafter:

@@ -33,6 +33,30 @@ class DraftExitPolicy:
 DV_DEFAULT_POLICY = DraftExitPolicy()  # Draft & Verify's published defaults
 
 
+class ExitThreshold:
+    """The exit threshold as a policy moves it after each verification; the drafter and
+    replays of its decoding (CAPE's fit) share this one rule."""
+
+    def __init__(self, policy: DraftExitPolicy):
+        self.rule = policy.adaptive
+        self.value = policy.exit_threshold
+        self._acceptance_ema = 0.0 if self.rule is None else self.rule.target_acceptance
+
+    def update(self, drafted: int, accepted: int, hit_max: bool) -> None:
+        rule = self.rule
+        if rule is None or drafted == 0:
+            return
+        self._acceptance_ema = rule.beta1 * self._acceptance_ema + \
+            (1 - rule.beta1) * accepted / drafted
+        if self._acceptance_ema < rule.target_acceptance:
+            proposal = self.value + rule.step
+        elif hit_max:
+            proposal = self.value
+        else:
+            proposal = self.value - rule.step
+        self.value = rule.beta2 * self.value + (1 - rule.beta2) * proposal
+
+
 class LayerSkipDrafter:
     ranked_width = 0  # > 0: drafts carry each step's top tokens and probabilities
 
@@ -44,10 +68,12 @@ class LayerSkipDrafter:
         self.reset()
 
     def reset(self) -> None:
-        self.threshold = self.policy.exit_threshold
-        self._acceptance_ema = 0.0 if self.policy.adaptive is None else \
-            self.policy.adaptive.target_acceptance
+        self.exit = ExitThreshold(self.policy)
         self._hit_max = False
+
+    @property
+    def threshold(self) -> float:
+        return self.exit.value
 
     def propose(self, context: DraftContext) -> Draft:
         runner = context.runner
@@ -78,15 +104,4 @@ class LayerSkipDrafter:
         return draft
 
     def observe(self, result: VerifyResult) -> None:
-        rule = self.policy.adaptive
-        if rule is None or result.num_drafted == 0:
-            return
-        rate = result.num_accepted / result.num_drafted
-        self._acceptance_ema = rule.beta1 * self._acceptance_ema + (1 - rule.beta1) * rate
-        if self._acceptance_ema < rule.target_acceptance:
-            proposal = self.threshold + rule.step
-        elif self._hit_max:
-            proposal = self.threshold
-        else:
-            proposal = self.threshold - rule.step
-        self.threshold = rule.beta2 * self.threshold + (1 - rule.beta2) * proposal
+        self.exit.update(result.num_drafted, result.num_accepted, self._hit_max)

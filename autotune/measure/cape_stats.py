@@ -68,6 +68,70 @@ class ConfidenceRanks:
         return cls(np.asarray(data["counts"], dtype=np.int64))
 
 
+@dataclass
+class ChainSteps:
+    """A chain drafter along one calibration continuation of R tokens. Row t: drafting
+    once continuation[:t] is committed, step j predicts continuation[t + j], drafted as it
+    is when steps 0 .. j - 1 were right. confidences[t, j]: the draft's top-1 probability
+    there; ranks[t, j]: the rank of the target's token, -1 if not within the top MAX_RANK
+    or past the end (t + j >= R). Row 0 is never drafted: the prefill gives
+    continuation[0]."""
+
+    confidences: np.ndarray   # [R, D]
+    ranks: np.ndarray         # [R, D]
+
+    @property
+    def roots(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def depth(self) -> int:
+        return self.ranks.shape[1]
+
+    def reached(self) -> np.ndarray:
+        """[R, D] bool: steps that decoding drafts, that exist and that a chain of top-1
+        tokens gets to."""
+        exists = (np.arange(self.roots)[:, None] + np.arange(self.depth)[None]) < self.roots
+        exists[0] = False
+        before_right = np.ones_like(exists)
+        before_right[:, 1:] = np.cumprod(self.ranks[:, :-1] == 0, axis=1).astype(bool)
+        return exists & before_right
+
+
+def self_spec_chain_steps(trace: DraftTrace, depth: int) -> ChainSteps:
+    """The layer-skip draft's step j from root t is its teacher-forced prediction at t + j:
+    both see the exact context when steps before j were right."""
+    count = len(trace.confidences)
+    index = np.arange(count)[:, None] + np.arange(depth)[None]
+    inside = index < count
+    index = np.minimum(index, count - 1)
+    return ChainSteps(np.where(inside, trace.confidences[index], 0.0),
+                      np.where(inside, trace.ranks[index], -1))
+
+
+@torch.inference_mode()
+def eagle_chain_steps(runner: Runner, head: EagleHead,
+                      calibration: list[tuple[list[int], list[int]]], depth: int,
+                      projection: DraftProjection | None = None, progress=None
+                      ) -> list[ChainSteps]:
+    """The head's own extrapolation along each greedy continuation: what its chain drafts
+    at every root and step while the steps before were right."""
+    chains = []
+    for prompt, continuation in calibration:
+        features = runner.norm(calibration_states(runner, prompt, continuation))
+        ranks, confidences = extrapolation_ranks(head, runner, features, prompt + continuation,
+                                                 len(prompt) - 1, depth, MAX_RANK, projection,
+                                                 with_confidence=True)
+        # extrapolation root i has committed continuation[i]: it is row i + 1; row 0 (the
+        # prefill's) is not drafted
+        chains.append(ChainSteps(
+            np.concatenate([np.zeros((1, depth)), confidences.numpy()[:-1]]),
+            np.concatenate([np.full((1, depth), -1), ranks.numpy()[:-1]])))
+        if progress:
+            progress()
+    return chains
+
+
 def self_spec_confidence_ranks(traces: list[DraftTrace], bins: int = 20) -> ConfidenceRanks:
     """From the layer-skip draft's teacher-forced traces (each position drafted from the
     exact context, as the first step of a proposal is)."""
@@ -76,24 +140,9 @@ def self_spec_confidence_ranks(traces: list[DraftTrace], bins: int = 20) -> Conf
     return ConfidenceRanks.collect(confidences, ranks, bins)
 
 
-@torch.inference_mode()
-def eagle_confidence_ranks(runner: Runner, head: EagleHead,
-                           calibration: list[tuple[list[int], list[int]]], depth: int,
-                           projection: DraftProjection | None = None,
-                           bins: int = 20) -> ConfidenceRanks:
-    """From the head's own extrapolation along the greedy path, every step that a chain
-    of top-1 tokens reaches."""
-    confidences, ranks = [], []
-    for prompt, continuation in calibration:
-        features = runner.norm(calibration_states(runner, prompt, continuation))
-        rank, confidence = extrapolation_ranks(head, runner, features, prompt + continuation,
-                                               len(prompt) - 1, depth, MAX_RANK, projection,
-                                               with_confidence=True)
-        available = torch.arange(len(rank) - 1, -1, -1)[:, None] - torch.arange(depth)[None]
-        exists = available > 0                       # the step's true token is in the text
-        previous_right = torch.ones_like(rank, dtype=torch.bool)
-        previous_right[:, 1:] = (rank[:, :-1] == 0).cumprod(1).bool()
-        counted = exists & previous_right
-        confidences.append(confidence[counted].numpy())
-        ranks.append(rank[counted].numpy())
-    return ConfidenceRanks.collect(np.concatenate(confidences), np.concatenate(ranks), bins)
+def chain_confidence_ranks(chains: list[ChainSteps], bins: int = 20) -> ConfidenceRanks:
+    """Every step that a chain of top-1 tokens reaches."""
+    reached = [c.reached() for c in chains]
+    return ConfidenceRanks.collect(
+        np.concatenate([c.confidences[r] for c, r in zip(chains, reached)]),
+        np.concatenate([c.ranks[r] for c, r in zip(chains, reached)]), bins)

@@ -55,6 +55,26 @@ class Measured(_Block):
     prompts: int
 
 
+class CapeSettings(_Block):
+    """Confidence-aware proposal expansion on a chain drafter. A drafting step whose top-1
+    probability p lies in (bins[i - 1], bins[i]] proposes expansion[i] tokens: the chain's
+    own and expansion[i] - 1 runner-ups beside it, never extended."""
+
+    bins: list[float]               # upper edges of the confidence bins, ascending to 1.0
+    expansion: list[int]            # tokens proposed per step, one per bin
+    max_verify_tokens: int = Field(32, ge=2)   # the verified tree's size, its root included
+    chain_depth: int | None = Field(None, ge=1)  # EAGLE: the depth of the chain expanded
+    measured: Measured | None = None  # held-back, the drafter with this expansion
+    predicted_speedup: float | None = None  # the fit's replay on calibration decoding
+    search: dict = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _a_valid_policy(self):
+        from autotune.drafters.cape import CapePolicy
+        CapePolicy(tuple(self.bins), tuple(self.expansion), self.max_verify_tokens)
+        return self
+
+
 class SkipLayers(_Block):
     attention: list[int]
     mlp: list[int]
@@ -76,7 +96,7 @@ class DraftSettings(_Block):
 class SelfSpecMethod(_Block):
     skip: SkipLayers
     draft: DraftSettings
-    cape: dict | None = None
+    cape: CapeSettings | None = None
     measured: Measured
     study: str
     search: dict = Field(default_factory=dict)   # how the setting was found, for the curious
@@ -143,7 +163,7 @@ class EagleMethod(_Block):
     tree: StaticEagleTree | DynamicEagleTree = Field(discriminator="kind")
     # the draft's lm_head covers the head folder's N most frequent tokens (0: all of them)
     draft_vocab: int = Field(0, ge=0)
-    cape: dict | None = None
+    cape: CapeSettings | None = None
     measured: Measured
     alternatives: dict = Field(default_factory=dict)  # both kinds' winners, held-back
     study: dict[str, str]           # tree kind -> study name

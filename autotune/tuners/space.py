@@ -154,6 +154,29 @@ class EagleSpace(_Strict):
     measure: MeasureSettings = MeasureSettings(confirm_prompts=20, confirm_tokens=128)
 
 
+class CapeCalibration(_Strict):
+    prompts: int = 16         # search prompts whose greedy continuations the fit replays
+    tokens: int = 96          # (EAGLE reuses its own search's calibration instead)
+
+
+class CapeSpace(_Strict):
+    calibration: CapeCalibration = CapeCalibration()
+    fine_bins: int = 20       # confidence resolution: bin edges fall on multiples of 1/fine_bins
+    max_expansion: int = 8    # tokens proposed at one step, the chain's included
+    max_verify_tokens: int = 32  # verified tree size, root included
+    max_chain_depth: int = 6  # EAGLE: the chain depths tried (the self-spec chain is its own)
+    min_gain: float = 0.002   # a fit step must raise the predicted speedup this much (relative)
+
+    @model_validator(mode="after")
+    def _check(self):
+        if not 2 <= self.fine_bins <= 100 or not 1 <= self.max_expansion <= 10:
+            raise ValueError("need 2 <= fine_bins <= 100 and 1 <= max_expansion <= 10 "
+                             "(ranks are counted to 10)")
+        if self.max_verify_tokens < 2 or self.max_chain_depth < 1:
+            raise ValueError("need max_verify_tokens >= 2 and max_chain_depth >= 1")
+        return self
+
+
 def load_space(method: str, model: type[BaseModel], path: str | Path | None = None):
     path = Path(path) if path else SEARCH_SPACES / f"{method}.yaml"
     if not path.is_file():
@@ -175,3 +198,7 @@ def load_medusa_space(path: str | Path | None = None) -> MedusaSpace:
 
 def load_eagle_space(path: str | Path | None = None) -> EagleSpace:
     return load_space("eagle", EagleSpace, path)
+
+
+def load_cape_space(path: str | Path | None = None) -> CapeSpace:
+    return load_space("cape", CapeSpace, path)
