@@ -201,3 +201,22 @@ def test_fit_expands_where_siblings_pay_and_not_where_verification_is_dear():
     dear = fit_expansion(chains, FixedChain(1, 0.1),
                          LatencyCurve([1.0 + 2.0 * n for n in range(40)]), space)
     assert dear.policy == NO_EXPANSION.__class__((1.0,), (1,), space.max_verify_tokens)
+
+
+def test_variants_are_measured_against_one_plain_decoding_per_prompt(tiny_llama, one_thread,
+                                                                     random_eagle_head):
+    """The CAPE benchmark's measurement: every variant shares each prompt's plain run,
+    and each variant's own output is checked against it."""
+    from autotune.measure.timing import measure_variants
+
+    runner = Runner(tiny_llama)
+    make = dict(drafters(tiny_llama, random_eagle_head))["eagle"]
+    makers = {"none": lambda: CapeDrafter(make(), NO_EXPANSION),
+              "wide": lambda: CapeDrafter(make(), WIDE)}
+    prompts = [(str(i), p) for i, p in enumerate(PROMPTS * 2)]
+    measured = measure_variants(runner, makers, prompts, 12)
+    assert set(measured) == {"none", "wide"}
+    for a, b in zip(measured["none"].prompts, measured["wide"].prompts):
+        assert a.baseline_seconds == b.baseline_seconds and a.prompt_id == b.prompt_id
+        assert a.lossless and b.lossless
+    assert measured["wide"].tokens_per_step >= measured["none"].tokens_per_step

@@ -107,28 +107,45 @@ def measure_side_by_side(runner: Runner, make_drafter: Callable[[], Drafter],
                          on_prompt: Callable[[PromptMeasurement], None] | None = None,
                          ) -> Measurement:
     """prompts: (id, token ids) pairs, already templated."""
-    drafter = make_drafter()
+    return measure_variants(runner, {"method": make_drafter}, prompts, max_new_tokens,
+                            sampling, on_prompt)["method"]
+
+
+def measure_variants(runner: Runner, makers: dict[str, Callable[[], Drafter]],
+                     prompts: list[tuple[str, list[int]]], max_new_tokens: int,
+                     sampling: SamplingConfig = GREEDY,
+                     on_prompt: Callable[[PromptMeasurement], None] | None = None,
+                     ) -> dict[str, Measurement]:
+    """Several methods against plain greedy, interleaved prompt by prompt: each prompt is
+    decoded plainly once and by every method, the order rotating from prompt to prompt,
+    so that a change in the machine's speed falls on all of them alike."""
+    drafters = {name: make() for name, make in makers.items()}
     warm_ids = prompts[0][1]
     decode_plain(runner, warm_ids, WARMUP_TOKENS, sampling)
-    decode_speculative(runner, drafter, warm_ids, WARMUP_TOKENS, sampling)
-    measurement = Measurement()
+    for drafter in drafters.values():
+        decode_speculative(runner, drafter, warm_ids, WARMUP_TOKENS, sampling)
+    measurements = {name: Measurement() for name in drafters}
+    names = [None, *drafters]                         # None: plain greedy
     for index, (prompt_id, ids) in enumerate(prompts):
-        run_plain = lambda: decode_plain(runner, ids, max_new_tokens, sampling)  # noqa: E731
-        run_method = lambda: decode_speculative(runner, drafter, ids, max_new_tokens, sampling)  # noqa: E731
-        if index % 2 == 0:
-            plain, plain_s = _timed(run_plain)
-            method, method_s = _timed(run_method)
-        else:
-            method, method_s = _timed(run_method)
-            plain, plain_s = _timed(run_plain)
-        row = PromptMeasurement(
-            prompt_id=prompt_id, baseline_tokens=len(plain.tokens), baseline_seconds=plain_s,
-            method_tokens=len(method.tokens), method_seconds=method_s, steps=method.steps + 1,
-            drafted=method.drafted, accepted=method.accepted,
-            lossless=(method.tokens == plain.tokens) if sampling.greedy else None)
-        measurement.prompts.append(row)
-        if on_prompt:
-            on_prompt(row)
-    return measurement
-
-
+        shift = index % len(names)
+        order = names[shift:] + names[:shift]
+        runs = {}
+        for name in order:
+            if name is None:
+                runs[name] = _timed(lambda: decode_plain(runner, ids, max_new_tokens, sampling))
+            else:
+                runs[name] = _timed(lambda: decode_speculative(runner, drafters[name], ids,
+                                                               max_new_tokens, sampling))
+        plain, plain_s = runs[None]
+        for name in drafters:
+            method, method_s = runs[name]
+            row = PromptMeasurement(
+                prompt_id=prompt_id, baseline_tokens=len(plain.tokens),
+                baseline_seconds=plain_s, method_tokens=len(method.tokens),
+                method_seconds=method_s, steps=method.steps + 1, drafted=method.drafted,
+                accepted=method.accepted,
+                lossless=(method.tokens == plain.tokens) if sampling.greedy else None)
+            measurements[name].prompts.append(row)
+            if on_prompt:
+                on_prompt(row)
+    return measurements

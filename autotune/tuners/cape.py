@@ -202,8 +202,9 @@ def fit_self_spec_cape(ws: Workspace, result, measure_space, space: CapeSpace) -
     started = time.monotonic()
     search = ws.encode(split_prompts(ws.prompts)[0])
     calibration = ws.continuations(search[: space.calibration.prompts], space.calibration.tokens)
-    with step("cape: draft confidences along greedy decoding", 1):
+    with step("cape: draft confidences along greedy decoding", 1) as advance:
         traces = DraftTracer(ws.runner, calibration).traces(result.skip)
+        advance()
     depth = result.policy.max_tokens
     chains = [self_spec_chain_steps(t, depth) for t in traces]
     verify = ws.verify_curve(space.max_verify_tokens)
