@@ -19,3 +19,7 @@ class StorageError(AutotuneError):
 
 class OutputPathError(AutotuneError):
     pass
+
+
+class StudyNotFoundError(AutotuneError):
+    pass

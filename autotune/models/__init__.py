@@ -6,10 +6,12 @@ from autotune.models.loading import (
     cache_root,
     converted_gguf_dir,
     load_target,
+    random_weights_model,
     target_from_model,
 )
 from autotune.models.registry import (
     ALIASES,
+    ARCHITECTURES,
     ResolvedModel,
     fingerprint,
     hf_hub_cache,
@@ -19,6 +21,7 @@ from autotune.models.registry import (
 
 __all__ = [
     "ALIASES",
+    "ARCHITECTURES",
     "ResolvedModel",
     "Target",
     "cache_root",
@@ -29,6 +32,7 @@ __all__ = [
     "is_vicuna",
     "list_models",
     "load_target",
+    "random_weights_model",
     "resolve_model",
     "target_from_model",
     "vicuna_prompt",

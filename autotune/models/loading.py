@@ -190,3 +190,35 @@ def target_from_model(model: Any, tokenizer: Any, name: str) -> Target:
         architecture=_architecture(model),
         dtype=str(model.dtype).removeprefix("torch."),
     )
+
+
+def random_weights_model(spec: str, dtype: str = "float32", device: str = "cpu") -> tuple[Any, str]:
+    """(model, name): the architecture of ``spec`` with random weights and no tokenizer, for
+    timing a device before the weights are on it. ``spec`` is an alias with registered
+    shapes, or a model folder of which only config.json is read."""
+    from transformers import AutoConfig, LlamaConfig
+
+    from autotune.models.registry import ARCHITECTURES
+
+    dtype_name = _dtype_name(dtype)
+    if spec in ARCHITECTURES:
+        config, name = LlamaConfig(**ARCHITECTURES[spec].llama_config()), spec
+    elif (Path(spec).expanduser() / "config.json").is_file():
+        folder = Path(spec).expanduser()
+        try:
+            config = AutoConfig.from_pretrained(folder, local_files_only=True)
+        except (OSError, ValueError) as e:
+            lines = str(e).strip().splitlines()
+            raise AutotuneError(f"cannot read {folder / 'config.json'}: "
+                                f"{lines[0] if lines else type(e).__name__}") from None
+        name = folder.name.lower()
+    else:
+        raise AutotuneError(
+            f"--random-weights needs an alias whose shapes are known "
+            f"({', '.join(ARCHITECTURES)}) or a model folder with config.json; '{spec}' is neither"
+        )
+    # Built in place on the device, in the dtype: a 13B model never exists in float32 on the CPU.
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype_name],
+                                                 attn_implementation="sdpa")
+    return model.eval(), name

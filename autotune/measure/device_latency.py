@@ -1,0 +1,98 @@
+"""`autotune latency`: this device's verify-latency curve for one model, on its own weights
+or, before they are here, on random weights of its architecture."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from autotune.errors import AutotuneError
+
+DEFAULT_REPEATS = 7  # as the tuners measure it (Workspace.device_costs)
+
+
+@dataclass
+class LatencyRequest:
+    model: str
+    model_path: str | None = None
+    random_weights: bool = False
+    max_tokens: int = 16
+    dtype: str = "float32"
+    device: str = "cpu"
+    repeats: int = DEFAULT_REPEATS
+
+
+@dataclass
+class DeviceLatency:
+    model: str
+    random_weights: bool
+    num_layers: int
+    hidden_size: int
+    dtype: str
+    hardware: dict           # autotune.hardware.describe
+    context_tokens: int
+    seconds: list[float]     # seconds[n - 1]: one forward over n new tokens after the context
+
+    @property
+    def relative(self) -> list[float]:
+        return [s / self.seconds[0] for s in self.seconds]
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "relative": [round(r, 4) for r in self.relative]}
+
+
+def measure_device_latency(request: LatencyRequest) -> DeviceLatency:
+    from autotune import hardware
+    from autotune.engine.runner import Runner
+    from autotune.measure.costs import CONTEXT_TOKENS, measure_latency_curve
+    from autotune.progress import step
+
+    _check_device(request.device)
+    if request.random_weights:
+        from autotune.models import random_weights_model
+
+        if request.model_path is not None:
+            raise AutotuneError("--random-weights reads no weights: leave --model-path out")
+        model, name = random_weights_model(request.model, request.dtype, request.device)
+        runner = Runner(model)
+    else:
+        from autotune.studies.worker import TargetRef
+
+        ref = TargetRef.for_user(request.model, request.model_path, request.dtype, request.device)
+        name, runner = ref.load().name, ref.runner()
+    label = f"latency: verify curve n = 1..{request.max_tokens}"
+    with step(label, request.repeats + 1) as advance:
+        curve = measure_latency_curve(runner, request.max_tokens, request.repeats,
+                                      progress=advance)
+    return DeviceLatency(model=name, random_weights=request.random_weights,
+                         num_layers=runner.num_layers, hidden_size=runner.config.hidden_size,
+                         dtype=str(runner.dtype).removeprefix("torch."),
+                         hardware=hardware.describe(request.device), context_tokens=CONTEXT_TOKENS,
+                         seconds=curve.seconds)
+
+
+def _check_device(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise AutotuneError(f"--device {device}: torch {torch.__version__} sees no CUDA device "
+                            "here; use --device cpu, or a CUDA build of torch on a GPU machine")
+    if not device.startswith(("cpu", "cuda")):
+        raise AutotuneError(f"unknown device '{device}': use cpu or cuda")
+
+
+def latency_heading(result: DeviceLatency) -> str:
+    hw = result.hardware
+    weights = "true" if result.random_weights else "false"
+    return (f"verify latency of {result.model} (random_weights: {weights}, {result.dtype}, "
+            f"{result.num_layers} layers) on {hw['device']} ({hw['device_name']}, "
+            f"{hw['threads']} threads), after a {result.context_tokens}-token context")
+
+
+def latency_table(result: DeviceLatency):
+    from rich.table import Table
+
+    table = Table()
+    for header in ("new tokens", "ms", "relative to 1"):
+        table.add_column(header, justify="right")
+    for n, (seconds, relative) in enumerate(zip(result.seconds, result.relative), 1):
+        table.add_row(str(n), f"{seconds * 1e3:.2f}", f"{relative:.3f}")
+    return table
