@@ -53,7 +53,10 @@ def profile(
     eagle_head: Optional[str] = typer.Option(None, help="EAGLE head folder (upstream EAGLE-1/2 layout); needed by --methods eagle."),
     eagle_search_space: Optional[str] = typer.Option(None, help="EAGLE search-space YAML (default search_spaces/eagle.yaml)."),
     cape_search_space: Optional[str] = typer.Option(None, help="CAPE fit settings YAML (default search_spaces/cape.yaml); --methods self-spec,cape or eagle,cape."),
-    ray_address: Optional[str] = typer.Option(None, help="Join this Ray cluster instead of a local one."),
+    ray_address: Optional[str] = typer.Option(None, help="Join this Ray cluster instead of a local one (default: a local Ray instance sized to this machine)."),
+    workers: int = typer.Option(1, min=1, help="Trials at once; each worker loads the target once and keeps it between trials."),
+    cpus_per_trial: Optional[float] = typer.Option(None, min=0.1, help="Cores each trial reserves (default: a timed CPU trial takes a whole machine, a proxy trial an equal share)."),
+    gpus_per_trial: float = typer.Option(0.0, min=0.0, help="GPUs each trial reserves (timed trials then run side by side, one per GPU)."),
     threads: Optional[int] = typer.Option(None, min=1, help="Torch threads (default: all cores)."),
 ):
     """Tune the methods on this model and device; write a YAML decoding profile."""
@@ -65,7 +68,9 @@ def profile(
                              time_budget_s=time_budget, search_space=search_space,
                              medusa_heads=medusa_heads, medusa_search_space=medusa_search_space,
                              eagle_head=eagle_head, eagle_search_space=eagle_search_space,
-                             cape_search_space=cape_search_space, ray_address=ray_address)
+                             cape_search_space=cape_search_space, ray_address=ray_address,
+                             workers=workers, cpus_per_trial=cpus_per_trial,
+                             gpus_per_trial=gpus_per_trial)
     result, path = run_profile(options)
     typer.echo(f"wrote {path}")
     for line in verdict(result):
@@ -99,11 +104,42 @@ def bench(
 @app.command()
 @_user_errors
 def validate(profile_path: Path = typer.Argument(..., metavar="PROFILE")):
-    """Check a profile against the schema."""
-    from autotune.profile.io import read_profile
+    """Check a profile against the schema; name each wrong field and what it should be."""
+    from autotune.profile.io import ProfileInvalidError, read_profile
 
-    read_profile(profile_path)
+    try:
+        read_profile(profile_path)
+    except ProfileInvalidError as exc:
+        for problem in exc.problems:  # one line per wrong field
+            typer.echo(f"error: {profile_path}: {problem}", err=True)
+        raise typer.Exit(2) from None
     typer.echo(f"{profile_path}: valid")
+
+
+@app.command()
+@_user_errors
+def export(
+    profile_path: Path = typer.Argument(..., metavar="PROFILE"),
+    engine: str = typer.Option(..., help="vllm, sglang, trtllm, hf, llamacpp or dv."),
+    method: Optional[str] = typer.Option(
+        None, help="self_spec, medusa or eagle (default: the profile's recommended method)."),
+    out: Optional[Path] = typer.Option(None, help="Write to this file instead of stdout."),
+):
+    """Write a profile's settings in a serving engine's own format. What the engine cannot
+    express is printed as a warning and kept as a comment in the output."""
+    from autotune.export import export_profile
+    from autotune.profile.io import check_writable, read_profile
+
+    result = export_profile(read_profile(profile_path), engine, method)
+    if out is not None:
+        check_writable(out)
+    for warning in result.warnings:
+        typer.secho(f"warning: {warning}", fg="yellow", err=True)
+    if out is None:
+        typer.echo(result.text, nl=False)
+        return
+    out.write_text(result.text)
+    typer.echo(f"wrote {out} ({result.engine}, {result.method}; targets {result.engine_version})")
 
 
 @models_app.command("list")
@@ -168,6 +204,148 @@ def heads_train(
                f"{', stopped by --time-budget' if stats.stopped_by_time else ''}) on "
                f"{result.train_tokens} answer tokens in {result.seconds['total']:.0f} s")
     typer.echo(f"wrote {folder}")
+
+
+@app.command()
+@_user_errors
+def latency(
+    model: str = typer.Option("smollm2-135m", help="Alias, local model folder or .gguf file."),
+    model_path: Optional[str] = typer.Option(None, help="Where the weights of the alias are."),
+    random_weights: bool = typer.Option(
+        False, "--random-weights", help="Build the model from its architecture alone (an alias's "
+        "known shapes, or a folder's config.json) with random weights and no tokenizer: time a "
+        "device before the weights are on it."),
+    max_tokens: int = typer.Option(16, min=1, help="Verify sizes n = 1..N new tokens."),
+    dtype: str = typer.Option("float32", help="float32, float16 or bfloat16."),
+    device: str = typer.Option("cpu", help="cpu or cuda."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    threads: Optional[int] = typer.Option(None, min=1, help="Torch threads (default: all cores)."),
+):
+    """This device's verify-latency curve: the time of one target forward over n new tokens
+    after a context, and its cost relative to one token."""
+    from autotune.measure.device_latency import (LatencyRequest, latency_heading,
+                                                 latency_table, measure_device_latency)
+
+    _threads(threads)
+    result = measure_device_latency(LatencyRequest(
+        model=model, model_path=model_path, random_weights=random_weights,
+        max_tokens=max_tokens, dtype=dtype, device=device))
+    if json_out:
+        typer.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    typer.echo(latency_heading(result))
+    _console().print(latency_table(result))
+
+
+studies_app = typer.Typer(no_args_is_help=True,
+                          help="The study database: list, show, trials, plot, delete.")
+app.add_typer(studies_app, name="studies")
+_STORAGE_HELP = "Study database SQLAlchemy URL (default $AUTOTUNE_STORAGE or " \
+                "sqlite:///studies/autotune.db)."
+
+
+def _console():
+    """Rich output, wide when not on a terminal, so that piped study names are never cut."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
+
+
+@studies_app.command("list")
+@_user_errors
+def studies_list(storage: Optional[str] = typer.Option(None, help=_STORAGE_HELP)):
+    """Every study: model, method, trials, best value and measured speedup, last update."""
+    from autotune.studies.inspect import StudyDatabase, studies_table
+
+    db = StudyDatabase(storage)
+    summaries = db.summaries()
+    if not summaries:
+        typer.echo(f"no studies in {db.where}")
+        return
+    typer.echo(f"studies in {db.where}")
+    _console().print(studies_table(summaries))
+
+
+@studies_app.command("show")
+@_user_errors
+def studies_show(
+    name: str = typer.Argument(..., metavar="NAME"),
+    storage: Optional[str] = typer.Option(None, help=_STORAGE_HELP),
+    profiles: Path = typer.Option(Path("profiles"), help="Folder of profiles to search for the "
+                                                         "one this study fed."),
+):
+    """A study's best parameters and measured figures, its attributes, and the profile it fed."""
+    from autotune.studies.inspect import StudyDatabase, profiles_naming, show_lines
+
+    db = StudyDatabase(storage)
+    summary = db.summary(name)
+    for line in show_lines(summary, list(profiles_naming(summary, profiles)), profiles, db.where):
+        typer.echo(line)
+
+
+@studies_app.command("trials")
+@_user_errors
+def studies_trials(
+    name: str = typer.Argument(..., metavar="NAME"),
+    storage: Optional[str] = typer.Option(None, help=_STORAGE_HELP),
+    top: Optional[int] = typer.Option(None, min=1, help="Only the N best trials."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object, every "
+                                                        "parameter and measured figure."),
+):
+    """A study's trials, best first: number, state, value, parameters, fail reason, duration."""
+    from autotune.studies.inspect import (StudyDatabase, constant_params_note, trials_heading,
+                                          trials_table)
+
+    summary = StudyDatabase(storage).summary(name)
+    rows = summary.trials[:top] if top else summary.trials
+    if json_out:
+        typer.echo(json.dumps({"study": summary.name, "direction": summary.direction,
+                               "objective": summary.user_attrs.get("objective"),
+                               "trials": [row.as_dict() for row in rows]}, indent=2, default=str))
+        return
+    typer.echo(trials_heading(summary, rows))
+    _console().print(trials_table(rows))
+    note = constant_params_note(rows)
+    if note:
+        typer.echo(note)
+
+
+@studies_app.command("plot")
+@_user_errors
+def studies_plot(
+    name: str = typer.Argument(..., metavar="NAME"),
+    storage: Optional[str] = typer.Option(None, help=_STORAGE_HELP),
+    out: Path = typer.Option(Path("studies/plots"), help="Folder for the PNG files."),
+):
+    """Optimisation history and parameter importance of a study, as PNG files."""
+    from autotune.studies.inspect import StudyDatabase, plot_study
+
+    result = plot_study(StudyDatabase(storage).load(name), out)
+    for reason in result.skipped:
+        typer.secho(f"note: {reason}", fg="yellow", err=True)
+    for path in result.written:
+        typer.echo(f"wrote {path}")
+
+
+@studies_app.command("delete")
+@_user_errors
+def studies_delete(
+    name: str = typer.Argument(..., metavar="NAME"),
+    storage: Optional[str] = typer.Option(None, help=_STORAGE_HELP),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Delete without asking."),
+):
+    """Delete one study and its trials (nothing else: measurements and profiles stay)."""
+    from autotune.studies.inspect import StudyDatabase
+
+    db = StudyDatabase(storage)
+    trials = len(db.summary(name).trials)
+    if not yes and not typer.confirm(f"delete study {name} and its {trials} trials from "
+                                     f"{db.where}?", default=False):
+        typer.echo("not deleted", err=True)
+        raise typer.Exit(1)
+    db.delete(name)
+    typer.echo(f"deleted study {name} ({trials} trials)")
 
 
 def main() -> None:  # pragma: no cover

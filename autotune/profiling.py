@@ -35,7 +35,9 @@ class ProfileOptions:
     eagle_search_space: str | None = None
     cape_search_space: str | None = None
     ray_address: str | None = None
-    workers: int = 1
+    workers: int = 1                  # trials at once
+    cpus_per_trial: float | None = None  # None: the rule of studies.tune.trial_resources
+    gpus_per_trial: float = 0.0
     dtype: str = "float32"
     device: str = "cpu"
 
@@ -125,6 +127,7 @@ def _check_medusa_heads(options: ProfileOptions) -> None:
 
 
 def run_profile(options: ProfileOptions) -> tuple[Profile, Path]:
+    from autotune.studies.tune import Workers
     from autotune.tuners.self_spec import SearchLimits, tune_self_spec
     from autotune.tuners.cape import cape_block, fit_eagle_cape, fit_self_spec_cape
     from autotune.tuners.space import (load_cape_space, load_eagle_space, load_medusa_space,
@@ -145,8 +148,9 @@ def run_profile(options: ProfileOptions) -> tuple[Profile, Path]:
     ws = Workspace.open(ref, options.prompts, options.storage)
     out = options.out or default_out(ws.target.name)
     check_writable(out)
-    limits = SearchLimits(options.trials, options.time_budget_s, options.workers,
-                          options.ray_address)
+    limits = SearchLimits(options.trials, options.time_budget_s,
+                          Workers(options.workers, options.cpus_per_trial,
+                                  options.gpus_per_trial, options.ray_address))
     methods = Methods()
     if "self-spec" in options.methods:
         result = tune_self_spec(ws, space, limits)

@@ -51,8 +51,9 @@ class SublayerCosts:
 
 def _prepared_cache(runner: Runner, context: int):
     cache = runner.new_cache(capacity=context + 160)
-    tokens = torch.randint(0, runner.config.vocab_size, (context,), device=runner.device,
-                           generator=torch.Generator().manual_seed(0))
+    # drawn on the CPU (a CPU generator cannot draw on CUDA), then moved
+    tokens = torch.randint(0, runner.config.vocab_size, (context,),
+                           generator=torch.Generator().manual_seed(0)).to(runner.device)
     runner.forward(tokens, torch.arange(context, device=runner.device), cache, last_only=True)
     return cache
 

@@ -1,8 +1,10 @@
 """The study database: Optuna's storage plus our own measurement cache, one SQLAlchemy URL."""
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -36,15 +38,17 @@ def _check_url(url: str) -> None:
 
 def open_storage(url: str | None = None):
     """Optuna RDB storage for ``url``; fails with one line when it cannot be used."""
-    import optuna
     from sqlalchemy.exc import SQLAlchemyError
 
     url = storage_url(url)
     _check_url(url)
     try:
-        return optuna.storages.RDBStorage(url, skip_compatibility_check=False)
-    except (SQLAlchemyError, ImportError, ValueError) as exc:
-        reason = str(exc).strip().splitlines()[0][:200]
+        from autotune.studies.rdb import connect
+
+        return connect(url)
+    except (SQLAlchemyError, ImportError, ValueError, RuntimeError) as exc:
+        # RuntimeError: a database whose schema another Optuna version wrote
+        reason = str(exc).strip().splitlines()[0][:300]
         raise StorageError(f"cannot open the study database {_redact(url)}: {reason}; "
                            "check --storage or AUTOTUNE_STORAGE") from None
 
@@ -70,7 +74,7 @@ class MeasurementCache:
         url = storage_url(url)
         _check_url(url)
         try:
-            self._engine = sa.create_engine(url)
+            self._engine = sa.create_engine(url, **_engine_kwargs(url))
         except (sa.exc.SQLAlchemyError, ImportError) as exc:
             raise StorageError(f"cannot open the study database {_redact(url)}: "
                                f"{str(exc).splitlines()[0][:200]}; install its driver or "
@@ -85,11 +89,19 @@ class MeasurementCache:
             sa.Column("payload", sa.Text, nullable=False),
             sa.Column("created", sa.DateTime(timezone=True), nullable=False),
         )
-        try:
-            meta.create_all(self._engine)
-        except sa.exc.SQLAlchemyError as exc:
-            raise StorageError(f"cannot use the study database {_redact(url)}: "
-                               f"{str(exc).splitlines()[0][:200]}") from None
+        for attempt in range(3):  # a fresh database: another process may create it too
+            try:
+                meta.create_all(self._engine)
+                return
+            except sa.exc.SQLAlchemyError as exc:
+                from autotune.studies.rdb import created_meanwhile
+
+                error = exc
+                if not created_meanwhile(exc):
+                    break
+                time.sleep(0.5 * (attempt + 1))
+        raise StorageError(f"cannot use the study database {_redact(url)}: "
+                           f"{str(error).splitlines()[0][:200]}")
 
     def get(self, kind: str, fingerprint: str, hardware: str, key: str):
         import sqlalchemy as sa
@@ -106,7 +118,25 @@ class MeasurementCache:
 
         t = self._table
         ident = dict(kind=kind, fingerprint=fingerprint, hardware=hardware, key=key)
+        row = dict(ident, payload=json.dumps(payload), created=datetime.now(timezone.utc))
         with self._engine.begin() as conn:
-            conn.execute(sa.delete(t).where(*(t.c[k] == v for k, v in ident.items())))
-            conn.execute(sa.insert(t).values(**ident, payload=json.dumps(payload),
-                                             created=datetime.now(timezone.utc)))
+            dialect = conn.dialect.name
+            if dialect in ("postgresql", "sqlite"):
+                # one statement: two processes writing the same key cannot collide
+                insert = importlib.import_module(f"sqlalchemy.dialects.{dialect}").insert
+                stmt = insert(t).values(**row)
+                conn.execute(stmt.on_conflict_do_update(
+                    index_elements=list(ident),
+                    set_={"payload": stmt.excluded.payload, "created": stmt.excluded.created}))
+            else:
+                conn.execute(sa.delete(t).where(*(t.c[k] == v for k, v in ident.items())))
+                conn.execute(sa.insert(t).values(**row))
+
+
+def _engine_kwargs(url: str) -> dict:
+    """SQLite takes one writer at a time: wait for the lock rather than fail."""
+    from sqlalchemy.engine import make_url
+
+    if make_url(url).get_backend_name() == "sqlite":
+        return {"connect_args": {"timeout": 60}}
+    return {}

@@ -1,21 +1,45 @@
 """Run an Optuna study through Ray Tune: Ray runs the trials, Optuna (bound to the study
 database) suggests them. Thin adapter; the objectives live in ``autotune.tuners``.
-Imports Ray: import this module only where a study runs."""
+Imports Ray: import this module only where a study runs.
+
+Faults, and where each is handled:
+- a trial that raises (MemoryError and CUDA out-of-memory included) or returns NaN:
+  ``_reporting`` and ``RecordingOptunaSearch.on_trial_complete`` record it as FAIL with
+  its reason (Optuna refuses NaN in ``tell`` and OptunaSearch swallows that refusal,
+  which would leave the trial RUNNING); the study goes on;
+- a Ray worker or node that dies under a trial, or a trial Tune stops before it reports
+  (time budget, Ctrl-C): FAIL with the reason, parameters queued once more;
+- a `profile` process that dies: its RUNNING trials are failed and queued again by the
+  next run, or by a run beside it (``autotune.studies.trials``);
+- two processes on one study: trial numbers and queued trials are Optuna's, under row
+  locks; the trial budget is the study's, counted in the database, so together they run
+  it once;
+- the database password: the storage pickles without it (``autotune.studies.rdb``) and
+  the searcher writes no checkpoint of its own (the study database is the checkpoint).
+"""
 from __future__ import annotations
 
 import contextlib
 import math
 import os
+import socket
 import sys
 import tempfile
+import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import optuna
+from optuna.exceptions import UpdateFinishedTrialError
 from ray.tune import Callback
+from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from autotune.studies import trials as held
+from autotune.studies.trials import fail_stale_trials  # noqa: F401  (re-exported)
 
 
 @dataclass
@@ -28,8 +52,51 @@ class StudySpec:
     sampler: Any = None
     seeds: list[dict] = field(default_factory=list)
     time_budget_s: float | None = None
-    cpus_per_trial: float = 1.0
+    timed: bool = False             # the objective measures wall-clock time
+    threads: int | None = None      # torch threads of a timed trial: the main process's, so
+                                    # trial timings compare with its own (default: cores reserved)
     user_attrs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Workers:
+    """Where trials run: ``count`` at once (at most), each reserving ``cpus_per_trial``
+    cores and ``gpus_per_trial`` GPUs, on a local Ray instance sized to this machine or
+    on the cluster at ``ray_address``. See ``trial_resources`` for the defaults."""
+
+    count: int = 1
+    cpus_per_trial: float | None = None
+    gpus_per_trial: float = 0.0
+    ray_address: str | None = None
+
+
+def trial_resources(workers: Workers, timed: bool, nodes: list[dict]) -> tuple[dict, int]:
+    """What one trial reserves, and how many trials run at once, on these Ray nodes
+    (each a resource dict: {"CPU": 8, "GPU": 1, ...}).
+
+    The rule: a trial that times wall clock on CPU reserves every core of the largest
+    node, so no two timed trials share a machine (one timed trial per machine; it runs
+    ``StudySpec.threads`` torch threads, as the main process does); with GPUs, each trial
+    has its GPUs to itself and one core. A trial that does not time (a proxy objective)
+    gets an equal share of the largest node, and as many torch threads.
+    ``--cpus-per-trial`` overrides the cores.
+    """
+    largest = max((n.get("CPU", 0.0) for n in nodes), default=1.0) or 1.0
+    gpus = workers.gpus_per_trial
+    if workers.cpus_per_trial is not None:
+        cpus = workers.cpus_per_trial
+    elif gpus:
+        cpus = 1.0
+    elif timed:
+        cpus = largest
+    else:
+        cpus = max(1.0, float(largest // max(1, workers.count)))
+    cpus = min(cpus, largest)
+    capacity = sum(int(n.get("CPU", 0.0) // cpus) for n in nodes) if cpus else workers.count
+    if gpus:
+        capacity = min(capacity, sum(int(n.get("GPU", 0.0) // gpus) for n in nodes))
+    resources = {"cpu": cpus, "gpu": gpus} if gpus else {"cpu": cpus}
+    return resources, max(1, min(workers.count, capacity))
 
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -37,35 +104,40 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 
 
 def init_ray(address: str | None = None) -> None:
+    """Join the cluster at ``address``, or start a local Ray instance sized to this
+    machine (all its cores; its GPUs are found by Ray)."""
     import ray
 
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    # Ctrl-C stops `profile`, not only the study under way (Tune would swallow it, and
+    # the next step would start); the trials it stops are queued again for the next run
+    os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
     if address:
-        ray.init(address=address, log_to_driver=False)
+        ray.init(address=address, log_to_driver=False, configure_logging=True,
+                 logging_level="ERROR")
     else:
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
                  configure_logging=True, logging_level="ERROR")
 
 
-def fail_stale_trials(study) -> int:
-    """Trials left RUNNING by a process that died: Optuna's heartbeat does not cover the
-    ask/tell interface Ray drives, so we close them ourselves before resuming."""
+def _waiting(study) -> int:
+    return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
 
-    stale = [t for t in study.get_trials() if t.state == optuna.trial.TrialState.RUNNING]
-    for trial in stale:
-        study._storage.set_trial_user_attr(trial._trial_id, "fail_reason",
-                                             "left running by an interrupted run")
-        study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
-    return len(stale)
+
+def _nodes() -> list[dict]:
+    import ray
+
+    return [n["Resources"] for n in ray.nodes() if n.get("Alive")]
 
 
 def run_study(spec: StudySpec, objective: Callable[[dict], dict], *, label: str,
-              ray_address: str | None = None, workers: int = 1):
-    """Run until ``spec.trials`` trials have finished in the study (or the time budget
-    is spent); return the Optuna study."""
+              workers: Workers = Workers()):
+    """Run until ``spec.trials`` trials have finished in the study, counting those of
+    earlier runs and of runs beside this one (or until the time budget is spent);
+    return the Optuna study."""
     from ray import tune
     from ray.tune.search import ConcurrencyLimiter
 
@@ -77,105 +149,284 @@ def run_study(spec: StudySpec, objective: Callable[[dict], dict], *, label: str,
     for key, value in spec.user_attrs.items():
         study.set_user_attr(key, value)
     fail_stale_trials(study)
-    finished = [t for t in study.get_trials() if t.state.is_finished()]
-    remaining = spec.trials - len(finished)
+    remaining = spec.trials - held.counted(study.get_trials(deepcopy=False))
     if remaining <= 0:
         return study
-    done_params = [t.params for t in finished]
-    seeds = [s for s in spec.seeds if s not in done_params]
+    for seed in spec.seeds:  # seeds already tried (or queued) here or elsewhere are skipped
+        study.enqueue_trial(seed, skip_if_exists=True)
+    init_ray(workers.ray_address)
+    resources, at_once = trial_resources(workers, spec.timed, _nodes())
+    key = f"{label}:{os.getpid()}:{time.monotonic()}"
     searcher = RecordingOptunaSearch(space=spec.space, metric=spec.metric, mode="max",
-                            sampler=spec.sampler, study_name=spec.name, storage=storage,
-                            points_to_evaluate=seeds or None)
-    searcher = ConcurrencyLimiter(searcher, max_concurrent=max(1, workers))
-    init_ray(ray_address)
-    with _progress(label, total=remaining) as callback:
-        tuner = tune.Tuner(
-            tune.with_resources(_reporting(objective), {"cpu": spec.cpus_per_trial}),
-            tune_config=tune.TuneConfig(search_alg=searcher, num_samples=remaining,
-                                        time_budget_s=spec.time_budget_s, reuse_actors=True),
-            run_config=tune.RunConfig(name=_run_name(spec.name), verbose=0,
-                                      storage_path=_ray_results_dir(), callbacks=[callback],
-                                      failure_config=tune.FailureConfig(max_failures=0)),
-        )
-        # Ray prints its experiment summary on stdout; keep stdout for our results (--json).
-        with contextlib.redirect_stdout(sys.stderr):
-            tuner.fit()
+                                     sampler=spec.sampler, study_name=spec.name,
+                                     storage=storage, budget=spec.trials, key=key)
+    with _progress(label, key, total=remaining) as callback, _heartbeat(searcher, study):
+        try:
+            tuner = tune.Tuner(
+                tune.with_resources(_reporting(objective, spec.threads if spec.timed else None),
+                                    resources),
+                # the searcher says when the budget is spent; this bound only allows for
+                # trials queued again (each at most once) and for workers at once
+                tune_config=tune.TuneConfig(
+                    search_alg=ConcurrencyLimiter(searcher, max_concurrent=at_once),
+                    num_samples=2 * remaining + _waiting(study) + at_once,
+                    time_budget_s=spec.time_budget_s, reuse_actors=True),
+                run_config=tune.RunConfig(
+                    name=_run_name(spec.name), verbose=0, storage_path=_ray_results_dir(),
+                    callbacks=[callback], failure_config=tune.FailureConfig(max_failures=0)),
+            )
+            # Ray prints its experiment summary on stdout; keep stdout for our results (--json).
+            with contextlib.redirect_stdout(sys.stderr):
+                tuner.fit()
+        finally:
+            searcher.release_unfinished("stopped before it finished (time budget spent, "
+                                        "or the run was interrupted)")
     return optuna.load_study(study_name=spec.name, storage=storage)
 
 
 ATTR_PREFIX = "attr_"
 
 
-def _reporting(objective: Callable[[dict], dict]):
+def _reporting(objective: Callable[[dict], dict], threads: int | None = None):
     """Wrap an objective so that every outcome reaches the searcher as a result: a
     crash inside the objective becomes a NaN objective with its reason attached."""
 
     def trainable(config: dict) -> None:
         from ray import tune
 
+        from autotune.studies.worker import built
+
+        _set_threads(threads)
         try:
             result = objective(config)
         except Exception as exc:  # recorded as a failed trial; the study goes on
-            result = {"objective": math.nan,
-                      "fail_reason": f"{type(exc).__name__}: {exc}"[:500]}
+            result = {"objective": math.nan, "fail_reason": _failure(exc)}
+        # which worker ran it, and how often that worker has loaded the target (once)
+        result = {**result, "worker": f"{socket.gethostname()}:{os.getpid()}",
+                  "target_loads": built("target")}
         tune.report({"objective": result.get("objective", math.nan),
                      **{ATTR_PREFIX + k: v for k, v in result.items()}})
     trainable.__name__ = getattr(objective, "__name__", type(objective).__name__)
     return trainable
 
 
+def _failure(exc: Exception) -> str:
+    """The reason of a failed trial; out of memory is said so, and memory given back."""
+    reason = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        import gc
+
+        gc.collect()
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        reason = f"out of memory: {reason}"
+    return reason[:500]
+
+
+def _set_threads(threads: int | None) -> None:
+    """Torch threads of this trial: ``threads``, or the cores it reserved (Ray sets
+    OMP_NUM_THREADS to those when it starts a worker, before torch is imported)."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+        return
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    import ray
+
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+    if cpus:
+        torch.set_num_threads(max(1, int(cpus)))
+
+
 class RecordingOptunaSearch(OptunaSearch):
-    """OptunaSearch that keeps each trial's reported figures as user attributes and
-    records a NaN or failed trial as FAIL with its reason (OptunaSearch would swallow
-    Optuna's refusal of NaN and leave the trial RUNNING)."""
+    """OptunaSearch that
+    - stops asking once the study (in the database, all processes together) has
+      ``budget`` counted trials, or the trials running could reach it (waiting for its
+      own, which may yet fail and be queued again);
+    - marks each trial it asks for as held by this process (``trials.claim``);
+    - keeps each trial's reported figures as user attributes;
+    - records a NaN or failed trial as FAIL with its reason (OptunaSearch would swallow
+      Optuna's refusal of NaN and leave the trial RUNNING);
+    - fails a trial whose worker died, or that Tune stopped before it reported, and
+      queues its parameters again;
+    - writes no checkpoint: the study database is the checkpoint (and a pickled storage
+      is how a password would reach the disk)."""
+
+    def __init__(self, *args, budget: int, key: str = "", **kwargs):
+        if not kwargs.get("study_name"):  # OptunaSearch would call every study "optuna"
+            raise ValueError("RecordingOptunaSearch needs an explicit study_name")
+        super().__init__(*args, **kwargs)
+        self._budget = budget
+        self._key = key
+        self._checked = -math.inf  # monotonic time of the last "wait" verdict
+
+    def suggest(self, trial_id):
+        if trial_id not in self._ot_trials:
+            verdict = self._budget_verdict()
+            if verdict is not True:
+                return verdict
+        params = super().suggest(trial_id)
+        held.claim(self._ot_trials[trial_id])
+        return params
+
+    def _budget_verdict(self):
+        """True: ask for a trial; FINISHED: the budget is spent; None: not now."""
+        if time.monotonic() - self._checked < 1.0:
+            time.sleep(0.1)  # Tune asks again at once: don't spin while waiting
+            return None
+        trials = self._ot_study.get_trials(deepcopy=False)
+        counted = held.counted(trials)
+        if counted >= self._budget:
+            return Searcher.FINISHED
+        running = [t._trial_id for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+        if counted + len(running) >= self._budget:
+            if not set(running) & set(self.held_trial_ids()):
+                # the rest is in other processes' hands; waiting here would keep this
+                # run's idle workers, and so the cores their trials wait for
+                return Searcher.FINISHED
+            self._checked = time.monotonic()  # ours may yet fail and be queued again
+            return None
+        return True
+
+    def held_trial_ids(self) -> list[int]:
+        return [t._trial_id for tid, t in list(self._ot_trials.items())
+                if tid not in self._completed_trials]
 
     def on_trial_complete(self, trial_id, result=None, error=False):
         ot_trial = self._ot_trials.get(trial_id)
         if ot_trial is None or trial_id in self._completed_trials:
-            return super().on_trial_complete(trial_id, result, error)
-        for key, value in (result or {}).items():
-            if key.startswith(ATTR_PREFIX) and isinstance(value, (bool, int, float, str, list, dict)):
-                ot_trial.set_user_attr(key[len(ATTR_PREFIX):], value)
-        value = (result or {}).get("objective")
-        if value is None or not math.isfinite(value):
-            if error:
-                ot_trial.set_user_attr("fail_reason", "the worker running the trial died")
-            elif "fail_reason" not in ot_trial.user_attrs:
-                ot_trial.set_user_attr("fail_reason", f"objective was {value}")
-            self._ot_study.tell(ot_trial, None, state=optuna.trial.TrialState.FAIL)
-            self._completed_trials.add(trial_id)
             return None
-        return super().on_trial_complete(trial_id, result, error)
+        self._completed_trials.add(trial_id)
+        self._checked = -math.inf
+        try:
+            self._record(trial_id, ot_trial, result, error)
+        except UpdateFinishedTrialError:  # failed meanwhile as stale by another process
+            pass
+        return None
+
+    def _record(self, trial_id, ot_trial, result, error) -> None:
+        result = result or {}
+        value = result.get("objective")
+        if error or value is None:
+            reason = _worker_error(self._key, trial_id) if error else \
+                "stopped before it reported (time budget spent, or the run was interrupted)"
+            self._release(ot_trial, reason)
+            return
+        for key, attr in result.items():
+            if key.startswith(ATTR_PREFIX) and isinstance(attr, (bool, int, float, str, list, dict)):
+                ot_trial.set_user_attr(key[len(ATTR_PREFIX):], attr)
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            if not result.get(ATTR_PREFIX + "fail_reason"):
+                ot_trial.set_user_attr("fail_reason", f"objective was {value!r}")
+            self._ot_study.tell(ot_trial, None, state=optuna.trial.TrialState.FAIL)
+            return
+        self._ot_study.tell(ot_trial, float(value))
+
+    def _release(self, ot_trial, reason: str) -> None:
+        frozen = self._ot_study._storage.get_trial(ot_trial._trial_id)
+        held.fail_and_requeue(self._ot_study, frozen, reason)
+
+    def release_unfinished(self, reason: str) -> None:
+        """Trials this run asked for and never heard of again (Tune ends a run without
+        telling the searcher about the trials it stops)."""
+        if self._ot_study is None:
+            return
+        for tid, ot_trial in list(self._ot_trials.items()):
+            if tid in self._completed_trials:
+                continue
+            self._completed_trials.add(tid)
+            with contextlib.suppress(UpdateFinishedTrialError):
+                self._release(ot_trial, reason)
+
+    def save(self, checkpoint_path: str):
+        raise NotImplementedError("the study database is the checkpoint")
+
+
+def _worker_error(key: str, trial_id: str) -> str:
+    """Why Ray lost a trial, from the error Tune wrote for it."""
+    trial = _RUNS.get(key, {}).get("trials", {}).get(trial_id)
+    text = ""
+    path = getattr(trial, "error_file", None)
+    if path and os.path.exists(path):
+        with open(path, errors="replace") as stream:
+            text = stream.read()
+    # e.g. "ray.exceptions.ActorDiedError: The actor died unexpectedly ...", then
+    # "The actor is dead because its worker process has died. Worker exit type: ..."
+    errors = [line.strip() for line in text.splitlines() if line.startswith("ray.exceptions.")]
+    causes = [line.strip().split(". ")[0] for line in text.splitlines() if " because " in line]
+    detail = "; ".join(dict.fromkeys((errors[-1:] + causes[-1:])))
+    # Ray's memory monitor killed it (not merely Ray's list of "common causes")
+    memory = "out of memory: " if "OutOfMemoryError" in text else ""
+    return (f"{memory}the Ray worker running it died" + (f" ({detail})" if detail else ""))[:400]
 
 
 def _run_name(study_name: str) -> str:
-    return study_name.replace("/", "__").replace(":", "_")
+    """A Ray experiment folder of its own for each run: two processes on one study must
+    not share one."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return f"{study_name.replace('/', '__').replace(':', '_')}-{stamp}-{os.getpid()}"
 
 
 def _ray_results_dir() -> str:
-    path = os.path.join(tempfile.gettempdir(), "autotune-ray")
+    """Ray Tune's experiment folders. Nothing there is read back: resuming goes
+    through the study database."""
+    path = os.environ.get("AUTOTUNE_RAY_RESULTS") or os.path.join(tempfile.gettempdir(),
+                                                                   "autotune-ray")
     os.makedirs(path, exist_ok=True)
     return path
 
 
-_BARS: dict[str, tuple] = {}  # Tune pickles its callbacks: they hold a key, not the bar
+@contextlib.contextmanager
+def _heartbeat(searcher: RecordingOptunaSearch, study):
+    """While the run lasts: a heartbeat for the trials it holds, and now and then a look
+    for trials that a process beside it left behind."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        last_scan = time.monotonic()
+        while not stop.wait(held.HEARTBEAT_S):
+            with contextlib.suppress(Exception):  # a missed beat is not worth a crash
+                held.beat(study._storage, searcher.held_trial_ids())
+                if time.monotonic() - last_scan > 3 * held.HEARTBEAT_S:
+                    fail_stale_trials(study)
+                    last_scan = time.monotonic()
+
+    thread = threading.Thread(target=beat, name="autotune-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
 
 
-class _ProgressCallback(Callback):
-    """Advances a rich progress bar as Ray Tune finishes trials."""
+_RUNS: dict[str, dict] = {}  # Tune pickles its callbacks: they hold a key, not the bar
+
+
+class _RunCallback(Callback):
+    """Keeps Tune's trials at hand (their error files say why a worker died) and
+    advances a rich progress bar as Ray Tune finishes trials."""
 
     def __init__(self, key: str):
         self.key = key
 
+    def on_trial_start(self, iteration, trials, trial, **info):
+        if self.key in _RUNS:
+            _RUNS[self.key]["trials"][trial.trial_id] = trial
+
     def _advance(self, trial) -> None:
-        if self.key not in _BARS:
+        if self.key not in _RUNS:
             return
-        bar, task, best = _BARS[self.key]
+        run = _RUNS[self.key]
         value = (trial.last_result or {}).get("objective")
-        if value is not None and math.isfinite(value) and value > best[0]:
-            best[0] = value
-            bar.update(task, best=f"{value:.3f}")
-        bar.advance(task)
+        if value is not None and math.isfinite(value) and value > run["best"]:
+            run["best"] = value
+            run["bar"].update(run["task"], best=f"{value:.3f}")
+        run["bar"].advance(run["task"])
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self._advance(trial)
@@ -185,10 +436,10 @@ class _ProgressCallback(Callback):
 
 
 class _progress:
-    def __init__(self, label: str, total: int):
-        self.label, self.total = label, total
+    def __init__(self, label: str, key: str, total: int):
+        self.label, self.key, self.total = label, key, total
 
-    def __enter__(self) -> _ProgressCallback:
+    def __enter__(self) -> _RunCallback:
         from autotune.progress import console
 
         bar = Progress(TextColumn("{task.description}"), BarColumn(),
@@ -196,11 +447,10 @@ class _progress:
                        TextColumn("best {task.fields[best]}"), TimeElapsedColumn(),
                        TextColumn("eta"), TimeRemainingColumn(), console=console)
         task = bar.add_task(self.label, total=self.total, best="-")
-        _BARS[self.label] = (bar, task, [-math.inf])
+        _RUNS[self.key] = {"bar": bar, "task": task, "best": -math.inf, "trials": {}}
         bar.start()
-        return _ProgressCallback(self.label)
+        return _RunCallback(self.key)
 
     def __exit__(self, *exc):
-        bar, _, _ = _BARS.pop(self.label)
-        bar.stop()
+        _RUNS.pop(self.key)["bar"].stop()
         return False

@@ -310,13 +310,12 @@ class EagleSearch:
             name=name, storage_url=self.ws.storage, space=distributions, metric="objective",
             trials=trials, seeds=seeds, time_budget_s=budget,
             sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=len(seeds)),
-            cpus_per_trial=self.ws.hardware["threads"],
+            timed=True, threads=self.ws.hardware["threads"],
             user_attrs={"model": self.ws.target.name, "fingerprint": self.ws.target.fingerprint,
                         "method": "eagle", "tree_kind": kind, "head": self.head_dir,
                         "objective": "measured speedup"}),
             EagleTreeObjective(self.ws.ref, self.head_dir, kind, paths, self.confirm, tokens),
-            label=f"eagle {kind}-tree study (measured)", ray_address=self.limits.ray_address,
-            workers=1)
+            label=f"eagle {kind}-tree study (measured)", workers=self.limits.workers)
 
     def _choice(self, kind: str, params: dict) -> EagleChoice:
         vocab = int(params["vocab"])

@@ -205,12 +205,12 @@ def search_medusa(ws: Workspace, space: MedusaSpace, heads_dir: str, limits) -> 
         sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=len(seeds)), seeds=seeds,
         # at least long enough for a trial or two: the calibration may have used it all
         time_budget_s=None if budget is None else max(60.0, budget - (time.monotonic() - started)),
-        cpus_per_trial=ws.hardware["threads"],
+        timed=True, threads=ws.hardware["threads"],
         user_attrs={"model": name, "fingerprint": ws.target.fingerprint, "method": "medusa",
                     "heads": str(Path(heads_dir).resolve()), "objective": "measured speedup"}),
         MedusaTreeObjective(ws.ref, str(Path(heads_dir).resolve()), accuracy.path_accuracy,
                             space.calibration.max_rank, confirm, space.tree.confirm_tokens),
-        label="medusa tree study (measured)", ray_address=limits.ray_address, workers=1)
+        label="medusa tree study (measured)", workers=limits.workers)
     done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     if done:
         best = max(done, key=lambda t: t.value)

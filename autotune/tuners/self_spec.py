@@ -3,7 +3,7 @@ confirmation of the best masks, draft-exit tuning, held-back measurement."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import optuna
 
@@ -13,7 +13,7 @@ from autotune.engine.skip import SkipMask
 from autotune.measure.timing import Measurement, measure_with_progress
 from autotune.progress import say
 from autotune.prompts import split_prompts
-from autotune.studies.tune import StudySpec, run_study
+from autotune.studies.tune import StudySpec, Workers, run_study
 from autotune.tuners import draft_exit, skip_mask
 from autotune.tuners.space import SelfSpecSpace
 from autotune.workspace import Workspace
@@ -23,8 +23,7 @@ from autotune.workspace import Workspace
 class SearchLimits:
     trials: int | None = None          # mask-search trials; None: the search space's
     time_budget_s: float | None = None  # for both studies together
-    workers: int = 1
-    ray_address: str | None = None
+    workers: Workers = field(default_factory=Workers)  # where trials run, how many at once
 
 
 @dataclass
@@ -91,11 +90,11 @@ def search_self_spec(ws: Workspace, space: SelfSpecSpace, limits: SearchLimits) 
         trials=limits.trials or mask_space.trials, sampler=_sampler(mask_space.sampler),
         seeds=[skip_mask.params_from_mask(m, mask_space, num_layers)
                for m in skip_mask.seed_masks(mask_space, num_layers)],
-        time_budget_s=remaining(0.6), cpus_per_trial=ws.hardware["threads"],
+        time_budget_s=remaining(0.6), timed=False,
         user_attrs={"model": name, "fingerprint": ws.target.fingerprint, "method": "self_spec",
                     "objective": "proxy speedup (teacher-forced draft traces, measured costs)"}),
         skip_mask.SkipMaskObjective(ws.ref, calibration, costs, verify_relative, mask_space),
-        label="skip-mask search (proxy)", ray_address=limits.ray_address, workers=limits.workers)
+        label="skip-mask search (proxy)", workers=limits.workers)
 
     # 2. Confirm the best distinct masks by wall-clock decoding on search prompts.
     measure = space.measure
@@ -119,11 +118,11 @@ def search_self_spec(ws: Workspace, space: SelfSpecSpace, limits: SearchLimits) 
         trials=exit_space.trials, sampler=_exit_sampler(),
         seeds=[draft_exit.params_from_policy(proxy_policy, exit_space),
                draft_exit.params_from_policy(DV_DEFAULT_POLICY, exit_space)],
-        time_budget_s=remaining(0.9), cpus_per_trial=ws.hardware["threads"],
+        time_budget_s=remaining(0.9), timed=True, threads=ws.hardware["threads"],
         user_attrs={"model": name, "fingerprint": ws.target.fingerprint, "method": "self_spec",
                     "skip": skip.as_dict(), "objective": "measured speedup"}),
         draft_exit.DraftExitObjective(ws.ref, skip, trial_prompts, measure.search_tokens),
-        label="draft-exit tuning (measured)", ray_address=limits.ray_address, workers=1)
+        label="draft-exit tuning (measured)", workers=limits.workers)
     exit_done = exit_study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     # With the time budget spent before any exit trial finished, keep the confirmed policy.
     policy = draft_exit.policy_from_params(exit_study.best_trial.params) if exit_done \

@@ -1,0 +1,92 @@
+"""Optuna's RDB storage as autotune opens it: pickled without the database password,
+and with SQLite set up for more than one writing process. Imports Optuna."""
+from __future__ import annotations
+
+import os
+import time
+
+import optuna
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+
+SQLITE_BUSY_TIMEOUT_S = 60   # SQLite takes one writer at a time: wait for the lock, don't fail
+CREATE_TRIES = 3             # two processes creating the tables of a fresh database can collide
+
+_URLS: dict[str, str] = {}   # redacted URL -> URL, for unpickling in this process only
+
+
+def redact(url: str) -> str:
+    """The URL with its password shown as ***."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
+class RDBStorage(optuna.storages.RDBStorage):
+    """Optuna's RDB storage whose pickled form has no database password.
+
+    Ray Tune pickles its searcher, and so this storage, into the experiment folder
+    (``tuner.pkl``, searcher checkpoints). Unpickled in the process that opened it, or in
+    one whose ``$AUTOTUNE_STORAGE`` is the same URL (Ray workers inherit it), it gets its
+    password back; anywhere else it connects without one.
+    """
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        hidden = redact(self.url)
+        if hidden != self.url:
+            _URLS[hidden] = self.url
+            state["url"] = hidden
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        state["url"] = _password_back(state["url"])
+        super().__setstate__(state)
+
+
+def _password_back(hidden: str) -> str:
+    if hidden in _URLS:
+        return _URLS[hidden]
+    env = os.environ.get("AUTOTUNE_STORAGE")
+    if env and redact(env) == hidden:
+        return env
+    return hidden
+
+
+def connect(url: str) -> RDBStorage:
+    """Open (and on first use create) the Optuna tables behind ``url``."""
+    kwargs = {}
+    if make_url(url).get_backend_name() == "sqlite":
+        kwargs = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}}
+        _sqlite_wal(url)
+    for attempt in range(CREATE_TRIES):
+        try:
+            return RDBStorage(url, engine_kwargs=kwargs, skip_compatibility_check=False)
+        except (IntegrityError, ProgrammingError, OperationalError) as exc:
+            if attempt == CREATE_TRIES - 1 or not created_meanwhile(exc):
+                raise
+            time.sleep(0.5 * (attempt + 1))  # and look again
+    raise AssertionError("unreachable")
+
+
+def created_meanwhile(exc: Exception) -> bool:
+    """Another process created the same table a moment earlier (PostgreSQL: a unique
+    violation in its catalogue, or "already exists"; SQLite: "already exists")."""
+    return isinstance(exc, IntegrityError) or "already exists" in str(exc)
+
+
+def _sqlite_wal(url: str) -> None:
+    """Write-ahead logging: readers no longer block the writer, so several processes
+    (two `profile` runs, the study commands) can share one SQLite file. Persistent."""
+    import sqlite3
+
+    path = make_url(url).database
+    if not path or path == ":memory:":
+        return
+    try:
+        conn = sqlite3.connect(path, timeout=SQLITE_BUSY_TIMEOUT_S)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        pass  # e.g. a read-only file: Optuna's own error says more
