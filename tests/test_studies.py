@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 import sys
 
 import optuna
@@ -218,3 +219,27 @@ def test_studies_package_is_not_git_ignored():
     source = Path(module.__file__).resolve().relative_to(root)
     ignored = subprocess.run(["git", "check-ignore", "-q", str(source)], cwd=root)
     assert ignored.returncode == 1, f"{source} is ignored by git"
+
+
+def test_a_trial_is_owned_from_the_moment_it_exists(tmp_path):
+    """A sampler may take seconds inside ask(); a stale-trial scan meanwhile (this
+    process's own, every ~30 s) must not take the trial being sampled for an abandoned
+    one. New and enqueued trials carry their owner before any sampling."""
+    import optuna
+
+    from autotune.studies import trials as held
+    from autotune.studies.rdb import connect
+
+    study = optuna.create_study(study_name="owned", storage=connect(
+        f"sqlite:///{tmp_path / 'db.sqlite'}"))
+    study.enqueue_trial({"x": 0.5})
+    reasons = []
+
+    def objective(trial):
+        frozen = study._storage.get_trial(trial._trial_id)
+        reasons.append(held.stale_reason(frozen))
+        return trial.suggest_float("x", 0, 1)
+
+    study.optimize(objective, n_trials=3)
+    assert reasons == [None, None, None]
+    assert all(t.user_attrs[held.OWNER]["pid"] == os.getpid() for t in study.trials)

@@ -29,6 +29,29 @@ class RDBStorage(optuna.storages.RDBStorage):
     password back; anywhere else it connects without one.
     """
 
+    def _create_new_trial(self, study_id: int, template_trial=None):
+        """A trial asked for here is this process's from the moment it exists: a sampler
+        may take seconds (a GP over many parameters) before ask() returns, and a stale-trial
+        scan meanwhile must not take it for one a dead process left behind."""
+        if template_trial is None:
+            from autotune.studies import trials as held
+
+            template_trial = optuna.trial.create_trial(
+                state=optuna.trial.TrialState.RUNNING,
+                user_attrs={held.OWNER: held.this_process(), held.HEARTBEAT: time.time()})
+        # Optuna's cached storage, which studies wrap this in, calls this private method
+        return super()._create_new_trial(study_id, template_trial)
+
+    def set_trial_state_values(self, trial_id: int, state, values=None) -> bool:
+        """An enqueued trial taken up here (WAITING -> RUNNING) is owned at once too."""
+        changed = super().set_trial_state_values(trial_id, state, values)
+        if changed and state == optuna.trial.TrialState.RUNNING:
+            from autotune.studies import trials as held
+
+            self.set_trial_user_attr(trial_id, held.OWNER, held.this_process())
+            self.set_trial_user_attr(trial_id, held.HEARTBEAT, time.time())
+        return changed
+
     def __getstate__(self) -> dict:
         state = super().__getstate__()
         hidden = redact(self.url)
