@@ -112,13 +112,22 @@ def test_failed_trials_are_recorded_and_study_goes_on(tmp_path, ray_session):
     assert not any(t.state == TrialState.RUNNING for t in trials.values())
 
 
+def left_by_a_dead_process(study, trial):
+    """Make ``trial`` look asked for by a process of this host that is gone."""
+    from autotune.studies import trials as held
+
+    gone = {**held.this_process(), "pid": 2 ** 22 + 7, "started": 1.0}
+    study._storage.set_trial_user_attr(trial._trial_id, held.OWNER, gone)
+    return trial
+
+
 @pytest.mark.ray
 def test_run_study_closes_stale_trials_before_resuming(tmp_path, ray_session):
     from autotune.studies.tune import run_study
 
     storage = open_storage(f"sqlite:///{tmp_path / 'studies.db'}")
     study = optuna.create_study(study_name="tiny/stale", storage=storage, direction="maximize")
-    study.ask()  # a trial left RUNNING by a run that died
+    left_by_a_dead_process(study, study.ask())
     run_study(spec(tmp_path, "tiny/stale", 3), quadratic, label="stale")
     trials = load(tmp_path, "tiny/stale").get_trials()
     assert trials[0].state == TrialState.FAIL
@@ -134,7 +143,7 @@ def test_fail_stale_trials(tmp_path):
     study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
     done = study.ask()
     study.tell(done, 1.0)
-    stale = study.ask()
+    stale = left_by_a_dead_process(study, study.ask())
     assert fail_stale_trials(study) == 1
     trials = optuna.load_study(study_name="s", storage=storage).get_trials()
     assert trials[stale.number].state == TrialState.FAIL
