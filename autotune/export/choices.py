@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 
 from autotune.engine.tree import check_tree
+from autotune.tuners.medusa_tree import chain_tree
 
 Tree = list[tuple[int, ...]]
 
@@ -56,8 +57,4 @@ def max_branching(tree) -> int:
 
 def is_chain(tree) -> bool:
     """[[0], [0, 0], ...]: one top-1 token per depth."""
-    return [tuple(p) for p in check_tree(tree)] == [(0,) * d for d in range(1, len(tree) + 1)]
-
-
-def chain(length: int) -> Tree:
-    return [(0,) * d for d in range(1, length + 1)]
+    return [tuple(p) for p in check_tree(tree)] == chain_tree(len(tree))

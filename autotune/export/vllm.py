@@ -9,7 +9,8 @@ import json
 
 from autotune.export.base import (Exporter, Rendered, cape_warning, comment_lines, yaml_lines)
 from autotune.engine.tree import check_tree
-from autotune.export.choices import chain, format_token_tree, is_chain
+from autotune.export.choices import format_token_tree, is_chain
+from autotune.tuners.medusa_tree import chain_tree
 from autotune.profile.schema import EagleMethod, MedusaMethod, Profile
 
 TITLE = "vLLM"
@@ -60,7 +61,7 @@ def _static_tree(eagle: EagleMethod, warnings: list[str]) -> list[tuple[int, ...
     length = min(dyn.depth + 1, dyn.total_tokens - 1)
     warnings.append(f"vLLM has no dynamic (EAGLE-2) tree; the profile's dynamic tree "
                     f"({described}) is approximated by a chain of {length} tokens")
-    return chain(length)
+    return chain_tree(length)
 
 
 def _medusa(medusa: MedusaMethod) -> tuple[dict, list[str], list[str]]:

@@ -231,6 +231,7 @@ def fit_eagle_cape(ws: Workspace, result, head_dir: str, eagle_space,
     from autotune.measure.eagle_accuracy import measure_level_costs
     from autotune.tuners.eagle import load_head_for, projection_for, static_draft_seconds
     from autotune.tuners.head_prompts import confirm_and_calibration, unseen_search_prompts
+    from autotune.tuners.medusa_tree import chain_tree
 
     started = time.monotonic()
     head = load_head_for(ws.ref, head_dir)
@@ -247,7 +248,7 @@ def fit_eagle_cape(ws: Workspace, result, head_dir: str, eagle_space,
     verify = ws.verify_curve(space.max_verify_tokens)
 
     def chain_of(depth: int) -> tuple[FixedChain, list[ChainSteps]]:
-        tree = tuple((0,) * d for d in range(1, depth + 1))
+        tree = tuple(chain_tree(depth))
         return (FixedChain(depth, static_draft_seconds(tree, level_costs)),
                 [ChainSteps(c.confidences[:, :depth], c.ranks[:, :depth]) for c in chains])
 
@@ -264,7 +265,7 @@ def fit_eagle_cape(ws: Workspace, result, head_dir: str, eagle_space,
     fit = fits[depth]
     _announce(fit, f"an EAGLE chain of depth {depth}")
     held = ws.encode(split_prompts(ws.prompts)[1][: eagle_space.measure.confirm_prompts])
-    tree = StaticTree(tuple((0,) * d for d in range(1, depth + 1)))
+    tree = StaticTree(tuple(chain_tree(depth)))
     measured = measure_with_progress(
         "cape (eagle): held-back measurement", ws.runner,
         lambda: CapeDrafter(EagleDrafter(head, tree, projection), fit.policy), held,
