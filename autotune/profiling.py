@@ -197,7 +197,8 @@ def verdict(profile: Profile) -> list[str]:
         cape = getattr(method, "cape", None)
         if cape is not None and cape.measured is not None:
             c = cape.measured
-            sizes = ", ".join(f"<= {e:g}: {k}" for e, k in zip(cape.bins, cape.expansion))
+            from autotune.tuners.cape import policy_from_block
+            sizes = policy_from_block(cape).describe()
             lines.append(f"{name} + cape (tokens per step by draft confidence {sizes}): "
                          f"{c.speedup:.3f}x plain greedy ({c.tokens_per_step:.2f} tokens/step, "
                          f"lossless {c.lossless}) on {c.prompts} held-back prompts")

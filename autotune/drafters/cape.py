@@ -29,6 +29,10 @@ class CapePolicy:
         if min(self.expansion) < 1 or self.max_verify_tokens < 2:
             raise ValueError("expansion sizes must be >= 1 and max_verify_tokens >= 2")
 
+    def describe(self) -> str:
+        """For people: "<= 0.5: 3, <= 1: 1" (tokens per step by confidence)."""
+        return ", ".join(f"<= {e:g}: {k}" for e, k in zip(self.edges, self.expansion))
+
     def tokens_at(self, confidence: float) -> int:
         return self.expansion[min(bisect.bisect_left(self.edges, confidence),
                                   len(self.edges) - 1)]

@@ -188,10 +188,9 @@ def _search_info(fit: CapeFit, started: float, **extra) -> dict:
 
 
 def _announce(fit: CapeFit, what: str) -> None:
-    policy = fit.policy
-    bins = ", ".join(f"<= {e:g}: {k}" for e, k in zip(policy.edges, policy.expansion))
-    say(f"cape on {what}: fitted tokens per step by confidence {bins}; predicted "
-        f"{fit.predicted.speedup:.3f}x (no expansion {fit.no_expansion.speedup:.3f}x)")
+    say(f"cape on {what}: fitted tokens per step by confidence {fit.policy.describe()}; "
+        f"predicted {fit.predicted.speedup:.3f}x (no expansion "
+        f"{fit.no_expansion.speedup:.3f}x)")
 
 
 def fit_self_spec_cape(ws: Workspace, result, measure_space, space: CapeSpace) -> CapeResult:
