@@ -19,7 +19,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import StorageError, StudyNotFoundError
-from autotune.studies.storage import _redact, open_storage, storage_url
+from autotune.studies.storage import open_storage, redact, storage_url
 
 FAIL_REASON = "fail_reason"   # trial user attr: why the trial failed (autotune.studies.tune)
 CLOSE_NAMES = 3               # suggestions for a mistyped study name
@@ -125,7 +125,7 @@ class StudyDatabase:
 
     @property
     def where(self) -> str:
-        return _redact(self.url)
+        return redact(self.url)
 
     @_database_errors
     def names(self) -> list[str]:

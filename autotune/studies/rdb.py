@@ -9,15 +9,12 @@ import optuna
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
+from autotune.studies.storage import redact
+
 SQLITE_BUSY_TIMEOUT_S = 60   # SQLite takes one writer at a time: wait for the lock, don't fail
 CREATE_TRIES = 3             # two processes creating the tables of a fresh database can collide
 
 _URLS: dict[str, str] = {}   # redacted URL -> URL, for unpickling in this process only
-
-
-def redact(url: str) -> str:
-    """The URL with its password shown as ***."""
-    return make_url(url).render_as_string(hide_password=True)
 
 
 class RDBStorage(optuna.storages.RDBStorage):

@@ -49,11 +49,12 @@ def open_storage(url: str | None = None):
     except (SQLAlchemyError, ImportError, ValueError, RuntimeError) as exc:
         # RuntimeError: a database whose schema another Optuna version wrote
         reason = str(exc).strip().splitlines()[0][:300]
-        raise StorageError(f"cannot open the study database {_redact(url)}: {reason}; "
+        raise StorageError(f"cannot open the study database {redact(url)}: {reason}; "
                            "check --storage or AUTOTUNE_STORAGE") from None
 
 
-def _redact(url: str) -> str:
+def redact(url: str) -> str:
+    """The URL with its password shown as ***."""
     from sqlalchemy.engine import make_url
 
     try:
@@ -76,7 +77,7 @@ class MeasurementCache:
         try:
             self._engine = sa.create_engine(url, **_engine_kwargs(url))
         except (sa.exc.SQLAlchemyError, ImportError) as exc:
-            raise StorageError(f"cannot open the study database {_redact(url)}: "
+            raise StorageError(f"cannot open the study database {redact(url)}: "
                                f"{str(exc).splitlines()[0][:200]}; install its driver or "
                                "check --storage") from None
         meta = sa.MetaData()
@@ -100,7 +101,7 @@ class MeasurementCache:
                 if not created_meanwhile(exc):
                     break
                 time.sleep(0.5 * (attempt + 1))
-        raise StorageError(f"cannot use the study database {_redact(url)}: "
+        raise StorageError(f"cannot use the study database {redact(url)}: "
                            f"{str(error).splitlines()[0][:200]}")
 
     def get(self, kind: str, fingerprint: str, hardware: str, key: str):
