@@ -34,7 +34,7 @@ def eagle_drafter(block, ws: Workspace, chain_depth: int | None = None) -> calla
     """The profile's tree, or a chain of ``chain_depth`` (what CAPE expands)."""
     from autotune.drafters.eagle import EagleDrafter, StaticTree
     from autotune.tuners.eagle import load_head_for, projection_for, tree_from_settings
-    from autotune.tuners.medusa_tree import chain_tree
+    from autotune.engine.tree import chain_tree
 
     head = load_head_for(ws.ref, block.head)
     tree = tree_from_settings(block.tree.model_dump()) if chain_depth is None else \

@@ -21,7 +21,8 @@ from pathlib import Path
 from _report import measuring_arguments, open_workspace, print_report, tuned_ratios
 from autotune.profile.io import read_profile
 from autotune.tuners.medusa import load_heads_for, measure_tree, search_medusa
-from autotune.tuners.medusa_tree import MC_SIM_7B_63, chain_tree, clip_tree
+from autotune.engine.tree import chain_tree
+from autotune.tuners.medusa_tree import MC_SIM_7B_63, clip_tree
 from autotune.tuners.self_spec import SearchLimits
 from autotune.tuners.space import load_medusa_space
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from autotune.engine.layers import plain_linear
 from autotune.engine.runner import Runner
 from autotune.measure.costs import measure_latency_curve
 from autotune.models import load_target
@@ -23,11 +24,10 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    # torch's own path first: enabling ours patches the model in place
-    default = measure_latency_curve(Runner(load_target(args.model).model, fast_small_matmul=False),
-                                    args.max_tokens, args.repeats)
-    ours = measure_latency_curve(Runner(load_target(args.model).model), args.max_tokens,
-                                 args.repeats)
+    model = load_target(args.model).model
+    default = measure_latency_curve(Runner(model, product=plain_linear), args.max_tokens,
+                                    args.repeats)
+    ours = measure_latency_curve(Runner(model), args.max_tokens, args.repeats)
     rows = {n: {"default_ms": 1e3 * default(n), "autotune_ms": 1e3 * ours(n),
                 "ratio": default(n) / ours(n)} for n in range(1, args.max_tokens + 1)}
     if args.json:

@@ -14,13 +14,21 @@ from autotune.engine.skip import SkipMask
 
 PROMPTS = [[1, 5, 9, 13, 40, 41], [1, 70, 3, 3, 3, 90, 12, 8, 77]]
 WIDE = CapePolicy((0.5, 1.0), (4, 2), max_verify_tokens=9)
+RANKED = 8  # ranked tokens the chain drafters report: enough for every policy here
 
 
 def drafters(model, make_head):
     yield "self_spec", lambda: LayerSkipDrafter(SkipMask.of([1, 2], [2]),
-                                                DraftExitPolicy(4, 0.0, None))
+                                                DraftExitPolicy(4, 0.0, None), RANKED)
     head = make_head(model)
-    yield "eagle", lambda: EagleDrafter(head, StaticTree(((0,), (0, 0), (0, 0, 0))))
+    yield "eagle", lambda: EagleDrafter(head, StaticTree(((0,), (0, 0), (0, 0, 0))),
+                                        ranked_width=RANKED)
+
+
+def test_cape_refuses_a_base_that_reports_too_few_ranks(tiny_llama):
+    base = LayerSkipDrafter(SkipMask.of([1]), DraftExitPolicy(4, 0.0, None), ranked_width=3)
+    with pytest.raises(ValueError, match="ranked_width"):
+        CapeDrafter(base, PAPER_7531)
 
 
 def test_policy_bins():
@@ -166,7 +174,7 @@ def test_replay_predicts_eagle_cape_decoding_step_for_step(tiny_llama, one_threa
         for prompt in PROMPTS:
             continuation = decode_plain(runner, prompt, 40).tokens
             chains = eagle_chain_steps(runner, head, [(prompt, continuation)], depth=3)
-            result = decode_speculative(runner, CapeDrafter(EagleDrafter(head, tree), policy),
+            result = decode_speculative(runner, CapeDrafter(EagleDrafter(head, tree, ranked_width=RANKED), policy),
                                         prompt, len(continuation))
             estimate = replay(chains, FixedChain(3, 0.0), policy, flat)
             steps = round((len(continuation) - 1) / estimate.tokens_per_step)

@@ -186,7 +186,7 @@ def test_report_equals_the_measurement_code_on_a_fresh_target_pass(tiny_llama, t
     ours = eagle_accuracy(head, tiny_llama, held, depth=4)
     pairs = [(s.tokens[:s.answer_start].tolist(), s.tokens[s.answer_start:].tolist())
              for s in held]
-    theirs = measure_eagle_accuracy(Runner(tiny_llama, fast_small_matmul=False), head, pairs,
+    theirs = measure_eagle_accuracy(Runner(tiny_llama), head, pairs,
                                     depth=4, max_rank=5)
     assert [r.top1 for r in ours] == pytest.approx(theirs.top1)
     assert [r.top5 for r in ours] == pytest.approx(theirs.top5)

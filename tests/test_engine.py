@@ -379,7 +379,7 @@ def test_speculative_stops_at_eos_like_plain(tiny_llama):
 def test_adaptive_exit_rule_by_hand():
     """Draft & Verify: AR_e <- b1 AR_e + (1 - b1) AR; gamma~ = gamma + eps if AR_e < alpha,
     else gamma (draft hit the max length) or gamma - eps; gamma <- b2 gamma + (1 - b2) gamma~."""
-    from autotune.drafters.base import VerifyResult
+    from autotune.engine.proposal import VerifyResult
 
     rule = AdaptiveExit(target_acceptance=0.9, step=0.01, beta1=0.5, beta2=0.9)
     drafter = LayerSkipDrafter(SkipMask.of(mlp=[1]), DraftExitPolicy(4, 0.8, rule))
@@ -404,7 +404,7 @@ def test_adaptive_exit_rule_by_hand():
 
 
 def test_static_policy_never_moves_threshold():
-    from autotune.drafters.base import VerifyResult
+    from autotune.engine.proposal import VerifyResult
 
     drafter = LayerSkipDrafter(SkipMask.of(mlp=[1]), DraftExitPolicy(4, 0.7, None))
     for accepted in (0, 4, 1):

@@ -7,8 +7,9 @@ import time
 import numpy as np
 import pytest
 
+from autotune.engine.tree import chain_tree
 from autotune.tuners.medusa_tree import (
-    MC_SIM_7B_63, chain_tree, clip_tree, expected_accepted, grow_tree, modelled_accepted,
+    MC_SIM_7B_63, clip_tree, expected_accepted, grow_tree, modelled_accepted,
     positional_acceptance, rank_tree_sizes, sequoia_sizes, sequoia_tree,
 )
 from autotune.engine.tree import canonical_order, check_tree

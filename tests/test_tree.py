@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from autotune.drafters.base import Draft, DraftContext, VerifyResult
+from autotune.engine.proposal import Draft, DraftContext, Drafter, VerifyResult
 from autotune.drafters.medusa import MedusaDrafter, TreeTooDeepError
 from autotune.engine.decoding import decode_plain, decode_speculative
 from autotune.engine.runner import Runner
@@ -126,7 +126,7 @@ def test_typical_acceptance_takes_the_longest_accepted_path():
 
 # --- decoding ----------------------------------------------------------------------
 
-class ScriptedTreeDrafter:
+class ScriptedTreeDrafter(Drafter):
     """A ternary tree of depth 3 whose true path (the target's own greedy tokens) sits at
     a random rank at each depth, or is missing: exercises acceptance through any sibling
     and the cache compaction that follows."""
@@ -138,9 +138,6 @@ class ScriptedTreeDrafter:
         self.prompt, self.reference, self.vocab = prompt, reference, vocab
         self.rng = random.Random(seed)
         self.accepted: list[int] = []
-
-    def reset(self):
-        pass
 
     def propose(self, context: DraftContext) -> Draft:
         done = context.position - len(self.prompt) + 1

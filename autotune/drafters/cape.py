@@ -8,7 +8,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from autotune.drafters.base import Draft, DraftContext, VerifyResult
+from autotune.engine.proposal import ChainDrafter, Draft, DraftContext, Drafter, VerifyResult
 from autotune.engine.tree import ROOT, TreeShape
 
 
@@ -47,13 +47,18 @@ CODE_FLOOR10 = CapePolicy((0.3, 0.6, 0.8, 1.0), (8, 6, 4, 2))
 PUBLISHED = {"paper_7531": PAPER_7531, "code_floor10": CODE_FLOOR10}
 
 
-class CapeDrafter:
-    """Wraps a chain drafter that can report each step's ranked tokens (``ranked_width``):
-    the layer-skip drafter, or the EAGLE drafter with a chain."""
+class CapeDrafter(Drafter):
+    """Wraps a chain drafter built to report each step's ranked tokens, at least as many as
+    the widest bin proposes (``ranked_width``): the layer-skip drafter, the EAGLE drafter
+    with a chain, the GLIDE drafter."""
 
-    def __init__(self, base, policy: CapePolicy):
+    def __init__(self, base: ChainDrafter, policy: CapePolicy):
+        if base.ranked_width < max(policy.expansion):
+            raise ValueError(f"CAPE proposes up to {max(policy.expansion)} tokens a step: "
+                             f"build the chain drafter with ranked_width >= that "
+                             f"(it has {base.ranked_width})")
         self.base, self.policy = base, policy
-        base.ranked_width = max(policy.expansion)
+        self.max_draft_tokens = policy.max_verify_tokens - 1
         self._chain_nodes: list[int] = []
 
     def reset(self) -> None:
@@ -87,7 +92,7 @@ class CapeDrafter:
     def observe(self, result: VerifyResult) -> None:
         """The base drafter learns how far its own chain was accepted."""
         accepted = 0
-        for node in result.path or []:
+        for node in result.path:
             if accepted < len(self._chain_nodes) and node == self._chain_nodes[accepted]:
                 accepted += 1
             else:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from autotune.drafters.base import Draft, DraftContext, VerifyResult
+from autotune.engine.proposal import ChainDrafter, Draft, DraftContext
+from autotune.engine.kvcache import KVCache
 from autotune.engine.tree import ROOT, TreeShape, check_tree
 from autotune.heads.eagle import DraftProjection, EagleHead
 
@@ -72,25 +73,27 @@ class _Nodes:
         return len(self.tokens) - 1
 
 
-class EagleDrafter:
+class EagleDrafter(ChainDrafter):
     """``projection``: the lm_head over a draft vocabulary (default: the target's whole
-    lm_head)."""
-
-    ranked_width = 0  # > 0 (static chains): drafts carry each step's top tokens and probs
+    lm_head). ``ranked_width`` > 0 (static chains only): drafts carry each step's top
+    tokens and probabilities."""
 
     def __init__(self, head: EagleHead, tree: StaticTree | DynamicTree,
-                 projection: DraftProjection | None = None):
+                 projection: DraftProjection | None = None, ranked_width: int = 0):
         self.head, self.tree, self.projection = head, tree, projection
-        self.cache = None
+        self.cache: KVCache | None = None
         self.committed = 0        # pairs in the head's cache that the target confirmed
+        self.ranked_width = ranked_width
         if isinstance(tree, StaticTree):
             self._plan_static(tree.choices)
+            self.max_draft_tokens = len(tree.choices)
+            if ranked_width and not self._static_shape.is_chain:
+                raise ValueError("ranked tokens are reported for a chain, not a tree")
+        else:
+            self.max_draft_tokens = tree.total_tokens - 1
 
     def reset(self) -> None:
         self.cache, self.committed = None, 0
-
-    def observe(self, result: VerifyResult) -> None:
-        pass
 
     def propose(self, context: DraftContext) -> Draft:
         with torch.inference_mode():

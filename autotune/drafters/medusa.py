@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from autotune.drafters.base import Draft, DraftContext, VerifyResult
+from autotune.engine.proposal import Draft, DraftContext, Drafter
 from autotune.engine.tree import TreeShape, check_tree
 from autotune.errors import AutotuneError
 from autotune.heads.medusa import MedusaHeads
@@ -14,7 +14,7 @@ class TreeTooDeepError(AutotuneError):
     pass
 
 
-class MedusaDrafter:
+class MedusaDrafter(Drafter):
     """Node ``[r0, ..., rd]`` of the tree holds head d's rank-rd token. Only the heads
     the tree reaches are evaluated, so the tree's depth is the head count used."""
 
@@ -27,12 +27,10 @@ class MedusaDrafter:
         self.tree = TreeShape.from_choices(self.paths)
         self.depth = max(len(p) for p in self.paths)
         self.top_k = 1 + max(r for p in self.paths for r in p)
+        self.max_draft_tokens = len(self.paths)
         # (head, rank) of every node, as index tensors into the heads' top-k table
         self._head = torch.tensor([len(p) - 1 for p in self.paths])
         self._rank = torch.tensor([p[-1] for p in self.paths])
-
-    def reset(self) -> None:
-        pass
 
     def extra_rows(self, runner):
         """Heads that share the target's lm_head have their logits computed in the verify
@@ -54,6 +52,3 @@ class MedusaDrafter:
             top = logits.topk(self.top_k, dim=-1).indices       # [depth, top_k]
         tokens = top[self._head, self._rank].tolist()
         return Draft(tokens, tree=self.tree)
-
-    def observe(self, result: VerifyResult) -> None:
-        pass

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from autotune.drafters.base import Draft, DraftContext, VerifyResult
+from autotune.engine.proposal import ChainDrafter, Draft, DraftContext, VerifyResult
 from autotune.engine.sampling import probabilities, sample
 from autotune.engine.skip import SkipMask
 
@@ -57,14 +57,17 @@ class ExitThreshold:
         self.value = rule.beta2 * self.value + (1 - rule.beta2) * proposal
 
 
-class LayerSkipDrafter:
-    ranked_width = 0  # > 0: drafts carry each step's top tokens and probabilities
+class LayerSkipDrafter(ChainDrafter):
+    """``ranked_width`` > 0: drafts carry each step's top tokens and probabilities."""
 
-    def __init__(self, skip: SkipMask, policy: DraftExitPolicy = DV_DEFAULT_POLICY):
+    def __init__(self, skip: SkipMask, policy: DraftExitPolicy = DV_DEFAULT_POLICY,
+                 ranked_width: int = 0):
         if skip.size == 0:
             raise ValueError("a layer-skip draft must skip at least one sublayer")
         self.skip = skip
         self.policy = policy
+        self.ranked_width = ranked_width
+        self.max_draft_tokens = policy.max_tokens
         self.reset()
 
     def reset(self) -> None:

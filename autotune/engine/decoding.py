@@ -9,13 +9,21 @@ from dataclasses import dataclass, field
 
 import torch
 
-from autotune.drafters.base import DraftContext, Drafter, VerifyResult
-from autotune.engine.runner import Runner
+from autotune.engine.proposal import DraftContext, Drafter, VerifyResult
+from autotune.engine.runner import ExtraRows, Runner
 from autotune.engine.sampling import GREEDY, SamplingConfig, probabilities, sample
 from autotune.engine.tree import TreeShape
 from autotune.engine.verify import (TypicalAcceptance, accept_greedy, accept_sampled,
                                     accept_tree_greedy, accept_tree_sampled,
                                     accept_tree_typical)
+
+
+def tokens_per_step(tokens: int, steps: int) -> float:
+    """Tokens each target forward after the prefill yields, on average: the one
+    definition everything reports. The prefill's own token is not counted, so plain
+    decoding scores exactly 1 and a drafter's figure is its accepted tokens plus the bonus
+    per verification."""
+    return (tokens - 1) / steps if steps else 1.0
 
 
 @dataclass
@@ -28,7 +36,7 @@ class DecodeResult:
 
     @property
     def tokens_per_step(self) -> float:
-        return len(self.tokens) / max(self.steps, 1)
+        return tokens_per_step(len(self.tokens), self.steps)
 
     @property
     def acceptance_rate(self) -> float:
@@ -41,7 +49,8 @@ def _pick(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Gener
     return sample(probabilities(logits, sampling), generator)
 
 
-def _prefill(runner: Runner, prompt: list[int], max_new_tokens: int, extra_rows=None):
+def _prefill(runner: Runner, prompt: list[int], max_new_tokens: int,
+             extra_rows: ExtraRows | None = None):
     cache = runner.new_cache(capacity=len(prompt) + max_new_tokens + 64)
     ids = torch.tensor(prompt, device=runner.device)
     out = runner.forward(ids, torch.arange(len(prompt), device=runner.device), cache,
@@ -93,7 +102,7 @@ def decode_speculative(runner: Runner, drafter: Drafter, prompt: list[int],
     target_logits)`` is called after each verification, for statistics."""
     generator = torch.Generator().manual_seed(sampling.seed)
     drafter.reset()
-    extra_rows = drafter.extra_rows(runner) if hasattr(drafter, "extra_rows") else None
+    extra_rows = drafter.extra_rows(runner)
     cache, out = _prefill(runner, prompt, max_new_tokens, extra_rows)
     tokens = [_pick(out.logits[-1], sampling, generator)]
     hidden, extra, committed_tokens = out.hidden, _extra_at(out, 0, 1), list(prompt)
@@ -104,7 +113,7 @@ def decode_speculative(runner: Runner, drafter: Drafter, prompt: list[int],
         budget = max_new_tokens - len(tokens)
         draft = drafter.propose(DraftContext(runner, cache, tokens[-1], committed, budget,
                                              sampling, generator, hidden, extra,
-                                             committed_tokens))
+                                             committed_tokens, [*prompt, *tokens]))
         cache.crop(committed)
         path, bonus, hidden, logits, extra = _verify(runner, cache, committed, tokens[-1], draft,
                                                      sampling, typical, generator, extra_rows)
@@ -114,7 +123,7 @@ def decode_speculative(runner: Runner, drafter: Drafter, prompt: list[int],
         tokens.extend(committed_tokens[1:])
         tokens.append(bonus)
         ended = not runner.eos_token_ids.isdisjoint(committed_tokens[1:] + [bonus])
-        drafter.observe(VerifyResult(len(draft.tokens), len(path), path))
+        drafter.observe(VerifyResult(len(draft.tokens), len(path), tuple(path)))
         result.steps += 1
         result.drafted += len(draft.tokens)
         result.accepted += len(path)

@@ -1,23 +1,28 @@
-"""One forward pass over the target's own modules, for every decoding method.
+"""One forward pass over the target's own weights, for every decoding method.
 
-The runner calls each decoder layer's ``self_attn`` and ``mlp`` itself, so that a draft
-pass can leave sublayers out without touching the model, tokens can carry explicit
-positions, and attention can follow any mask (chains, trees, the proxy's prefix mask).
+The runner computes each decoder layer itself (``engine.layers``), so that a draft pass
+can leave sublayers out without touching the model, tokens can carry explicit positions,
+attention can follow any mask (chains, trees, the proxy's prefix mask), and the KV cache
+is ours.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-from autotune.engine import small_matmul
+from autotune.engine import layers
 from autotune.engine.kvcache import KVCache
 from autotune.engine.skip import NO_SKIP, SkipMask
+
+# Maps the final-normed hidden states [S, H] to more rows [R, H] for the lm_head product.
+ExtraRows = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass
 class ForwardOutput:
-    logits: torch.Tensor   # [S, V] (or [1, V] when only the last position was asked for)
+    logits: torch.Tensor   # [S, V] float32 (or [1, V] when only the last position was asked for)
     hidden: torch.Tensor   # [S, H] output of the last layer, before the final norm
     extra_logits: torch.Tensor | None = None  # [R, V] for the rows ``extra_rows`` gave
 
@@ -25,10 +30,11 @@ class ForwardOutput:
 class Runner:
     """Wraps a LLaMA-family ``*ForCausalLM`` (LLaMA, Vicuna, Mistral, Qwen2 blocks)."""
 
-    def __init__(self, model: torch.nn.Module, fast_small_matmul: bool = True):
+    def __init__(self, model: torch.nn.Module, product: layers.Product = layers.linear):
+        """``product``: how weights are multiplied (``layers.plain_linear`` to compare
+        with torch's own kernels)."""
         self.model = model.eval()
-        if fast_small_matmul:
-            small_matmul.enable(model)
+        self.product = product
         self.config = model.config
         inner = model.model
         self.embed = inner.embed_tokens
@@ -39,15 +45,19 @@ class Runner:
         self.num_layers = len(self.layers)
         self.device = self.embed.weight.device
         self.dtype = self.embed.weight.dtype
-        self.eos_token_ids = _eos_ids(self.config)
+        self.eos_token_ids = eos_ids(self.config)
 
     def new_cache(self, capacity: int = 512) -> KVCache:
         return KVCache.for_config(self.config, self.num_layers, self.dtype, self.device, capacity)
 
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """The lm_head over final-normed hidden states, in float32."""
+        return self.product(normed, self.lm_head).float()
+
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, *,
                 mask: torch.Tensor | None = None, skip: SkipMask = NO_SKIP,
-                last_only: bool = False, extra_rows=None) -> ForwardOutput:
+                last_only: bool = False, extra_rows: ExtraRows | None = None) -> ForwardOutput:
         """Run ``tokens`` [S] at ``positions`` [S], appending their keys/values to ``cache``.
 
         mask: bool, True = may attend. [S, S] over the new tokens (the cached prefix is
@@ -65,43 +75,40 @@ class Runner:
             if index not in skip.attention:
                 prefix = cache.length(index)
                 if prefix not in masks:
-                    masks[prefix] = additive_mask(mask, prefix, seq, self.dtype, self.device)
-                attn_out, _ = layer.self_attn(
-                    hidden_states=layer.input_layernorm(hidden), position_embeddings=rope,
-                    attention_mask=masks[prefix], past_key_values=cache)
-                hidden = hidden + attn_out
+                    masks[prefix] = visibility(mask, prefix, seq, self.device)
+                hidden = hidden + layers.self_attention(
+                    layer.self_attn, layer.input_layernorm(hidden), rope, masks[prefix],
+                    cache, index, self.product)
             if index not in skip.mlp:
-                hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+                hidden = hidden + layers.mlp(layer.mlp, layer.post_attention_layernorm(hidden),
+                                             self.product)
         hidden = hidden[0]
         normed = self.norm(hidden[-1:] if last_only else hidden)
         if extra_rows is None:
-            return ForwardOutput(logits=self.lm_head(normed).float(), hidden=hidden)
+            return ForwardOutput(logits=self.logits(normed), hidden=hidden)
         extra = extra_rows(normed)
-        logits = self.lm_head(torch.cat([normed, extra])).float()
+        logits = self.logits(torch.cat([normed, extra]))
         return ForwardOutput(logits=logits[: len(normed)], hidden=hidden,
                              extra_logits=logits[len(normed):])
 
 
-def additive_mask(mask: torch.Tensor | None, prefix: int, seq: int, dtype: torch.dtype,
-                  device) -> torch.Tensor | None:
-    """The float mask [1, 1, S, P + S] attention modules take, from a bool mask (True = may
-    attend) over the new tokens [S, S] (the cached prefix fully visible) or over the prefix
-    and the new tokens [S, P + S]; None = causal (and None for one query: it sees all)."""
+def visibility(mask: torch.Tensor | None, prefix: int, seq: int, device) -> torch.Tensor | None:
+    """The bool mask [S, P + S] (True = may attend) that attention takes, from a mask over
+    the new tokens [S, S] (the cached prefix fully visible) or over the prefix and the new
+    tokens [S, P + S]; None = causal (and None for one query: it sees everything)."""
     if mask is None:
         if seq == 1:
             return None
         mask = torch.ones(seq, seq, dtype=torch.bool, device=device).tril()
+    mask = mask.to(device=device, dtype=torch.bool)
     if mask.shape[1] == seq:
-        visible = torch.ones(seq, prefix, dtype=torch.bool, device=device)
-        mask = torch.cat([visible, mask.to(device)], dim=1)
-    elif mask.shape[1] != prefix + seq:
+        return torch.cat([torch.ones(seq, prefix, dtype=torch.bool, device=device), mask], dim=1)
+    if mask.shape[1] != prefix + seq:
         raise ValueError(f"mask has {mask.shape[1]} columns; expected {seq} or {prefix + seq}")
-    additive = torch.zeros(mask.shape, dtype=dtype, device=device)
-    additive.masked_fill_(~mask.to(device), torch.finfo(dtype).min)
-    return additive.view(1, 1, seq, -1)
+    return mask
 
 
-def _eos_ids(config) -> frozenset[int]:
+def eos_ids(config) -> frozenset[int]:
     eos = getattr(config, "eos_token_id", None)
     if eos is None:
         return frozenset()

@@ -89,6 +89,11 @@ class TreeShape:
         return torch.tensor((0, *self.depths), dtype=torch.long)
 
 
+def chain_tree(depth: int) -> list[tuple[int, ...]]:
+    """The single-branch tree of each step's top-1 token: [(0,), (0, 0), ...]."""
+    return [(0,) * d for d in range(1, depth + 1)]
+
+
 def canonical_order(choices) -> list[tuple[int, ...]]:
     """By depth, then by ranks: parents come before children, as TreeShape needs."""
     return sorted((tuple(path) for path in choices), key=lambda path: (len(path), path))

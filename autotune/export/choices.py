@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 
 from autotune.engine.tree import check_tree
-from autotune.tuners.medusa_tree import chain_tree
+from autotune.engine.tree import chain_tree
 
 Tree = list[tuple[int, ...]]
 

@@ -10,7 +10,7 @@ import json
 from autotune.export.base import (Exporter, Rendered, cape_warning, comment_lines, yaml_lines)
 from autotune.engine.tree import check_tree
 from autotune.export.choices import format_token_tree, is_chain
-from autotune.tuners.medusa_tree import chain_tree
+from autotune.engine.tree import chain_tree
 from autotune.profile.schema import EagleMethod, MedusaMethod, Profile
 
 TITLE = "vLLM"

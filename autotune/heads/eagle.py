@@ -20,8 +20,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from autotune.engine import layers
 from autotune.engine.kvcache import KVCache
-from autotune.engine.runner import additive_mask
+from autotune.engine.runner import visibility
 from autotune.heads.medusa import HeadsError, read_weights
 
 CONFIG = "config.json"
@@ -67,23 +68,19 @@ class EagleHead(nn.Module):
 
         With ``cache`` (B = 1), keys/values are appended to it and ``mask`` is a bool mask
         as ``Runner.forward`` takes it ([S, S] or [S, P + S], None = causal). Without it,
-        ``mask`` is an additive float mask [B, 1, S, S] (None = causal).
+        ``mask`` is a bool or additive float mask [B, 1, S, S] (None = causal).
         """
-        hidden = self.fc(torch.cat([embeds, features], dim=-1))
+        hidden = layers.linear(torch.cat([embeds, features], dim=-1), self.fc)
         rope = self.rotary(hidden, positions.expand(hidden.shape[0], -1))
+        seq = hidden.shape[1]
         if cache is not None:
-            mask = additive_mask(mask, cache.length(0), hidden.shape[1], hidden.dtype,
-                                 hidden.device)
-        elif mask is None and hidden.shape[1] > 1:
-            seq = hidden.shape[1]
-            causal = torch.ones(seq, seq, dtype=torch.bool, device=hidden.device).tril()
-            mask = additive_mask(causal, 0, seq, hidden.dtype, hidden.device)
-        for layer in self.layers:
-            attn_out, _ = layer.self_attn(
-                hidden_states=layer.input_layernorm(hidden), position_embeddings=rope,
-                attention_mask=mask, past_key_values=cache)
-            hidden = hidden + attn_out
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            mask = visibility(mask, cache.length(0), seq, hidden.device)
+        elif mask is None and seq > 1:
+            mask = torch.ones(seq, seq, dtype=torch.bool, device=hidden.device).tril()
+        for index, layer in enumerate(self.layers):
+            hidden = hidden + layers.self_attention(
+                layer.self_attn, layer.input_layernorm(hidden), rope, mask, cache, index)
+            hidden = hidden + layers.mlp(layer.mlp, layer.post_attention_layernorm(hidden))
         return hidden
 
 
@@ -218,13 +215,10 @@ class DraftProjection:
         self.linear = nn.Linear(weight.shape[1], len(vocab), bias=False,
                                 device=weight.device, dtype=weight.dtype).requires_grad_(False)
         self.linear.weight.copy_(weight.detach()[self.ids])
-        if weight.device.type == "cpu":
-            from autotune.engine import small_matmul
-            small_matmul.enable(self.linear)
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [..., V'] over the draft vocabulary."""
-        return self.linear(hidden)
+        return layers.linear(hidden, self.linear)
 
     def tokens(self, indices: torch.Tensor) -> torch.Tensor:
         """Token ids of draft-vocabulary indices."""

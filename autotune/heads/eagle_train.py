@@ -283,7 +283,7 @@ def eagle_accuracy(head: EagleHead, model, sequences: list[EagleSequence],
     from autotune.measure.eagle_accuracy import tally_extrapolation
     from autotune.measure.head_accuracy import RankTally
 
-    runner = Runner(model, fast_small_matmul=False)   # only its embedding and lm_head
+    runner = Runner(model)   # only its embedding and lm_head
     tally = RankTally(depth, max_rank=5)
     for seq in sequences:
         n, first = len(seq.tokens), seq.answer_start - 1   # root whose next token is answer[0]

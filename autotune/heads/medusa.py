@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from autotune.engine import layers
 from autotune.errors import AutotuneError
 
 CONFIG = "config.json"
@@ -34,7 +35,7 @@ class ResBlock(nn.Module):
         self.act = nn.SiLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.act(self.linear(x))
+        return x + self.act(layers.linear(x, self.linear))
 
 
 class MedusaHeads(nn.Module):
@@ -75,8 +76,8 @@ class MedusaHeads(nn.Module):
         (the target's last hidden state, after its final norm)."""
         feats = self.features(hidden, count)
         if self.shares_vocab_projection:
-            return self.heads[0][-1](feats)
-        return torch.stack([head[-1](f) for head, f in zip(self.heads, feats)])
+            return layers.linear(feats, self.heads[0][-1])
+        return torch.stack([layers.linear(f, head[-1]) for head, f in zip(self.heads, feats)])
 
 
 def save_medusa_heads(heads: MedusaHeads, folder: str | Path, base_model: str,

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 
-from autotune.drafters.base import Drafter
+from autotune.engine.proposal import Drafter
 from autotune.engine.decoding import DecodeResult, decode_plain, decode_speculative
 from autotune.engine.runner import Runner
 from autotune.engine.sampling import GREEDY, SamplingConfig

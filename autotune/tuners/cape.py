@@ -215,7 +215,8 @@ def fit_self_spec_cape(ws: Workspace, result, measure_space, space: CapeSpace) -
     skip, policy = result.skip, result.policy
     measured = measure_with_progress(
         "cape (self-spec): held-back measurement", ws.runner,
-        lambda: CapeDrafter(LayerSkipDrafter(skip, policy), fit.policy), held,
+        lambda: CapeDrafter(LayerSkipDrafter(skip, policy, max(fit.policy.expansion)),
+                            fit.policy), held,
         measure_space.confirm_tokens)
     return CapeResult(fit.policy, None, measured, fit.predicted,
                       _search_info(fit, started, calibration_prompts=len(calibration)))
@@ -230,7 +231,7 @@ def fit_eagle_cape(ws: Workspace, result, head_dir: str, eagle_space,
     from autotune.measure.eagle_accuracy import measure_level_costs
     from autotune.tuners.eagle import load_head_for, projection_for, static_draft_seconds
     from autotune.tuners.head_prompts import confirm_and_calibration, unseen_search_prompts
-    from autotune.tuners.medusa_tree import chain_tree
+    from autotune.engine.tree import chain_tree
 
     started = time.monotonic()
     head = load_head_for(ws.ref, head_dir)
@@ -267,7 +268,8 @@ def fit_eagle_cape(ws: Workspace, result, head_dir: str, eagle_space,
     tree = StaticTree(tuple(chain_tree(depth)))
     measured = measure_with_progress(
         "cape (eagle): held-back measurement", ws.runner,
-        lambda: CapeDrafter(EagleDrafter(head, tree, projection), fit.policy), held,
+        lambda: CapeDrafter(EagleDrafter(head, tree, projection, max(fit.policy.expansion)),
+                            fit.policy), held,
         eagle_space.measure.confirm_tokens)
     info = _search_info(fit, started, calibration_prompts=len(calibration),
                         predicted_no_expansion_by_depth={str(d): round(v, 4)

@@ -12,7 +12,6 @@ from pathlib import Path
 import optuna
 
 from autotune.drafters.eagle import DynamicTree, EagleDrafter, StaticTree
-from autotune.engine import small_matmul
 from autotune.heads.eagle import DraftProjection, load_draft_vocab
 from autotune.measure.eagle_accuracy import level_seconds, measure_eagle_accuracy, \
     measure_level_costs
@@ -35,7 +34,6 @@ def load_head_for(target: TargetRef, head_dir: str):
     def build():
         runner = target.runner()
         head = load_eagle_head(head_dir, runner.config, runner.dtype, runner.device)
-        small_matmul.enable(head)  # the target's own layers already take this path
         return head
 
     return cached(("eagle_head", target, str(Path(head_dir).resolve())), build)

@@ -11,7 +11,6 @@ from pathlib import Path
 import optuna
 
 from autotune.drafters.medusa import MedusaDrafter
-from autotune.engine import small_matmul
 from autotune.engine.sampling import SamplingConfig
 from autotune.engine.verify import TypicalAcceptance
 from autotune.measure.costs import LatencyCurve
@@ -38,7 +37,6 @@ def load_heads_for(target: TargetRef, heads_dir: str):
     def build():
         runner = target.runner()
         heads = load_medusa_heads(heads_dir, runner.lm_head.weight, runner.dtype, runner.device)
-        small_matmul.enable(heads)  # the target's own layers already take this path
         config = runner.config
         if (heads.hidden_size, heads.vocab_size) != (config.hidden_size, config.vocab_size):
             raise HeadsError(f"heads in {heads_dir} are for hidden size {heads.hidden_size} and "

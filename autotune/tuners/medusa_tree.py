@@ -40,11 +40,6 @@ MC_SIM_7B_63: tuple[Path, ...] = (
 
 # ---------------------------------------------------------------------------- tree shape
 
-def chain_tree(depth: int) -> list[Path]:
-    """The single-branch tree of every head's top-1 token: [(0,), (0, 0), ...]."""
-    return [(0,) * d for d in range(1, depth + 1)]
-
-
 def tree_depth(choices: Iterable[Sequence[int]]) -> int:
     return max((len(path) for path in choices), default=0)
 

@@ -1,0 +1,121 @@
+"""The arithmetic of a LLaMA-family decoder block, written out over the model's own weights.
+
+The runner, the EAGLE head and the GLIDE draft call these functions instead of the
+modules' ``forward``: the KV cache, the attention mask and the matrix products are then
+ours, whatever transformers release is installed, and nothing about the model is patched.
+Weights stay in the model's modules (``q_proj``, ``mlp.gate_proj`` ...); norms and the
+rotary embedding are called as the modules they are.
+
+Shapes: ``x`` is [B, S, H]; attention tensors are [B, heads, S, head_dim].
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+# A decode-sized input (at most this many rows) takes ``_small_linear`` on CPU.
+SMALL_ROWS = 64
+
+# How a block multiplies by a weight: ``linear`` (the default) or ``plain_linear``.
+Product = Callable[[torch.Tensor, torch.nn.Linear], torch.Tensor]
+
+
+def plain_linear(x: torch.Tensor, module: torch.nn.Linear) -> torch.Tensor:
+    """torch's own product, whatever the input's size (for comparisons)."""
+    return F.linear(x, module.weight, module.bias)
+
+
+def linear(x: torch.Tensor, module: torch.nn.Linear) -> torch.Tensor:
+    """``module(x)``, by the fastest product for the input's size and device.
+
+    With the MKL build of torch for CPU, ``x @ W.T`` over a few rows takes a
+    single-threaded kernel: on 2 cores a SmolLM2-135M forward reading its ~0.5 GB of
+    weights ran at ~12 GB/s. The same product as ``W @ x.T`` with at least two columns
+    takes the multithreaded GEMM, ~2.5x faster (benchmarks/small_matmul.py). Plain and
+    speculative decoding both go through here, so their ratio stays fair.
+    """
+    if x.device.type != "cpu" or torch.is_grad_enabled():
+        return F.linear(x, module.weight, module.bias)
+    rows = x.numel() // x.shape[-1]
+    if rows > SMALL_ROWS:
+        return F.linear(x, module.weight, module.bias)
+    return _small_linear(x, module.weight, module.bias, rows)
+
+
+def _padded_rows(rows: int) -> int:
+    # one column falls back to the slow kernel; column counts past 8 that are not a
+    # multiple of 8 took longer than the next multiple of 8 (measured on 2 cores)
+    if rows == 1:
+        return 2
+    return rows if rows <= 8 else -(-rows // 8) * 8
+
+
+def _small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  rows: int) -> torch.Tensor:
+    # row-major input, so that ``flat.T`` is a transposed view: the layout the fast
+    # kernel takes (a column-major copy falls back to the slow one)
+    flat = x.reshape(rows, x.shape[-1])
+    padded = _padded_rows(rows)
+    if padded != rows:
+        flat = torch.cat([flat, flat.new_zeros(padded - rows, flat.shape[1])])
+    else:
+        flat = flat.contiguous()
+    out = (weight @ flat.T).T[:rows].contiguous()
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """x [B, heads, S, D]; rope = (cos, sin) [B, S, D] from the model's rotary embedding."""
+    cos, sin = (t.unsqueeze(1) for t in rope)
+    return x * cos + rotate_half(x) * sin
+
+
+def heads_of(x: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """[B, S, heads * D] -> [B, heads, S, D]."""
+    batch, seq, _ = x.shape
+    return x.view(batch, seq, -1, head_dim).transpose(1, 2)
+
+
+def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+           mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """Scaled dot-product attention with grouped-query heads repeated; mask: bool
+    (True = may attend) or additive float, broadcastable to [B, heads, S, T]; None: every
+    key is visible. Returns [B, S, heads * D]."""
+    groups = query.shape[1] // keys.shape[1]
+    if groups > 1:
+        keys = keys.repeat_interleave(groups, dim=1)
+        values = values.repeat_interleave(groups, dim=1)
+    out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale)
+    batch, _, seq, _ = out.shape
+    return out.transpose(1, 2).reshape(batch, seq, -1)
+
+
+def self_attention(attention: torch.nn.Module, x: torch.Tensor,
+                   rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
+                   cache=None, layer: int = 0, product: Product = linear) -> torch.Tensor:
+    """One attention sublayer (its input already normed): queries, keys and values of x,
+    rotated at their positions; with ``cache`` (B = 1), keys and values are appended to
+    layer ``layer`` of it and the queries see the whole layer, as ``mask`` allows."""
+    dim = attention.head_dim
+    query = apply_rope(heads_of(product(x, attention.q_proj), dim), rope)
+    keys = apply_rope(heads_of(product(x, attention.k_proj), dim), rope)
+    values = heads_of(product(x, attention.v_proj), dim)
+    if cache is not None:
+        keys, values = cache.update(keys, values, layer)
+    scale = getattr(attention, "scaling", dim ** -0.5)
+    return product(attend(query, keys, values, mask, scale), attention.o_proj)
+
+
+def mlp(block: torch.nn.Module, x: torch.Tensor, product: Product = linear) -> torch.Tensor:
+    """A gated MLP sublayer (its input already normed): down(act(gate(x)) * up(x))."""
+    return product(block.act_fn(product(x, block.gate_proj)) * product(x, block.up_proj),
+                   block.down_proj)
