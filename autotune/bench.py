@@ -9,7 +9,7 @@ from autotune.measure.timing import measure_with_progress
 from autotune.profile.io import read_profile
 from autotune.progress import say
 from autotune.prompts import split_prompts
-from autotune.studies.worker import TargetRef
+from autotune.models.ref import TargetRef
 from autotune.workspace import Workspace
 
 

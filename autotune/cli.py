@@ -184,7 +184,8 @@ def heads_train(
 
     from rich.console import Console
 
-    from autotune.heads.train import HeadsJob, accuracy_table, default_options, run_heads_train
+    from autotune.training.job import HeadsJob, default_options, run_heads_train
+    from autotune.training.report import accuracy_table
 
     if kind == "eagle" and num_heads is not None:
         raise AutotuneError("--num-heads is for Medusa heads only: an EAGLE head is one "

@@ -11,7 +11,7 @@ from autotune.profile.schema import (Adaptive, DraftSettings, EagleMethod, Hardw
                                      MedusaAcceptance, MedusaMethod, Measured, Methods,
                                      ModelInfo, Profile, SelfSpecMethod, SkipLayers, Workload,
                                      recommend)
-from autotune.studies.worker import TargetRef
+from autotune.models.ref import TargetRef
 from autotune.workspace import Workspace
 
 KNOWN_METHODS = ("self-spec", "medusa", "eagle", "cape")

@@ -11,8 +11,9 @@ from autotune.engine.runner import Runner
 from autotune.measure.costs import LatencyCurve, SublayerCosts
 from autotune.progress import say, step
 from autotune.prompts import Prompt, default_prompts_path, load_prompts
-from autotune.studies.storage import MeasurementCache, storage_url
-from autotune.studies.worker import TargetRef
+from autotune.studies.database import storage_url
+from autotune.studies.storage import MeasurementCache
+from autotune.models.ref import TargetRef
 
 
 @dataclass

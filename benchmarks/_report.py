@@ -24,7 +24,7 @@ def open_workspace(args: argparse.Namespace):
     """The workspace over the packaged calibration prompts (what searches use), and the
     encoded --prompts (what variants are measured on)."""
     from autotune.prompts import default_prompts_path, load_prompts
-    from autotune.studies.worker import TargetRef
+    from autotune.models.ref import TargetRef
     from autotune.workspace import Workspace
 
     ws = Workspace.open(TargetRef.for_user(args.model, args.model_path), default_prompts_path(),

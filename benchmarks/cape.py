@@ -31,7 +31,7 @@ from autotune.measure.timing import measure_variants
 from autotune.progress import step
 from autotune.profile.io import read_profile
 from autotune.prompts import load_prompts
-from autotune.studies.worker import TargetRef
+from autotune.models.ref import TargetRef
 from autotune.tuners.cape import policy_from_block
 from autotune.workspace import Workspace
 

@@ -258,7 +258,7 @@ def test_trained_head_decodes_the_embedded_model_losslessly(embedded_target, tmp
     """A head trained briefly by the real trainer on the embedded model, saved and loaded
     back: static, dynamic and draft-vocabulary decoding equal plain greedy decoding."""
     from autotune.heads.eagle import DraftProjection, load_draft_vocab, load_eagle_head
-    from autotune.heads.eagle_train import EagleOptions, train_eagle
+    from autotune.training.eagle import EagleOptions, train_eagle
 
     target = embedded_target
     texts = ["Name three fruits.", "What is rain?", "Say hello in French.",

@@ -17,11 +17,13 @@ from autotune.cli import app
 from autotune.engine.runner import Runner
 from autotune.errors import AutotuneError
 from autotune.heads.eagle import load_eagle_head
-from autotune.heads.eagle_train import (Batch, EagleOptions, EagleSequence, eagle_accuracy,
-                                        eagle_loss, new_head, train_eagle, train_eagle_head,
-                                        unrolled_mask)
-from autotune.heads.train import (IGNORE, Answer, HeadsJob, TrainOptions, answer_prompts,
-                                  default_out, generate_answers, run_heads_train, trained_on)
+from autotune.training.distill import Answer, answer_prompts, generate_answers
+from autotune.training.eagle import (Batch, EagleOptions, EagleSequence, eagle_accuracy,
+                                     eagle_loss, new_head, train_eagle, train_eagle_head,
+                                     unrolled_mask)
+from autotune.training.job import HeadsJob, default_out, run_heads_train, trained_on
+from autotune.training.loss import IGNORE
+from autotune.training.medusa import MedusaOptions
 from autotune.measure.eagle_accuracy import measure_eagle_accuracy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -250,12 +252,12 @@ def test_command_writes_a_folder_that_loads_to_the_same_head(tmp_path, tiny_llam
 
 
 def test_saved_head_gives_identical_outputs(tmp_path, tiny_target, tiny_data):
-    from autotune.heads.eagle_train import EagleResult
+    from autotune.training.eagle import EagleTrainResult
 
     model = tiny_target.model
     head = new_head(model)
     train_eagle_head(head, model, tiny_data[0], options(epochs=2, lr=3e-3))
-    EagleResult(head, [], None, 0, 0, {}).save(tmp_path / "h", tiny_target, "tiny", {})
+    EagleTrainResult(head, [], None, 0, 0, {}).save(tmp_path / "h", tiny_target, "tiny", {})
     loaded = load_eagle_head(tmp_path / "h", model.config)
     torch.manual_seed(1)
     features, embeds = torch.randn(2, 7, 64), torch.randn(2, 7, 64)
@@ -292,6 +294,6 @@ def test_bad_options(tmp_path, tiny_llama_dir, no_model_load):
         EagleOptions(init="zeros")
     with pytest.raises(AutotuneError, match="at least 1"):
         EagleOptions(unroll=0)
-    job = HeadsJob(kind="eagle", model=str(tiny_llama_dir), options=TrainOptions())
+    job = HeadsJob(kind="eagle", model=str(tiny_llama_dir), options=MedusaOptions())
     with pytest.raises(ValueError, match="EagleOptions"):
         run_heads_train(job)

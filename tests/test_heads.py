@@ -14,9 +14,11 @@ from typer.testing import CliRunner
 import autotune.models
 from autotune.cli import app
 from autotune.heads.medusa import HeadsError, MedusaHeads, load_medusa_heads
-from autotune.heads.train import (IGNORE, Answer, HeadData, TrainOptions, generate_answers,
-                                  head_accuracy, heads_loss, train_heads, train_medusa,
-                                  trained_on)
+from autotune.training.distill import Answer, generate_answers
+from autotune.training.job import trained_on
+from autotune.training.loss import IGNORE
+from autotune.training.medusa import (HeadData, MedusaOptions, head_accuracy, heads_loss,
+                                      train_heads, train_medusa)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -134,7 +136,7 @@ def test_training_lowers_the_loss_and_beats_untrained_heads_on_held_back_answers
     untrained = head_accuracy(tiny_heads(model, 3), held)
 
     heads = tiny_heads(model, 3)
-    options = TrainOptions(num_heads=3, epochs=30, positions_per_step=32, lr=1e-2,
+    options = MedusaOptions(num_heads=3, epochs=30, positions_per_step=32, lr=1e-2,
                            loss_dtype="float32")
     stats = train_heads(heads, train, options)
     assert stats.steps == 30 * 8 and not stats.stopped_by_time
@@ -149,13 +151,13 @@ def test_training_lowers_the_loss_and_beats_untrained_heads_on_held_back_answers
 def test_training_stops_at_its_time_limit(tiny_target):
     answers = generate_answers(tiny_target.model, encode(tiny_target, PROMPTS[:2]), 16)
     stats = train_heads(tiny_heads(tiny_target.model, 2), HeadData.from_answers(answers, 2),
-                        TrainOptions(num_heads=2, epochs=10_000, positions_per_step=4),
+                        MedusaOptions(num_heads=2, epochs=10_000, positions_per_step=4),
                         seconds=0.5)
     assert stats.stopped_by_time and 0 < stats.epochs < 10_000
 
 
 def test_train_medusa_reports_on_held_back_answers(tiny_target):
-    options = TrainOptions(num_heads=2, max_new_tokens=16, epochs=2, time_budget_s=None)
+    options = MedusaOptions(num_heads=2, max_new_tokens=16, epochs=2, time_budget_s=None)
     prompts = encode(tiny_target, PROMPTS)
     result = train_medusa(tiny_target, prompts[:6], prompts[6:], options)
     assert result.held_back_tokens == 2 * 16 and result.train_tokens == 6 * 16

@@ -135,13 +135,13 @@ def test_trained_heads_decode_the_embedded_model_losslessly(embedded_target):
     decoding (fused and separate head products) equals plain greedy decoding."""
     from autotune.drafters.medusa import MedusaDrafter
     from autotune.engine.decoding import decode_plain, decode_speculative
-    from autotune.heads.train import TrainOptions, train_medusa
+    from autotune.training.medusa import MedusaOptions, train_medusa
 
     target = embedded_target
     texts = ["Name three fruits.", "What is rain?", "Say hello in French.",
              "Count to five.", "What is a cat?", "Describe the sea."]
     ids = [target.encode_chat(t) for t in texts]
-    options = TrainOptions(num_heads=3, max_new_tokens=24, epochs=2, time_budget_s=None)
+    options = MedusaOptions(num_heads=3, max_new_tokens=24, epochs=2, time_budget_s=None)
     result = train_medusa(target, ids[:4], ids[4:], options)
     heads = result.heads
     runner = Runner(target.model)

@@ -11,7 +11,8 @@ from optuna.distributions import FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
 from autotune.errors import StorageError
-from autotune.studies.storage import MeasurementCache, open_storage, storage_url
+from autotune.studies.database import storage_url
+from autotune.studies.storage import MeasurementCache, open_storage
 
 SPACE = {"x": IntDistribution(0, 6), "y": FloatDistribution(0.0, 1.0)}
 

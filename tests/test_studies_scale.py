@@ -61,7 +61,7 @@ class Slow:
 class TinyTarget:
     """A trial that needs the target: the tiny LLaMA, loaded once per worker."""
 
-    ref: object  # autotune.studies.worker.TargetRef
+    ref: object  # autotune.models.ref.TargetRef
 
     def __call__(self, config: dict) -> dict:
         import torch
@@ -275,7 +275,7 @@ def test_storage_pickles_without_password():
 @pytest.mark.ray
 def test_postgres_study_with_two_workers(cluster, tiny_llama_dir):
     from autotune.studies.tune import Workers, run_study
-    from autotune.studies.worker import TargetRef
+    from autotune.models.ref import TargetRef
 
     url = postgres_url()
     name = study_name("tiny-target")

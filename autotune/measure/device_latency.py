@@ -54,7 +54,7 @@ def measure_device_latency(request: LatencyRequest) -> DeviceLatency:
         model, name = random_weights_model(request.model, request.dtype, request.device)
         runner = Runner(model)
     else:
-        from autotune.studies.worker import TargetRef
+        from autotune.models.ref import TargetRef
 
         ref = TargetRef.for_user(request.model, request.model_path, request.dtype, request.device)
         name, runner = ref.load().name, ref.runner()

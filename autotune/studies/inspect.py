@@ -19,7 +19,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import StorageError, StudyNotFoundError
-from autotune.studies.storage import open_storage, redact, storage_url
+from autotune.studies.database import redact, storage_url
+from autotune.studies.storage import open_storage
 
 FAIL_REASON = "fail_reason"   # trial user attr: why the trial failed (autotune.studies.tune)
 CLOSE_NAMES = 3               # suggestions for a mistyped study name

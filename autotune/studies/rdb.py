@@ -9,7 +9,7 @@ import optuna
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
-from autotune.studies.storage import redact
+from autotune.studies.database import created_meanwhile, redact
 
 SQLITE_BUSY_TIMEOUT_S = 60   # SQLite takes one writer at a time: wait for the lock, don't fail
 CREATE_TRIES = 3             # two processes creating the tables of a fresh database can collide
@@ -86,12 +86,6 @@ def connect(url: str) -> RDBStorage:
                 raise
             time.sleep(0.5 * (attempt + 1))  # and look again
     raise AssertionError("unreachable")
-
-
-def created_meanwhile(exc: Exception) -> bool:
-    """Another process created the same table a moment earlier (PostgreSQL: a unique
-    violation in its catalogue, or "already exists"; SQLite: "already exists")."""
-    return isinstance(exc, IntegrityError) or "already exists" in str(exc)
 
 
 def _sqlite_wal(url: str) -> None:

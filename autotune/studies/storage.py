@@ -3,64 +3,28 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
 from autotune.errors import StorageError
-
-DEFAULT_STORAGE = "sqlite:///studies/autotune.db"
-ENV_STORAGE = "AUTOTUNE_STORAGE"
-
-
-def storage_url(url: str | None = None) -> str:
-    return url or os.environ.get(ENV_STORAGE) or DEFAULT_STORAGE
-
-
-def _check_url(url: str) -> None:
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        raise StorageError(f"storage URL {url!r} is not a SQLAlchemy URL: use e.g. "
-                           f"{DEFAULT_STORAGE} or postgresql://user@host/db") from None
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        folder = Path(parsed.database).expanduser().resolve().parent
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StorageError(f"cannot create the folder of the study database {folder}: "
-                               f"{exc.strerror}; pass --storage with a writable path") from None
+from autotune.studies.database import check_url, created_meanwhile, redact, storage_url
 
 
 def open_storage(url: str | None = None):
     """Optuna RDB storage for ``url``; fails with one line when it cannot be used."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    url = storage_url(url)
-    _check_url(url)
-    try:
-        from autotune.studies.rdb import connect
+    from autotune.studies.rdb import connect
 
+    url = storage_url(url)
+    check_url(url)
+    try:
         return connect(url)
     except (SQLAlchemyError, ImportError, ValueError, RuntimeError) as exc:
         # RuntimeError: a database whose schema another Optuna version wrote
         reason = str(exc).strip().splitlines()[0][:300]
         raise StorageError(f"cannot open the study database {redact(url)}: {reason}; "
                            "check --storage or AUTOTUNE_STORAGE") from None
-
-
-def redact(url: str) -> str:
-    """The URL with its password shown as ***."""
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # an unparsable URL has no password to hide that we can find
-        return "<storage URL>"
 
 
 class MeasurementCache:
@@ -73,7 +37,7 @@ class MeasurementCache:
         import sqlalchemy as sa
 
         url = storage_url(url)
-        _check_url(url)
+        check_url(url)
         try:
             self._engine = sa.create_engine(url, **_engine_kwargs(url))
         except (sa.exc.SQLAlchemyError, ImportError) as exc:
@@ -95,8 +59,6 @@ class MeasurementCache:
                 meta.create_all(self._engine)
                 return
             except sa.exc.SQLAlchemyError as exc:
-                from autotune.studies.rdb import created_meanwhile
-
                 error = exc
                 if not created_meanwhile(exc):
                     break

@@ -194,7 +194,7 @@ def _reporting(objective: Callable[[dict], dict], threads: int | None = None):
     def trainable(config: dict) -> None:
         from ray import tune
 
-        from autotune.studies.worker import built
+        from autotune.process_cache import built
 
         _set_threads(threads)
         try:

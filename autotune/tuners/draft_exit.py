@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from autotune.drafters.self_spec import AdaptiveExit, DraftExitPolicy, LayerSkipDrafter
 from autotune.engine.skip import SkipMask
-from autotune.studies.worker import TargetRef
+from autotune.models.ref import TargetRef
 from autotune.tuners.space import DraftExitSpace
 
 

@@ -6,7 +6,7 @@ import hashlib
 from pathlib import Path
 
 from autotune.errors import AutotuneError
-from autotune.heads.train import trained_on
+from autotune.training.job import trained_on
 from autotune.progress import say
 from autotune.prompts import split_prompts
 from autotune.workspace import Workspace

@@ -18,7 +18,8 @@ from autotune.measure.head_accuracy import HeadAccuracy, measure_head_accuracy, 
 from autotune.measure.timing import Measurement, measure_side_by_side, measure_with_progress
 from autotune.progress import say, step
 from autotune.prompts import split_prompts
-from autotune.studies.worker import TargetRef, cached
+from autotune.models.ref import TargetRef
+from autotune.process_cache import cached
 from autotune.tuners.head_prompts import (confirm_and_calibration, heads_id,
                                           unseen_search_prompts)
 from autotune.tuners.medusa_tree import (grow_tree, positional_acceptance, rank_tree_sizes,

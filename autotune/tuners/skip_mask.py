@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from autotune.engine.skip import SkipMask
 from autotune.measure.costs import SublayerCosts
-from autotune.studies.worker import TargetRef, cached
+from autotune.models.ref import TargetRef
+from autotune.process_cache import cached
 from autotune.tuners.chain_model import best_static_policy
 from autotune.tuners.space import SkipMaskSpace
 

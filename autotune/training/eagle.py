@@ -1,7 +1,7 @@
 """Train an EAGLE-1/2 draft head on a frozen target by self-distillation.
 
 The data are the target's own greedy answers to calibration prompts (as for Medusa heads,
-``heads.train``), with its normed last hidden state f_t at EVERY position, prompt
+``training.medusa``), with its normed last hidden state f_t at EVERY position, prompt
 included: the head attends over the whole sequence as it does when drafting.
 
 At position t the head reads the pair (f_t, embedding of x_{t+1}). Its output there is
@@ -26,9 +26,9 @@ import torch.nn.functional as F
 
 from autotune.errors import AutotuneError
 from autotune.heads.eagle import EagleHead, head_config, save_draft_vocab, save_eagle_head
-from autotune.heads.train import (GENERATION_BATCH, IGNORE, Answer, TrainStats,
-                                  _FrozenProjectionCE, answer_prompts, loss_dtype,
-                                  train_loop, training_time)
+from autotune.training.distill import GENERATION_BATCH, Answer, answer_prompts
+from autotune.training.loop import TrainStats, train_loop, training_time
+from autotune.training.loss import IGNORE, FrozenProjectionCE, loss_dtype
 
 INITS = ("random", "identity", "last-layer")
 
@@ -61,7 +61,7 @@ class EagleOptions:
     unroll: int = 2                # steps trained per position (2: also from its own output)
     init: str = "random"           # see ``new_head``
     depth: int = 5                 # draft depths in the held-back report
-    loss_dtype: str = "auto"       # of the vocabulary product; see ``heads.train.loss_dtype``
+    loss_dtype: str = "auto"       # of the vocabulary product; see ``training.loss.loss_dtype``
     generation_batch: int = GENERATION_BATCH
     seed: int = 0
 
@@ -219,7 +219,7 @@ def eagle_loss(head: EagleHead, embed, batch: Batch, weight: torch.Tensor,
             continue
         rows = out[:, k * size:(k + 1) * size][counted]
         feature_loss = F.smooth_l1_loss(rows / scale, target.to(rows.device)[counted] / scale)
-        token_loss = _FrozenProjectionCE.apply(rows, weight, truth[counted].to(rows.device),
+        token_loss = FrozenProjectionCE.apply(rows, weight, truth[counted].to(rows.device),
                                                rows.new_full((count,), 1.0 / count))
         total = total + options.feature_weight * feature_loss + options.token_weight * token_loss
     return total
@@ -234,7 +234,7 @@ def feature_scale(sequences: list[EagleSequence]) -> float:
 def train_eagle_head(head: EagleHead, model, sequences: list[EagleSequence],
                      options: EagleOptions, seconds: float | None = None) -> TrainStats:
     """AdamW on fc and the decoder layer, minibatches of whole sequences (see
-    ``heads.train.train_loop``); the target's embedding and lm_head stay frozen."""
+    ``training.loop.train_loop``); the target's embedding and lm_head stay frozen."""
     sequences = [s for s in sequences if s.counted > 0]
     if not sequences:
         raise AutotuneError("the target's answers are too short to train an EAGLE head on "
@@ -264,7 +264,7 @@ class DepthScore:
     """The head's accuracy at one draft depth on held-back answers: depth d reads its own
     d - 1 step extrapolation (as when drafting), not the target's features."""
 
-    UNIT: ClassVar[str] = "depth"  # the first column of ``heads.train.accuracy_table``
+    UNIT: ClassVar[str] = "depth"  # the first column of ``training.report.accuracy_table``
 
     depth: int
     offset: int       # tokens ahead of the feature f_t it starts from (d + 1)
@@ -299,7 +299,7 @@ def eagle_accuracy(head: EagleHead, model, sequences: list[EagleSequence],
 # --- the job -------------------------------------------------------------------------
 
 @dataclass
-class EagleResult:
+class EagleTrainResult:
     METHOD: ClassVar[str] = ("EAGLE-1/2 self-distillation: frozen target, embedding and "
                              "lm_head; fc and one decoder layer trained")
     LOSS: ClassVar[str] = "final_loss"
@@ -324,9 +324,9 @@ class EagleResult:
 
 def train_eagle(target, search: list[list[int]], held_back: list[list[int]],
                 options: EagleOptions, started: float | None = None,
-                followups: list[tuple[str, str]] | None = None) -> EagleResult:
+                followups: list[tuple[str, str]] | None = None) -> EagleTrainResult:
     """Generate answers, train a head on the search prompts' answers, report per-depth
-    accuracy on the held-back ones; as ``heads.train.train_medusa`` (same arguments)."""
+    accuracy on the held-back ones; as ``training.medusa.train_medusa`` (same arguments)."""
     began = time.perf_counter()
     started = began if started is None else started
     model = target.model
@@ -343,7 +343,7 @@ def train_eagle(target, search: list[list[int]], held_back: list[list[int]],
     accuracy = eagle_accuracy(head, model, held, options.depth)
     done = time.perf_counter()
     counts = Counter(token for _, answer in train_pairs for token in answer.tokens)
-    return EagleResult(head, accuracy, stats, sum(len(a.tokens) for _, a in train_pairs),
+    return EagleTrainResult(head, accuracy, stats, sum(len(a.tokens) for _, a in train_pairs),
                        sum(len(a.tokens) for _, a in held_pairs),
                        {"generation": generated - began, "training": trained - generated,
                         "report": done - trained, "total": done - started}, dict(counts))
