@@ -1,24 +1,46 @@
 """Command line. Heavy libraries are imported inside commands so that --help is instant."""
+
 from __future__ import annotations
 
 import json
 import sys
 from functools import wraps
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from autotune.errors import AutotuneError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
-                  help="Fit speculative-decoding settings to your model, hardware and workload.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    help="Fit speculative-decoding settings to your model, hardware and workload.",
+)
 models_app = typer.Typer(no_args_is_help=True, help="Models autotune knows about.")
 app.add_typer(models_app, name="models")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from autotune import __version__
+
+        typer.echo(f"autotune {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    """Fit speculative-decoding settings to your model, hardware and workload."""
+
+
 def _user_errors(command):
     """An AutotuneError is the user's to fix: one line on stderr, exit status 2."""
+
     @wraps(command)
     def run(*args, **kwargs):
         try:
@@ -26,66 +48,164 @@ def _user_errors(command):
         except AutotuneError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
+
     return run
 
 
-def _threads(threads: Optional[int]) -> None:
+def _threads(threads: int | None) -> None:
     if threads:
         import torch
+
         torch.set_num_threads(threads)
+
+
+def _pairs(values: list[str] | None, option: str) -> dict[str, str]:
+    """``METHOD=VALUE`` options as {method: value}."""
+    from autotune.methods import registry
+
+    out = {}
+    for value in values or []:
+        name, sep, rest = value.partition("=")
+        if not sep or not name.strip() or not rest.strip():
+            raise AutotuneError(
+                f"{option} {value!r}: write it as METHOD=VALUE, e.g. "
+                f"{option} medusa=heads/smollm2-135m-medusa"
+            )
+        out[registry.get(name).name] = rest.strip()
+    return out
 
 
 @app.command()
 @_user_errors
 def profile(
     model: str = typer.Option("smollm2-135m", help="Alias, local model folder or .gguf file."),
-    model_path: Optional[str] = typer.Option(None, help="Where the weights of the alias are."),
-    methods: str = typer.Option("self-spec", help="Comma-separated methods to tune: self-spec, medusa, eagle, cape (with self-spec or eagle)."),
-    prompts: Optional[str] = typer.Option(None, help="JSONL calibration prompts (default: MT-bench)."),
-    out: Optional[Path] = typer.Option(None, help="Profile path (default profiles/<model>.yaml)."),
-    storage: Optional[str] = typer.Option(None, help="Study database SQLAlchemy URL "
-                                          "(default $AUTOTUNE_STORAGE or sqlite:///studies/autotune.db)."),
-    trials: Optional[int] = typer.Option(None, min=1, help="Skip-mask search trials."),
-    time_budget: Optional[float] = typer.Option(600, min=1, help="Seconds for the searches (held-back confirmation comes after)."),
-    search_space: Optional[str] = typer.Option(None, help="Search-space YAML (default search_spaces/self_spec.yaml)."),
-    medusa_heads: Optional[str] = typer.Option(None, help="Medusa head folder (upstream layout); needed by --methods medusa."),
-    medusa_search_space: Optional[str] = typer.Option(None, help="Medusa search-space YAML (default search_spaces/medusa.yaml)."),
-    eagle_head: Optional[str] = typer.Option(None, help="EAGLE head folder (upstream EAGLE-1/2 layout); needed by --methods eagle."),
-    eagle_search_space: Optional[str] = typer.Option(None, help="EAGLE search-space YAML (default search_spaces/eagle.yaml)."),
-    cape_search_space: Optional[str] = typer.Option(None, help="CAPE fit settings YAML (default search_spaces/cape.yaml); --methods self-spec,cape or eagle,cape."),
-    ray_address: Optional[str] = typer.Option(None, help="Join this Ray cluster instead of a local one (default: a local Ray instance sized to this machine)."),
-    workers: int = typer.Option(1, min=1, help="Trials at once; each worker loads the target once and keeps it between trials."),
-    cpus_per_trial: Optional[float] = typer.Option(None, min=0.1, help="Cores each trial reserves (default: a timed CPU trial takes a whole machine, a proxy trial an equal share)."),
-    gpus_per_trial: float = typer.Option(0.0, min=0.0, help="GPUs each trial reserves (timed trials then run side by side, one per GPU)."),
-    threads: Optional[int] = typer.Option(None, min=1, help="Torch threads (default: all cores)."),
+    model_path: str | None = typer.Option(None, help="Where the weights of the alias are."),
+    methods: str | None = typer.Option(
+        None,
+        help="Comma-separated methods to tune (default: every one that applies; "
+        "`autotune methods` lists them).",
+    ),
+    prompts: str | None = typer.Option(None, help="JSONL calibration prompts (default: MT-bench)."),
+    out: Path | None = typer.Option(None, help="Profile path (default profiles/<model>.yaml)."),
+    storage: str | None = typer.Option(
+        None,
+        help="Study database SQLAlchemy URL "
+        "(default $AUTOTUNE_STORAGE or sqlite:///studies/autotune.db).",
+    ),
+    trials: int | None = typer.Option(None, min=1, help="Trials of each method's main study."),
+    time_budget: float | None = typer.Option(
+        600,
+        min=1,
+        help="Seconds for each method's searches (the held-back measurement comes after).",
+    ),
+    heads: list[str] | None = typer.Option(
+        None,
+        "--heads",
+        metavar="METHOD=DIR",
+        help="Head folder a method drafts with, e.g. medusa=DIR or eagle=DIR (repeatable).",
+    ),
+    search_space: list[str] | None = typer.Option(
+        None,
+        "--search-space",
+        metavar="METHOD=FILE",
+        help="Search-space YAML laid over a method's default (repeatable; `autotune "
+        "search-space METHOD` prints the default).",
+    ),
+    heldback_prompts: int = typer.Option(
+        16, min=1, help="Held-back prompts each method is measured on."
+    ),
+    max_new_tokens: int = typer.Option(128, min=2, help="Tokens per held-back prompt."),
+    ray_address: str | None = typer.Option(
+        None,
+        help="Join this Ray cluster instead of a local one (default: a local Ray instance "
+        "sized to this machine).",
+    ),
+    workers: int = typer.Option(
+        1,
+        min=1,
+        help="Trials at once; each worker loads the target once and keeps it between trials.",
+    ),
+    cpus_per_trial: float | None = typer.Option(
+        None,
+        min=0.1,
+        help="Cores each trial reserves (default: a timed CPU trial takes a whole machine, a "
+        "proxy trial an equal share).",
+    ),
+    gpus_per_trial: float = typer.Option(
+        0.0,
+        min=0.0,
+        help="GPUs each trial reserves (timed trials then run side by side, one per GPU).",
+    ),
+    threads: int | None = typer.Option(None, min=1, help="Torch threads (default: all cores)."),
 ):
     """Tune the methods on this model and device; write a YAML decoding profile."""
-    from autotune.profiling import ProfileOptions, parse_methods, run_profile, verdict
+    from autotune.profiling import ProfileRequest, parse_methods, run_profile, verdict
+    from autotune.studies.workers import Workers
 
     _threads(threads)
-    options = ProfileOptions(model=model, model_path=model_path, methods=parse_methods(methods),
-                             prompts=prompts, out=out, storage=storage, trials=trials,
-                             time_budget_s=time_budget, search_space=search_space,
-                             medusa_heads=medusa_heads, medusa_search_space=medusa_search_space,
-                             eagle_head=eagle_head, eagle_search_space=eagle_search_space,
-                             cape_search_space=cape_search_space, ray_address=ray_address,
-                             workers=workers, cpus_per_trial=cpus_per_trial,
-                             gpus_per_trial=gpus_per_trial)
-    result, path = run_profile(options)
+    request = ProfileRequest(
+        model=model,
+        model_path=model_path,
+        methods=parse_methods(methods) if methods is not None else None,
+        prompts=prompts,
+        out=out,
+        storage=storage,
+        trials=trials,
+        time_budget_s=time_budget,
+        heads=_pairs(heads, "--heads"),
+        search_spaces=_pairs(search_space, "--search-space"),
+        heldback_prompts=heldback_prompts,
+        max_new_tokens=max_new_tokens,
+        workers=Workers(workers, cpus_per_trial, gpus_per_trial, ray_address),
+    )
+    result, path = run_profile(request)
     typer.echo(f"wrote {path}")
     for line in verdict(result):
         typer.echo(line)
+
+
+@app.command("methods")
+@_user_errors
+def methods_command():
+    """The speculative methods autotune tunes, and the engines each exports to."""
+    from autotune.methods import registry
+    from autotune.methods.base import Method
+
+    for name, entry in registry.entries().items():
+        if isinstance(entry, Method):
+            needs = f"; needs {entry.heads} heads" if entry.heads else ""
+            engines = ", ".join(entry.exporters) or "-"
+            typer.echo(f"{name:10} {entry.title}: {entry.summary}{needs}; exports: {engines}")
+        else:
+            chains = ", ".join(n for n, m in registry.methods().items() if m.chain)
+            typer.echo(f"{name:10} {entry.title}: {entry.summary}; widens: {chains}")
+
+
+@app.command("search-space")
+@_user_errors
+def search_space_command(method: str = typer.Argument(..., metavar="METHOD")):
+    """Print a method's default search space (YAML): copy it, edit it, pass it back with
+    `profile --search-space METHOD=FILE`."""
+    from autotune.methods import registry
+    from autotune.methods.base import packaged_space_text
+
+    entry = registry.get(method)
+    if entry.space_model is None:
+        raise AutotuneError(f"{entry.name} has no search space")
+    typer.echo(packaged_space_text(entry), nl=False)
 
 
 @app.command()
 @_user_errors
 def bench(
     profile_path: Path = typer.Argument(..., metavar="PROFILE"),
-    prompts: Optional[str] = typer.Option(None, help="JSONL prompts (default: the profile's held-back split)."),
+    prompts: str | None = typer.Option(
+        None, help="JSONL prompts (default: the profile's held-back split)."
+    ),
     max_new_tokens: int = typer.Option(128, min=1),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object keyed by method."),
-    model_path: Optional[str] = typer.Option(None, help="Override where the model is."),
-    threads: Optional[int] = typer.Option(None, min=1),
+    model_path: str | None = typer.Option(None, help="Override where the model is."),
+    threads: int | None = typer.Option(None, min=1),
 ):
     """Re-measure a profile's methods against plain greedy decoding, independently."""
     from autotune.bench import bench_profile
@@ -96,9 +216,11 @@ def bench(
         typer.echo(json.dumps(results, indent=2))
         return
     for method, row in results.items():
-        typer.echo(f"{method}: {row['speedup']:.3f}x ({row['tokens_per_s']:.1f} vs "
-                   f"{row['baseline_tokens_per_s']:.1f} tokens/s), {row['tokens_per_step']:.2f} "
-                   f"tokens/step, lossless {row['lossless']}")
+        typer.echo(
+            f"{method}: {row['speedup']:.3f}x ({row['tokens_per_s']:.1f} vs "
+            f"{row['baseline_tokens_per_s']:.1f} tokens/s), {row['tokens_per_step']:.2f} "
+            f"tokens/step, lossless {row['lossless']}"
+        )
 
 
 @app.command()
@@ -121,9 +243,10 @@ def validate(profile_path: Path = typer.Argument(..., metavar="PROFILE")):
 def export(
     profile_path: Path = typer.Argument(..., metavar="PROFILE"),
     engine: str = typer.Option(..., help="vllm, sglang, trtllm, hf, llamacpp or dv."),
-    method: Optional[str] = typer.Option(
-        None, help="self_spec, medusa or eagle (default: the profile's recommended method)."),
-    out: Optional[Path] = typer.Option(None, help="Write to this file instead of stdout."),
+    method: str | None = typer.Option(
+        None, help="The method to export (default: the profile's recommended method)."
+    ),
+    out: Path | None = typer.Option(None, help="Write to this file instead of stdout."),
 ):
     """Write a profile's settings in a serving engine's own format. What the engine cannot
     express is printed as a warning and kept as a comment in the output."""
@@ -159,24 +282,34 @@ app.add_typer(heads_app, name="heads")
 @heads_app.command("train")
 @_user_errors
 def heads_train(
-    kind: str = typer.Option(..., help="Head kind: medusa (Medusa-1 heads) or eagle "
-                                       "(an EAGLE-1/2 draft head: one decoder layer)."),
+    kind: str = typer.Option(
+        ...,
+        help="Head kind: medusa (Medusa-1 heads) or eagle "
+        "(an EAGLE-1/2 draft head: one decoder layer).",
+    ),
     model: str = typer.Option("smollm2-135m", help="Alias, local model folder or .gguf file."),
-    model_path: Optional[str] = typer.Option(None, help="Where the weights of the alias are."),
-    out: Optional[Path] = typer.Option(
-        None, help="Heads folder (default heads/<model>-medusa or heads/<model>-eagle)."),
-    num_heads: Optional[int] = typer.Option(
-        None, min=1, help="Medusa only: heads; head k predicts k+2 tokens ahead (default 5)."),
-    prompts: Optional[str] = typer.Option(None, help="JSONL calibration prompts (default: MT-bench)."),
-    max_new_tokens: Optional[int] = typer.Option(
-        None, min=2, help="Length of the target's answers to train on (default 256)."),
-    epochs: Optional[int] = typer.Option(
-        None, min=1, help="Passes over the answers (default: medusa 6, eagle 40)."),
-    time_budget: Optional[float] = typer.Option(
-        None, min=1, help="Seconds for generation and training together (default: medusa 780, "
-                          "eagle 870): training ends early to keep it; the held-back report "
-                          "comes after."),
-    threads: Optional[int] = typer.Option(None, min=1, help="Torch threads (default: all cores)."),
+    model_path: str | None = typer.Option(None, help="Where the weights of the alias are."),
+    out: Path | None = typer.Option(
+        None, help="Heads folder (default heads/<model>-medusa or heads/<model>-eagle)."
+    ),
+    num_heads: int | None = typer.Option(
+        None, min=1, help="Medusa only: heads; head k predicts k+2 tokens ahead (default 5)."
+    ),
+    prompts: str | None = typer.Option(None, help="JSONL calibration prompts (default: MT-bench)."),
+    max_new_tokens: int | None = typer.Option(
+        None, min=2, help="Length of the target's answers to train on (default 256)."
+    ),
+    epochs: int | None = typer.Option(
+        None, min=1, help="Passes over the answers (default: medusa 6, eagle 40)."
+    ),
+    time_budget: float | None = typer.Option(
+        None,
+        min=1,
+        help="Seconds for generation and training together (default: medusa 780, "
+        "eagle 870): training ends early to keep it; the held-back report "
+        "comes after.",
+    ),
+    threads: int | None = typer.Option(None, min=1, help="Torch threads (default: all cores)."),
 ):
     """Train heads on the target's own greedy answers; report accuracy on held-back prompts
     (per head for Medusa; per draft depth for EAGLE, each depth drafting from the last)."""
@@ -188,22 +321,35 @@ def heads_train(
     from autotune.training.report import accuracy_table
 
     if kind == "eagle" and num_heads is not None:
-        raise AutotuneError("--num-heads is for Medusa heads only: an EAGLE head is one "
-                            "decoder layer that drafts depth by depth; leave --num-heads out")
+        raise AutotuneError(
+            "--num-heads is for Medusa heads only: an EAGLE head is one "
+            "decoder layer that drafts depth by depth; leave --num-heads out"
+        )
     _threads(threads)
-    given = {"num_heads": num_heads, "max_new_tokens": max_new_tokens, "epochs": epochs,
-             "time_budget_s": time_budget}
-    options = dataclasses.replace(default_options(kind),
-                                  **{k: v for k, v in given.items() if v is not None})
-    job = HeadsJob(kind=kind, model=model, model_path=model_path, prompts=prompts, out=out,
-                   options=options)
+    given = {
+        "num_heads": num_heads,
+        "max_new_tokens": max_new_tokens,
+        "epochs": epochs,
+        "time_budget_s": time_budget,
+    }
+    options = dataclasses.replace(
+        default_options(kind), **{k: v for k, v in given.items() if v is not None}
+    )
+    job = HeadsJob(
+        kind=kind, model=model, model_path=model_path, prompts=prompts, out=out, options=options
+    )
     result, folder = run_heads_train(job)
     stats = result.stats
-    Console().print(accuracy_table(
-        result.accuracy, f"held-back accuracy ({result.held_back_tokens} answer tokens)"))
-    typer.echo(f"trained {stats.epochs:.2f} epochs ({stats.steps} steps"
-               f"{', stopped by --time-budget' if stats.stopped_by_time else ''}) on "
-               f"{result.train_tokens} answer tokens in {result.seconds['total']:.0f} s")
+    Console().print(
+        accuracy_table(
+            result.accuracy, f"held-back accuracy ({result.held_back_tokens} answer tokens)"
+        )
+    )
+    typer.echo(
+        f"trained {stats.epochs:.2f} epochs ({stats.steps} steps"
+        f"{', stopped by --time-budget' if stats.stopped_by_time else ''}) on "
+        f"{result.train_tokens} answer tokens in {result.seconds['total']:.0f} s"
+    )
     typer.echo(f"wrote {folder}")
 
 
@@ -211,26 +357,40 @@ def heads_train(
 @_user_errors
 def latency(
     model: str = typer.Option("smollm2-135m", help="Alias, local model folder or .gguf file."),
-    model_path: Optional[str] = typer.Option(None, help="Where the weights of the alias are."),
+    model_path: str | None = typer.Option(None, help="Where the weights of the alias are."),
     random_weights: bool = typer.Option(
-        False, "--random-weights", help="Build the model from its architecture alone (an alias's "
+        False,
+        "--random-weights",
+        help="Build the model from its architecture alone (an alias's "
         "known shapes, or a folder's config.json) with random weights and no tokenizer: time a "
-        "device before the weights are on it."),
+        "device before the weights are on it.",
+    ),
     max_tokens: int = typer.Option(16, min=1, help="Verify sizes n = 1..N new tokens."),
     dtype: str = typer.Option("float32", help="float32, float16 or bfloat16."),
     device: str = typer.Option("cpu", help="cpu or cuda."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    threads: Optional[int] = typer.Option(None, min=1, help="Torch threads (default: all cores)."),
+    threads: int | None = typer.Option(None, min=1, help="Torch threads (default: all cores)."),
 ):
     """This device's verify-latency curve: the time of one target forward over n new tokens
     after a context, and its cost relative to one token."""
-    from autotune.measure.device_latency import (LatencyRequest, latency_heading,
-                                                 latency_table, measure_device_latency)
+    from autotune.measure.device_latency import (
+        LatencyRequest,
+        latency_heading,
+        latency_table,
+        measure_device_latency,
+    )
 
     _threads(threads)
-    result = measure_device_latency(LatencyRequest(
-        model=model, model_path=model_path, random_weights=random_weights,
-        max_tokens=max_tokens, dtype=dtype, device=device))
+    result = measure_device_latency(
+        LatencyRequest(
+            model=model,
+            model_path=model_path,
+            random_weights=random_weights,
+            max_tokens=max_tokens,
+            dtype=dtype,
+            device=device,
+        )
+    )
     if json_out:
         typer.echo(json.dumps(result.as_dict(), indent=2))
         return
@@ -238,11 +398,13 @@ def latency(
     _console().print(latency_table(result))
 
 
-studies_app = typer.Typer(no_args_is_help=True,
-                          help="The study database: list, show, trials, plot, delete.")
+studies_app = typer.Typer(
+    no_args_is_help=True, help="The study database: list, show, trials, plot, delete."
+)
 app.add_typer(studies_app, name="studies")
-_STORAGE_HELP = "Study database SQLAlchemy URL (default $AUTOTUNE_STORAGE or " \
-                "sqlite:///studies/autotune.db)."
+_STORAGE_HELP = (
+    "Study database SQLAlchemy URL (default $AUTOTUNE_STORAGE or sqlite:///studies/autotune.db)."
+)
 
 
 def _console():
@@ -255,7 +417,7 @@ def _console():
 
 @studies_app.command("list")
 @_user_errors
-def studies_list(storage: Optional[str] = typer.Option(None, help=_STORAGE_HELP)):
+def studies_list(storage: str | None = typer.Option(None, help=_STORAGE_HELP)):
     """Every study: model, method, trials, best value and measured speedup, last update."""
     from autotune.studies.inspect import StudyDatabase, studies_table
 
@@ -272,9 +434,10 @@ def studies_list(storage: Optional[str] = typer.Option(None, help=_STORAGE_HELP)
 @_user_errors
 def studies_show(
     name: str = typer.Argument(..., metavar="NAME"),
-    storage: Optional[str] = typer.Option(None, help=_STORAGE_HELP),
-    profiles: Path = typer.Option(Path("profiles"), help="Folder of profiles to search for the "
-                                                         "one this study fed."),
+    storage: str | None = typer.Option(None, help=_STORAGE_HELP),
+    profiles: Path = typer.Option(
+        Path("profiles"), help="Folder of profiles to search for the one this study fed."
+    ),
 ):
     """A study's best parameters and measured figures, its attributes, and the profile it fed."""
     from autotune.studies.inspect import StudyDatabase, profiles_naming, show_lines
@@ -289,21 +452,35 @@ def studies_show(
 @_user_errors
 def studies_trials(
     name: str = typer.Argument(..., metavar="NAME"),
-    storage: Optional[str] = typer.Option(None, help=_STORAGE_HELP),
-    top: Optional[int] = typer.Option(None, min=1, help="Only the N best trials."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object, every "
-                                                        "parameter and measured figure."),
+    storage: str | None = typer.Option(None, help=_STORAGE_HELP),
+    top: int | None = typer.Option(None, min=1, help="Only the N best trials."),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print one JSON object, every parameter and measured figure."
+    ),
 ):
     """A study's trials, best first: number, state, value, parameters, fail reason, duration."""
-    from autotune.studies.inspect import (StudyDatabase, constant_params_note, trials_heading,
-                                          trials_table)
+    from autotune.studies.inspect import (
+        StudyDatabase,
+        constant_params_note,
+        trials_heading,
+        trials_table,
+    )
 
     summary = StudyDatabase(storage).summary(name)
     rows = summary.trials[:top] if top else summary.trials
     if json_out:
-        typer.echo(json.dumps({"study": summary.name, "direction": summary.direction,
-                               "objective": summary.user_attrs.get("objective"),
-                               "trials": [row.as_dict() for row in rows]}, indent=2, default=str))
+        typer.echo(
+            json.dumps(
+                {
+                    "study": summary.name,
+                    "direction": summary.direction,
+                    "objective": summary.user_attrs.get("objective"),
+                    "trials": [row.as_dict() for row in rows],
+                },
+                indent=2,
+                default=str,
+            )
+        )
         return
     typer.echo(trials_heading(summary, rows))
     _console().print(trials_table(rows))
@@ -316,7 +493,7 @@ def studies_trials(
 @_user_errors
 def studies_plot(
     name: str = typer.Argument(..., metavar="NAME"),
-    storage: Optional[str] = typer.Option(None, help=_STORAGE_HELP),
+    storage: str | None = typer.Option(None, help=_STORAGE_HELP),
     out: Path = typer.Option(Path("studies/plots"), help="Folder for the PNG files."),
 ):
     """Optimisation history and parameter importance of a study, as PNG files."""
@@ -333,7 +510,7 @@ def studies_plot(
 @_user_errors
 def studies_delete(
     name: str = typer.Argument(..., metavar="NAME"),
-    storage: Optional[str] = typer.Option(None, help=_STORAGE_HELP),
+    storage: str | None = typer.Option(None, help=_STORAGE_HELP),
     yes: bool = typer.Option(False, "--yes", "-y", help="Delete without asking."),
 ):
     """Delete one study and its trials (nothing else: measurements and profiles stay)."""
@@ -341,8 +518,9 @@ def studies_delete(
 
     db = StudyDatabase(storage)
     trials = len(db.summary(name).trials)
-    if not yes and not typer.confirm(f"delete study {name} and its {trials} trials from "
-                                     f"{db.where}?", default=False):
+    if not yes and not typer.confirm(
+        f"delete study {name} and its {trials} trials from {db.where}?", default=False
+    ):
         typer.echo("not deleted", err=True)
         raise typer.Exit(1)
     db.delete(name)

@@ -1,4 +1,5 @@
 """A description of the device measurements were taken on."""
+
 from __future__ import annotations
 
 import platform
@@ -11,8 +12,12 @@ def describe(device: str = "cpu") -> dict:
         name = torch.cuda.get_device_name(torch.device(device))
     else:
         name = _cpu_name()
-    return {"device": device, "device_name": name, "threads": torch.get_num_threads(),
-            "torch_version": torch.__version__}
+    return {
+        "device": device,
+        "device_name": name,
+        "threads": torch.get_num_threads(),
+        "torch_version": torch.__version__,
+    }
 
 
 def key(info: dict) -> str:

@@ -4,6 +4,7 @@ Ray Tune reuses a trial's worker (actor) for the next trial of the same size
 (``reuse_actors=True``), so what is built here lives as long as the worker does; in the
 main process it lives for the command.
 """
+
 from __future__ import annotations
 
 from collections import Counter

@@ -65,7 +65,9 @@ def load_prompts(path: str | Path) -> list[Prompt]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
-        raise PromptsFileError(f"cannot read prompts file {path} ({e}): pass a UTF-8 JSONL file")
+        raise PromptsFileError(
+            f"cannot read prompts file {path} ({e}): pass a UTF-8 JSONL file"
+        ) from None
     prompts: list[Prompt] = []
     seen: set[str] = set()
     for line_no, line in enumerate(lines, start=1):

@@ -1,4 +1,5 @@
 """What every command works on: the target, its prompts, the device, the study database."""
+
 from __future__ import annotations
 
 import hashlib
@@ -9,17 +10,18 @@ from pathlib import Path
 from autotune import hardware
 from autotune.engine.runner import Runner
 from autotune.measure.costs import LatencyCurve, SublayerCosts
+from autotune.models.loading import Target
+from autotune.models.ref import TargetRef
 from autotune.progress import say, step
-from autotune.prompts import Prompt, default_prompts_path, load_prompts
+from autotune.prompts import Prompt, default_prompts_path, load_prompts, split_prompts
 from autotune.studies.database import storage_url
 from autotune.studies.storage import MeasurementCache
-from autotune.models.ref import TargetRef
 
 
 @dataclass
 class Workspace:
     ref: TargetRef
-    target: object
+    target: Target
     runner: Runner
     prompts_path: Path
     prompts: list[Prompt]
@@ -28,8 +30,13 @@ class Workspace:
     _cache: MeasurementCache | None = None
 
     @classmethod
-    def open(cls, ref: TargetRef, prompts: str | Path | None, storage: str | None,
-             need_storage: bool = True) -> "Workspace":
+    def open(
+        cls,
+        ref: TargetRef,
+        prompts: str | Path | None,
+        storage: str | None,
+        need_storage: bool = True,
+    ) -> Workspace:
         from autotune.models import resolve_model
 
         # Cheap checks first, so that bad input fails before any long work or any write.
@@ -39,9 +46,24 @@ class Workspace:
         url = storage_url(storage)
         cache = MeasurementCache(url) if need_storage else None
         target = ref.load()
-        return cls(ref=ref, target=target, runner=ref.runner(), prompts_path=path,
-                   prompts=loaded, storage=url, hardware=hardware.describe(ref.device),
-                   _cache=cache)
+        return cls(
+            ref=ref,
+            target=target,
+            runner=ref.runner(),
+            prompts_path=path,
+            prompts=loaded,
+            storage=url,
+            hardware=hardware.describe(ref.device),
+            _cache=cache,
+        )
+
+    def search_prompts(self) -> list[Prompt]:
+        """Where every choice is made."""
+        return split_prompts(self.prompts)[0]
+
+    def heldback_prompts(self) -> list[Prompt]:
+        """Measured once, for the final choices: the figures reported."""
+        return split_prompts(self.prompts)[1]
 
     def encode(self, prompts: list[Prompt]) -> list[tuple[str, list[int]]]:
         return [(p.id, self.target.encode_chat(p.text)) for p in prompts]
@@ -52,8 +74,10 @@ class Workspace:
         if self._cache is not None:
             hit = self._cache.get(kind, self.target.fingerprint, hw, key)
             if hit is not None:
-                say(f"[dim]reusing {kind} measured earlier for this model"
-                    f"{' on this device' if device_bound else ''}[/dim]")
+                say(
+                    f"[dim]reusing {kind} measured earlier for this model"
+                    f"{' on this device' if device_bound else ''}[/dim]"
+                )
                 return hit
         value = build()
         if self._cache is not None:
@@ -96,11 +120,13 @@ class Workspace:
 
         def build():
             with step(f"latency: verify curve n = 1..{max_tokens}", repeats + 1) as advance:
-                return measure_latency_curve(self.runner, max_tokens, repeats,
-                                             progress=advance).seconds
+                return measure_latency_curve(
+                    self.runner, max_tokens, repeats, progress=advance
+                ).seconds
 
-        return LatencyCurve(self.cached_measurement(
-            "latency", f"verify curve <= {max_tokens} x{repeats}", build))
+        return LatencyCurve(
+            self.cached_measurement("latency", f"verify curve <= {max_tokens} x{repeats}", build)
+        )
 
 
 def _digest(*parts) -> str:

@@ -1,5 +1,6 @@
 """What the benchmark scripts share: the measuring arguments, the workspace they search in,
 and the output (JSON, or one line per variant)."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,13 +24,38 @@ def measuring_arguments(parser: argparse.ArgumentParser) -> None:
 def open_workspace(args: argparse.Namespace):
     """The workspace over the packaged calibration prompts (what searches use), and the
     encoded --prompts (what variants are measured on)."""
-    from autotune.prompts import default_prompts_path, load_prompts
     from autotune.models.ref import TargetRef
+    from autotune.prompts import default_prompts_path, load_prompts
     from autotune.workspace import Workspace
 
-    ws = Workspace.open(TargetRef.for_user(args.model, args.model_path), default_prompts_path(),
-                        args.storage)
+    ws = Workspace.open(
+        TargetRef.for_user(args.model, args.model_path), default_prompts_path(), args.storage
+    )
     return ws, ws.encode(load_prompts(args.prompts)[: args.limit])
+
+
+def tune(ws, method: str, heads: str | None = None, trials: int | None = None):
+    """``method``'s setting as `autotune profile` chooses it (search split only)."""
+    from autotune.profiling import ProfileRequest, make_plan, tune_methods
+
+    request = ProfileRequest(
+        model=ws.ref.spec, methods=(method,), trials=trials, heads={method: heads} if heads else {}
+    )
+    tuned, _ = tune_methods(make_plan(request), ws, request)
+    return tuned[method]
+
+
+def measure(ws, makers: dict, prompts, max_new_tokens: int) -> dict:
+    """Every variant against one plain greedy decoding per prompt, interleaved."""
+    from autotune.measure.timing import measure_variants
+    from autotune.progress import step
+
+    with step(
+        "measure the variants, interleaved prompt by prompt", len(prompts) * len(makers)
+    ) as advance:
+        return measure_variants(
+            ws.runner, makers, prompts, max_new_tokens, on_prompt=lambda _: advance()
+        )
 
 
 def tuned_ratios(results: dict, others) -> dict:
@@ -44,6 +70,9 @@ def print_report(report: dict, as_json: bool, extra: str = "") -> None:
         print(json.dumps(report, indent=2))
         return
     for name, row in report["variants"].items():
-        say(f"{name:13} {row['speedup']:.3f}x  {row['tokens_per_step']:.2f} tokens/step  "
-            + (extra.format(**row) + "  " if extra else "") + f"lossless {row['lossless']}")
+        say(
+            f"{name:13} {row['speedup']:.3f}x  {row['tokens_per_step']:.2f} tokens/step  "
+            + (extra.format(**row) + "  " if extra else "")
+            + f"lossless {row['lossless']}"
+        )
     say(json.dumps(report["ratios"]))

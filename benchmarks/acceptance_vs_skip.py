@@ -3,6 +3,7 @@
     python benchmarks/acceptance_vs_skip.py --storage sqlite:///studies/autotune.db \
         --study smollm2-135m/self_spec/skip_mask [--json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,19 +28,28 @@ def main() -> None:
     rows = []
     for ratio in sorted(bins):
         group = bins[ratio]
-        rows.append({"skip_ratio": ratio, "masks": len(group),
-                     "first_token_acceptance_mean": round(sum(a["acceptance"] for a in group) / len(group), 3),
-                     "first_token_acceptance_best": round(max(a["acceptance"] for a in group), 3),
-                     "draft_cost_relative": round(sum(a["draft_ratio"] for a in group) / len(group), 3),
-                     "proxy_speedup_best": round(max(a["objective"] for a in group), 3)})
+        rows.append(
+            {
+                "skip_ratio": ratio,
+                "masks": len(group),
+                "first_token_acceptance_mean": round(
+                    sum(a["acceptance"] for a in group) / len(group), 3
+                ),
+                "first_token_acceptance_best": round(max(a["acceptance"] for a in group), 3),
+                "draft_cost_relative": round(sum(a["draft_ratio"] for a in group) / len(group), 3),
+                "proxy_speedup_best": round(max(a["objective"] for a in group), 3),
+            }
+        )
     if args.json:
         print(json.dumps(rows, indent=2))
         return
     print("skip_ratio masks acceptance(mean/best) draft_cost proxy_speedup_best")
     for r in rows:
-        print(f"{r['skip_ratio']:10.1f} {r['masks']:5d} {r['first_token_acceptance_mean']:.3f}/"
-              f"{r['first_token_acceptance_best']:.3f}        {r['draft_cost_relative']:.3f}"
-              f"      {r['proxy_speedup_best']:.3f}")
+        print(
+            f"{r['skip_ratio']:10.1f} {r['masks']:5d} {r['first_token_acceptance_mean']:.3f}/"
+            f"{r['first_token_acceptance_best']:.3f}        {r['draft_cost_relative']:.3f}"
+            f"      {r['proxy_speedup_best']:.3f}"
+        )
 
 
 if __name__ == "__main__":

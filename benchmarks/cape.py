@@ -16,6 +16,7 @@ prompt by prompt; a variant whose policy equals an earlier one's (the fit may ch
 expansion) is that one's measurement, marked `same_as`. --prompts is only where the
 variants are measured.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,65 +25,91 @@ from dataclasses import replace
 from pathlib import Path
 
 # benchmarks/ is on sys.path when run as a script
-from _report import measuring_arguments, print_report
-from autotune.bench import cape_drafter
-from autotune.drafters.cape import NO_EXPANSION, PUBLISHED
-from autotune.measure.timing import measure_variants
-from autotune.progress import step
+from _report import measure, measuring_arguments, print_report
+
+from autotune.drafters.cape import NO_EXPANSION, PUBLISHED, CapeDrafter, CapePolicy
+from autotune.methods import registry
+from autotune.methods.base import DraftEnv
+from autotune.models.ref import TargetRef
 from autotune.profile.io import read_profile
 from autotune.prompts import load_prompts
-from autotune.models.ref import TargetRef
-from autotune.tuners.cape import policy_from_block
 from autotune.workspace import Workspace
+
+
+def cape_drafter(method: str, block, env: DraftEnv, policy: CapePolicy):
+    """The method's chain drafter (its chain of the fitted depth) with ``policy``."""
+    base = registry.get(method).chain_drafter(
+        block, env, max(policy.expansion), block.cape.chain_depth
+    )
+    return lambda: CapeDrafter(base(), policy)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", required=True, help="a profile with a fitted cape block")
-    parser.add_argument("--drafter", required=True, choices=["self_spec", "eagle"])
+    parser.add_argument(
+        "--drafter", required=True, choices=[n for n, e in registry.methods().items() if e.chain]
+    )
     measuring_arguments(parser)
     args = parser.parse_args()
 
     profile = read_profile(Path(args.profile))
     block = getattr(profile.methods, args.drafter)
     if block is None or block.cape is None:
-        raise SystemExit(f"{args.profile} has no fitted cape block for {args.drafter}: run "
-                         f"`autotune profile --methods {args.drafter.replace('_', '-')},cape`")
-    ws = Workspace.open(TargetRef.for_user(profile.model.name, args.model_path or
-                                           profile.model.path),
-                        args.prompts, storage=None, need_storage=False)
+        raise SystemExit(
+            f"{args.profile} has no fitted cape block for {args.drafter}: run "
+            f"`autotune profile --methods {args.drafter},cape`"
+        )
+    ws = Workspace.open(
+        TargetRef.for_user(profile.model.name, args.model_path or profile.model.path),
+        args.prompts,
+        storage=None,
+        need_storage=False,
+    )
     measure_on = ws.encode(load_prompts(args.prompts)[: args.limit])
+    env = DraftEnv(ws.ref, ws.runner, Path(args.profile).resolve().parent)
 
-    fitted = policy_from_block(block.cape)
+    fitted = block.cape.policy()
     budget = fitted.max_verify_tokens
-    variants = {"fitted": fitted,
-                **{name: replace(p, max_verify_tokens=budget) for name, p in PUBLISHED.items()},
-                "no_expansion": replace(NO_EXPANSION, max_verify_tokens=budget)}
+    variants = {
+        "fitted": fitted,
+        **{name: replace(p, max_verify_tokens=budget) for name, p in PUBLISHED.items()},
+        "no_expansion": replace(NO_EXPANSION, max_verify_tokens=budget),
+    }
     # a policy equal to another is measured once: two timings of one setting differ
     # only by noise
     first_of = {}
     for name, policy in variants.items():
         first_of.setdefault(policy, name)
     unique = {name: policy for policy, name in first_of.items()}
-    with step("measure the variants, interleaved prompt by prompt",
-              len(measure_on) * len(unique)) as advance:
-        measured = measure_variants(
-            ws.runner, {name: cape_drafter(args.drafter, block, ws, policy)
-                        for name, policy in unique.items()},
-            measure_on, args.max_new_tokens, on_prompt=lambda _: advance())
+    measured = measure(
+        ws,
+        {name: cape_drafter(args.drafter, block, env, policy) for name, policy in unique.items()},
+        measure_on,
+        args.max_new_tokens,
+    )
     results = {}
     for name, policy in variants.items():
         first = first_of[policy]
-        results[name] = {**measured[first].summary(), "bins": list(policy.edges),
-                         "expansion": list(policy.expansion),
-                         **({"same_as": first} if first != name else {})}
+        results[name] = {
+            **measured[first].summary(),
+            "bins": list(policy.edges),
+            "expansion": list(policy.expansion),
+            **({"same_as": first} if first != name else {}),
+        }
     fitted_speedup = results["fitted"]["speedup"]
     report = {
         "variants": results,
-        "ratios": {f"fitted_vs_{k}": round(fitted_speedup / results[k]["speedup"], 4)
-                   for k in results if k != "fitted"},
-        "drafter": args.drafter, "chain_depth": block.cape.chain_depth,
-        "profile": args.profile, "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
+        "ratios": {
+            f"fitted_vs_{k}": round(fitted_speedup / results[k]["speedup"], 4)
+            for k in results
+            if k != "fitted"
+        },
+        "drafter": args.drafter,
+        "chain_depth": block.cape.chain_depth,
+        "profile": args.profile,
+        "prompts": args.prompts,
+        "max_new_tokens": args.max_new_tokens,
     }
     print_report(report, args.json, extra="{expansion}")
     return 0

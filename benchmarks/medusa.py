@@ -2,7 +2,8 @@
 
     python benchmarks/medusa.py --heads DIR --prompts FILE --max-new-tokens N --json
 
-Variants, each measured against plain greedy decoding in this one process on --prompts:
+Variants, each measured against plain greedy decoding in this one process on --prompts,
+interleaved prompt by prompt against one shared plain decoding:
   tuned         our search (measured path accuracies, trees sized with this device's
                 verify-latency curve, confirmed by wall clock in a study); or the tree of
                 --profile when given
@@ -11,6 +12,7 @@ Variants, each measured against plain greedy decoding in this one process on --p
 The search uses the packaged calibration prompts' search split; --prompts is only where
 the variants are measured.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,24 +20,25 @@ import sys
 from pathlib import Path
 
 # benchmarks/ is on sys.path when run as a script
-from _report import measuring_arguments, open_workspace, print_report, tuned_ratios
-from autotune.profile.io import read_profile
-from autotune.tuners.medusa import load_heads_for, measure_tree, search_medusa
+from _report import measure, measuring_arguments, open_workspace, print_report, tune, tuned_ratios
+
+from autotune.drafters.medusa import MedusaDrafter
 from autotune.engine.tree import chain_tree
+from autotune.methods import registry
+from autotune.methods.medusa.trials import load_heads_for
+from autotune.profile.io import read_profile
 from autotune.tuners.medusa_tree import MC_SIM_7B_63, clip_tree
-from autotune.tuners.self_spec import SearchLimits
-from autotune.tuners.space import load_medusa_space
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heads", required=True, help="Medusa head folder")
     measuring_arguments(parser)
-    parser.add_argument("--profile", help="take the tuned tree from this profile instead "
-                                          "of searching")
+    parser.add_argument(
+        "--profile", help="take the tuned tree from this profile instead of searching"
+    )
     args = parser.parse_args()
 
-    space = load_medusa_space()
     ws, measure_on = open_workspace(args)
     heads_dir = str(Path(args.heads).expanduser().resolve())
     heads = load_heads_for(ws.ref, heads_dir)
@@ -44,30 +47,42 @@ def main() -> int:
         block = read_profile(Path(args.profile)).methods.medusa
         if block is None:
             raise SystemExit(f"{args.profile} has no medusa method")
-        tuned, search = [tuple(p) for p in block.tree], {"profile": args.profile}
+        tuned, search = block.choices(), {"profile": args.profile}
     else:
-        choice = search_medusa(ws, space, heads_dir, SearchLimits())
-        tuned, search = choice.tree, choice.search
+        settings = tune(ws, "medusa", heads=heads_dir)
+        tuned, search = settings.choices(), settings.search
 
-    max_rank = space.calibration.max_rank
+    max_rank = registry.get("medusa").space().calibration.max_rank
     variants = {
         "tuned": tuned,
         "mc_sim_7b_63": clip_tree(MC_SIM_7B_63, heads.num_heads, max_rank),
         "chain": chain_tree(heads.num_heads),
     }
-    results = {}
-    for name, tree in variants.items():
-        m = measure_tree(ws, heads, tree, measure_on, args.max_new_tokens,
-                         f"measure {name} ({len(tree)} nodes)")
-        results[name] = {**m.summary(), "nodes": len(tree),
-                         "depth": max(len(p) for p in tree), "tree": [list(p) for p in tree]}
+    measured = measure(
+        ws,
+        {name: (lambda t=tree: MedusaDrafter(heads, t)) for name, tree in variants.items()},
+        measure_on,
+        args.max_new_tokens,
+    )
+    results = {
+        name: {
+            **measured[name].summary(),
+            "nodes": len(tree),
+            "depth": max(len(p) for p in tree),
+            "tree": [list(p) for p in tree],
+        }
+        for name, tree in variants.items()
+    }
     report = {
         "variants": results,
         "ratios": tuned_ratios(results, ("mc_sim_7b_63", "chain")),
-        "search": search, "heads": heads_dir, "num_heads": heads.num_heads,
-        "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
+        "search": search,
+        "heads": heads_dir,
+        "num_heads": heads.num_heads,
+        "prompts": args.prompts,
+        "max_new_tokens": args.max_new_tokens,
     }
-    print_report(report, args.json, '{nodes} nodes')
+    print_report(report, args.json, "{nodes} nodes")
     return 0
 
 

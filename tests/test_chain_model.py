@@ -1,11 +1,12 @@
 """The chain-drafting cost model (autotune/tuners/chain_model.py) on hand-made traces."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from autotune.measure.draft_trace import DraftTrace
 from autotune.measure.costs import LatencyCurve
+from autotune.measure.draft_trace import DraftTrace
 from autotune.tuners.chain_model import best_static_policy, replay
 
 FLAT = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
@@ -20,7 +21,7 @@ def trace(matches, confidences=None) -> DraftTrace:
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
 def test_all_match_gives_k_plus_one_tokens_per_step(k):
-    length = 4 * (k + 1)   # a whole number of steps: no short step at the end
+    length = 4 * (k + 1)  # a whole number of steps: no short step at the end
     estimate = replay([trace([True] * length)], k, 0.0, draft_ratio=0.5, verify_relative=FLAT)
     assert estimate.tokens_per_step == pytest.approx(k + 1)
     assert estimate.max_tokens == k and estimate.exit_threshold == 0.0
@@ -65,8 +66,9 @@ def test_speedup_by_hand_mixed_traces():
     #   t=0: draft 2, accepted 0 -> 1 token; cost 1 + 1.2
     #   t=1: draft 1, accepted 0 -> 1 token; cost 0.5 + 1.1
     verify = [1.0, 1.1, 1.2]
-    estimate = replay([trace([True, True, False, True]), trace([False, False])], 2, 0.0, 0.5,
-                      verify)
+    estimate = replay(
+        [trace([True, True, False, True]), trace([False, False])], 2, 0.0, 0.5, verify
+    )
     tokens, steps = 6, 4
     cost = (1.0 + 1.2) + (0.5 + 1.1) + (1.0 + 1.2) + (0.5 + 1.1)
     assert estimate.tokens_per_step == pytest.approx(tokens / steps)
@@ -107,8 +109,10 @@ def test_exit_threshold_never_skips_the_first_draft_token():
 def test_low_confidence_saves_cost_on_wrong_drafts():
     conf = [0.1] * 10
     wrong = [trace([False] * 10, conf)]
-    assert replay(wrong, 4, 0.5, 0.5, [1.0, 1.2, 1.4, 1.6, 1.8]).speedup > \
-        replay(wrong, 4, 0.0, 0.5, [1.0, 1.2, 1.4, 1.6, 1.8]).speedup
+    assert (
+        replay(wrong, 4, 0.5, 0.5, [1.0, 1.2, 1.4, 1.6, 1.8]).speedup
+        > replay(wrong, 4, 0.0, 0.5, [1.0, 1.2, 1.4, 1.6, 1.8]).speedup
+    )
 
 
 def test_best_static_policy_all_match_cheap_verify_drafts_long():
@@ -118,15 +122,24 @@ def test_best_static_policy_all_match_cheap_verify_drafts_long():
 
 
 def test_best_static_policy_zero_match_drafts_one():
-    best = best_static_policy([trace([False] * 40, [0.1] * 40)], 0.5, [1.0, 1.1, 1.2, 1.3, 1.4],
-                              [1, 2, 4], [0.0, 0.5, 0.9])
+    best = best_static_policy(
+        [trace([False] * 40, [0.1] * 40)],
+        0.5,
+        [1.0, 1.1, 1.2, 1.3, 1.4],
+        [1, 2, 4],
+        [0.0, 0.5, 0.9],
+    )
     assert best.max_tokens == 1 and best.exit_threshold == 0.0
     assert best.speedup == pytest.approx(1 / 1.6)
 
 
 def test_best_static_policy_returns_grid_maximum():
-    traces = [trace([True, True, False, True, True, True, False, False, True, True],
-                    [0.9, 0.8, 0.3, 0.95, 0.9, 0.7, 0.2, 0.4, 0.9, 0.9])]
+    traces = [
+        trace(
+            [True, True, False, True, True, True, False, False, True, True],
+            [0.9, 0.8, 0.3, 0.95, 0.9, 0.7, 0.2, 0.4, 0.9, 0.9],
+        )
+    ]
     verify = [1.0, 1.05, 1.1, 1.2, 1.3, 1.4]
     grid_k, grid_t = [1, 2, 3, 4], [0.0, 0.5, 0.8]
     best = best_static_policy(traces, 0.3, verify, grid_k, grid_t)

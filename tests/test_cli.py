@@ -1,5 +1,6 @@
 """The command line: one-line errors for bad input (before any long work), the small
 commands, and one end-to-end `profile` + `bench` run on the tiny model through Ray."""
+
 from __future__ import annotations
 
 import json
@@ -7,26 +8,32 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
 
 import autotune.models
-import autotune.profiling
-import autotune.tuners.self_spec
 from autotune.cli import app
+from autotune.methods import registry
 from autotune.profile.io import read_profile, write_profile
 
-PROMPT_TEXTS = ["Tell me a story.", "What is 2+2?", "Name a color.", "Write a poem about rain.",
-                "Why is the sky blue?", "Give me a recipe.", "Describe a cat.",
-                "How do planes fly?"]
+PROMPT_TEXTS = [
+    "Tell me a story.",
+    "What is 2+2?",
+    "Name a color.",
+    "Write a poem about rain.",
+    "Why is the sky blue?",
+    "Give me a recipe.",
+    "Describe a cat.",
+    "How do planes fly?",
+]
 SMALL_SPACE = """\
 skip_mask: {keep_first: 1, keep_last: 1}
 calibration: {prompts: 2, tokens: 12}
-measure: {search_prompts: 2, search_tokens: 8, confirm_prompts: 2, confirm_tokens: 12}
+trials: {prompts: 2, tokens: 8}
 draft_exit: {trials: 2}
 """
+HELDBACK = ["--heldback-prompts", "2", "--max-new-tokens", "12"]
 
 
 SMALL_CAPE_SPACE = """\
@@ -35,6 +42,7 @@ fine_bins: 10
 max_expansion: 4
 max_verify_tokens: 12
 max_chain_depth: 3
+selection: {prompts: 2, tokens: 8}
 """
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -59,22 +67,29 @@ def workdir(tmp_path, monkeypatch) -> Path:
 @pytest.fixture
 def no_long_work(monkeypatch):
     """Fail the test if the tuning (the long work) starts."""
+
     def refuse(*args, **kwargs):
-        raise AssertionError("long work started: tune_self_spec was called")
-    monkeypatch.setattr(autotune.tuners.self_spec, "tune_self_spec", refuse)
-    monkeypatch.setattr(autotune.profiling, "tune_self_spec", refuse, raising=False)
+        raise AssertionError("long work started: a method's tune was called")
+
+    for entry in registry.methods().values():
+        monkeypatch.setattr(type(entry), "tune", refuse)
 
 
 @pytest.fixture
 def no_model_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded")
+
     monkeypatch.setattr(autotune.models, "load_target", refuse)
 
 
 def write_prompts(path: Path, count: int = 8) -> Path:
-    path.write_text("".join(json.dumps({"prompt": t, "id": f"p{i}"}) + "\n"
-                            for i, t in enumerate(PROMPT_TEXTS[:count])))
+    path.write_text(
+        "".join(
+            json.dumps({"prompt": t, "id": f"p{i}"}) + "\n"
+            for i, t in enumerate(PROMPT_TEXTS[:count])
+        )
+    )
     return path
 
 
@@ -87,8 +102,7 @@ def files_under(folder: Path) -> list[str]:
 
 
 def assert_user_error(result, *words: str) -> str:
-    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr,
-                                   result.exception)
+    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr, result.exception)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: ")
@@ -99,6 +113,7 @@ def assert_user_error(result, *words: str) -> str:
 
 
 # --- bad input -----------------------------------------------------------------------
+
 
 def test_unknown_alias(workdir, no_long_work):
     result = invoke("profile", "--model", "nosuch")
@@ -151,7 +166,7 @@ def test_unwritable_output_path(workdir, tiny_llama_dir, no_long_work, no_model_
     result = invoke("profile", "--model", tiny_llama_dir, "--out", out)
     assert_user_error(result, "--out")
     assert not out.exists()
-    assert files_under(workdir) == []   # checked before the study database was created
+    assert files_under(workdir) == []  # checked before the study database was created
 
 
 def test_bad_storage_url(workdir, tiny_llama_dir, no_long_work, no_model_load):
@@ -168,31 +183,61 @@ def test_storage_in_unusable_folder(workdir, tiny_llama_dir, no_long_work, no_mo
 
 
 def test_postgres_storage_without_driver(workdir, tiny_llama_dir, no_long_work, no_model_load):
-    result = invoke("profile", "--model", tiny_llama_dir, "--storage",
-                    "postgresql://user:secret@127.0.0.1:1/db")
+    result = invoke(
+        "profile", "--model", tiny_llama_dir, "--storage", "postgresql://user:secret@127.0.0.1:1/db"
+    )
     line = assert_user_error(result, "127.0.0.1")
     assert "secret" not in line
 
 
 def test_unknown_method(workdir, no_long_work, no_model_load):
     result = invoke("profile", "--methods", "nope")
-    assert_user_error(result, "nope", "self-spec")
+    assert_user_error(result, "nope", "self_spec, medusa, eagle")
     result = invoke("profile", "--methods", "self-spec,medusa-x")
     assert_user_error(result, "medusa-x")
     result = invoke("profile", "--methods", " , ")
-    assert_user_error(result, "(none)")
+    assert_user_error(result, "no method named")
     assert files_under(workdir) == []
 
 
 def test_bad_search_space(workdir, tiny_llama_dir, no_long_work, no_model_load):
     space = workdir.parent / "space.yaml"
     space.write_text("skip_mask: {min_skip_ratio: 0.9, max_skip_ratio: 0.1}\n")
-    result = invoke("profile", "--model", tiny_llama_dir, "--search-space", space)
+    result = invoke("profile", "--model", tiny_llama_dir, "--search-space", f"self_spec={space}")
     assert_user_error(result, "space.yaml", "min_skip_ratio")
+    result = invoke("profile", "--model", tiny_llama_dir, "--search-space", space)
+    assert_user_error(result, "METHOD=VALUE")
+    result = invoke(
+        "profile",
+        "--model",
+        tiny_llama_dir,
+        "--methods",
+        "self_spec",
+        "--search-space",
+        f"eagle={space}",
+    )
+    assert_user_error(result, "eagle", "--methods leaves out")
     assert files_under(workdir) == []
 
 
+def test_methods_command_lists_the_registry():
+    result = invoke("methods")
+    assert result.exit_code == 0, result.stderr
+    names = [line.split()[0] for line in result.stdout.splitlines()]
+    assert names == registry.names()
+
+
+def test_search_space_command_prints_the_packaged_default():
+    import yaml
+
+    result = invoke("search-space", "medusa")
+    assert result.exit_code == 0, result.stderr
+    assert registry.get("medusa").space_model.model_validate(yaml.safe_load(result.stdout))
+    assert_user_error(invoke("search-space", "nope"), "unknown method")
+
+
 # --- small commands ------------------------------------------------------------------
+
 
 def test_help():
     result = invoke("--help")
@@ -201,16 +246,26 @@ def test_help():
         assert command in result.stdout
     result = invoke("profile", "--help")
     assert result.exit_code == 0
-    for option in ("--model", "--methods", "--out", "--storage", "--trials", "--time-budget",
-                   "--search-space", "--prompts"):
+    for option in (
+        "--model",
+        "--methods",
+        "--out",
+        "--storage",
+        "--trials",
+        "--time-budget",
+        "--search-space",
+        "--prompts",
+    ):
         assert option in result.stdout
 
 
 def test_help_is_fast_to_import():
     """--help must not import the heavy libraries (torch, ray, transformers)."""
-    code = ("import sys; from autotune.cli import app; "
-            "heavy = [m for m in ('torch', 'ray', 'transformers', 'optuna') if m in sys.modules]; "
-            "print(heavy)")
+    code = (
+        "import sys; from autotune.cli import app; "
+        "heavy = [m for m in ('torch', 'ray', 'transformers', 'optuna') if m in sys.modules]; "
+        "print(heavy)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -224,18 +279,22 @@ def test_models_list(workdir, tiny_llama_dir):
     assert "lmsys/vicuna-13b-v1.3" in rows["vicuna-13b"]
     # put the tiny model where the vicuna-13b alias looks: now it is found
     import shutil
+
     repo = Path(os.environ["HF_HUB_CACHE"]) / "models--lmsys--vicuna-13b-v1.3"
     shutil.copytree(tiny_llama_dir, repo / "snapshots" / "abc")
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("abc")
     result = invoke("models", "list")
     rows = {line.split()[0]: line for line in result.stdout.splitlines() if line.strip()}
-    assert "found at" in rows["vicuna-13b"] and str(repo / "snapshots" / "abc") in rows["vicuna-13b"]
+    assert (
+        "found at" in rows["vicuna-13b"] and str(repo / "snapshots" / "abc") in rows["vicuna-13b"]
+    )
     assert rows["vicuna-7b"].rstrip().endswith("not found")
 
 
 def a_profile():
     from test_profile import make_profile  # the hand-built profile of test_profile.py
+
     return make_profile()
 
 
@@ -247,11 +306,14 @@ def test_validate_good_profile(tmp_path):
     assert "valid" in result.stdout and str(path) in result.stdout
 
 
-@pytest.mark.parametrize("text,word", [
-    ("schema: autotune/profile@9\n", "autotune/profile@9"),
-    ("{{{ not yaml", "not valid YAML"),
-    (None, "not found"),
-])
+@pytest.mark.parametrize(
+    "text,word",
+    [
+        ("schema: autotune/profile@9\n", "autotune/profile@9"),
+        ("{{{ not yaml", "not valid YAML"),
+        (None, "not found"),
+    ],
+)
 def test_validate_bad_profile(tmp_path, text, word):
     path = tmp_path / "bad.yaml"
     if text is not None:
@@ -272,24 +334,24 @@ def test_bench_missing_profile(tmp_path):
 
 # --- profile in process, with the search replaced by a stub --------------------------
 
+
 def stub_tuning(monkeypatch, seen: dict):
-    """Replace the search by a fixed choice, measured for real on the held-back prompts."""
-    from autotune.drafters.self_spec import DraftExitPolicy, LayerSkipDrafter
+    """Replace the search by a fixed choice (the pipeline measures it for real on the
+    held-back prompts)."""
+    from autotune.drafters.self_spec import DraftExitPolicy
     from autotune.engine.skip import SkipMask
-    from autotune.measure.timing import measure_side_by_side
-    from autotune.prompts import split_prompts
+    from autotune.methods.self_spec.settings import SelfSpecSettings
 
-    def fake(ws, space, limits):
-        seen["ref"], seen["limits"] = ws.ref, limits
-        skip, policy = SkipMask.of(attention=[1, 2]), DraftExitPolicy(3, 0.0, None)
-        held = ws.encode(split_prompts(ws.prompts)[1])
-        measured = measure_side_by_side(ws.runner, lambda: LayerSkipDrafter(skip, policy), held,
-                                        space.measure.confirm_tokens)
-        return SimpleNamespace(skip=skip, policy=policy, measured=measured,
-                               study=f"{ws.target.name}/self_spec", search={"stub": True})
+    def fake(self, ctx):
+        seen["ctx"] = ctx
+        return SelfSpecSettings.of(
+            SkipMask.of(attention=[1, 2]),
+            DraftExitPolicy(3, 0.0, None),
+            study=f"{ctx.workspace.target.name}/self_spec",
+            search={"stub": True},
+        )
 
-    monkeypatch.setattr(autotune.tuners.self_spec, "tune_self_spec", fake)
-    monkeypatch.setattr(autotune.profiling, "tune_self_spec", fake, raising=False)
+    monkeypatch.setattr(type(registry.get("self_spec")), "tune", fake)
 
 
 def test_profile_writes_valid_profile_with_stubbed_search(workdir, tiny_llama_dir, monkeypatch):
@@ -299,9 +361,26 @@ def test_profile_writes_valid_profile_with_stubbed_search(workdir, tiny_llama_di
     space = workdir.parent / "space.yaml"
     space.write_text(SMALL_SPACE)
     out = workdir / "out" / "p.yaml"
-    result = invoke("profile", "--model", tiny_llama_dir, "--prompts", prompts, "--out", out,
-                    "--search-space", space, "--trials", "3", "--time-budget", "30",
-                    "--storage", f"sqlite:///{workdir / 'db' / 'x.db'}")
+    result = invoke(
+        "profile",
+        "--model",
+        tiny_llama_dir,
+        "--prompts",
+        prompts,
+        "--out",
+        out,
+        "--methods",
+        "self_spec",
+        "--search-space",
+        f"self_spec={space}",
+        "--trials",
+        "3",
+        "--time-budget",
+        "30",
+        *HELDBACK,
+        "--storage",
+        f"sqlite:///{workdir / 'db' / 'x.db'}",
+    )
     assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
     assert f"wrote {out}" in result.stdout
     profile = read_profile(out)
@@ -311,7 +390,7 @@ def test_profile_writes_valid_profile_with_stubbed_search(workdir, tiny_llama_di
     assert profile.recommended == ("self_spec" if block.measured.speedup > 1.0 else "none")
     assert profile.model.num_layers == 4 and profile.model.vocab_size == 128
     assert profile.workload.num_prompts == 8 and profile.workload.max_new_tokens == 12
-    assert seen["limits"].trials == 3 and seen["limits"].time_budget_s == 30
+    assert seen["ctx"].trials == 3 and seen["ctx"].budget.seconds == 30
     assert "recommended:" in result.stdout
 
 
@@ -320,22 +399,48 @@ def test_profile_default_out_goes_to_profiles_folder(workdir, tiny_llama_dir, mo
     prompts = write_prompts(workdir.parent / "prompts.jsonl")
     space = workdir.parent / "space.yaml"
     space.write_text(SMALL_SPACE)
-    result = invoke("profile", "--model", tiny_llama_dir, "--prompts", prompts,
-                    "--search-space", space, "--storage", f"sqlite:///{workdir / 'x.db'}")
+    result = invoke(
+        "profile",
+        "--model",
+        tiny_llama_dir,
+        "--prompts",
+        prompts,
+        "--methods",
+        "self_spec",
+        "--search-space",
+        f"self_spec={space}",
+        *HELDBACK,
+        "--storage",
+        f"sqlite:///{workdir / 'x.db'}",
+    )
     assert result.exit_code == 0, (result.stderr, result.exception)
     assert read_profile(workdir / "profiles" / "tiny-llama.yaml").model.name == "tiny-llama"
 
 
-def test_profile_records_prompts_usable_from_elsewhere(workdir, tiny_llama_dir, monkeypatch,
-                                                        tmp_path):
+def test_profile_records_prompts_usable_from_elsewhere(
+    workdir, tiny_llama_dir, monkeypatch, tmp_path
+):
     stub_tuning(monkeypatch, {})
     write_prompts(workdir / "prompts.jsonl")
     space = workdir.parent / "space.yaml"
     space.write_text(SMALL_SPACE)
     out = workdir / "p.yaml"
-    result = invoke("profile", "--model", tiny_llama_dir, "--prompts", "prompts.jsonl",
-                    "--out", out, "--search-space", space,
-                    "--storage", f"sqlite:///{workdir / 'x.db'}")
+    result = invoke(
+        "profile",
+        "--model",
+        tiny_llama_dir,
+        "--prompts",
+        "prompts.jsonl",
+        "--out",
+        out,
+        "--methods",
+        "self_spec",
+        "--search-space",
+        f"self_spec={space}",
+        *HELDBACK,
+        "--storage",
+        f"sqlite:///{workdir / 'x.db'}",
+    )
     assert result.exit_code == 0, (result.stderr, result.exception)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -345,6 +450,7 @@ def test_profile_records_prompts_usable_from_elsewhere(workdir, tiny_llama_dir, 
 
 
 # --- end to end, through Ray ---------------------------------------------------------
+
 
 @pytest.mark.ray
 def test_profile_and_bench_end_to_end(tmp_path, tiny_llama_dir, run_autotune):
@@ -356,10 +462,33 @@ def test_profile_and_bench_end_to_end(tmp_path, tiny_llama_dir, run_autotune):
     cape_space.write_text(SMALL_CAPE_SPACE)
     out = tmp_path / "p.yaml"
     db = tmp_path / "db" / "studies.db"
-    done = run_cli(["profile", "--model", tiny_llama_dir, "--methods", "self-spec,cape",
-                    "--trials", 4, "--time-budget", 60, "--storage", f"sqlite:///{db}",
-                    "--out", out, "--prompts", prompts, "--search-space", space,
-                    "--cape-search-space", cape_space, "--threads", 1], cwd=tmp_path)
+    done = run_cli(
+        [
+            "profile",
+            "--model",
+            tiny_llama_dir,
+            "--methods",
+            "self-spec,cape",
+            "--trials",
+            4,
+            "--time-budget",
+            60,
+            "--storage",
+            f"sqlite:///{db}",
+            "--out",
+            out,
+            "--prompts",
+            prompts,
+            "--search-space",
+            f"self_spec={space}",
+            "--search-space",
+            f"cape={cape_space}",
+            "--threads",
+            1,
+            *HELDBACK,
+        ],
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"wrote {out}" in done.stdout
     profile = read_profile(out)
@@ -376,27 +505,30 @@ def test_profile_and_bench_end_to_end(tmp_path, tiny_llama_dir, run_autotune):
     assert block.search  # how the setting was found is recorded
     assert profile.model.num_layers == 4 and profile.hardware.threads == 1
     assert db.is_file()
-    cape = block.cape                # fitted on the tuned layer-skip drafter, then measured
-    assert cape is not None and cape.measured.lossless is True and cape.measured.prompts == 2
+    cape = block.cape  # fitted on the tuned layer-skip drafter, kept if it decoded faster
+    assert cape is not None and cape.measured is None
     assert cape.bins[-1] == 1.0 and len(cape.bins) == len(cape.expansion)
     assert max(cape.expansion) <= 4 and cape.max_verify_tokens == 12
     assert cape.predicted_speedup > 0 and cape.search["replays"] > 1
-    assert "self_spec + cape" in done.stdout
+    selection = cape.search["selection_on_search_prompts"]
+    assert cape.enabled == (selection["with"] > selection["without"])
+    assert ("self_spec with cape" in done.stdout) == cape.enabled
 
-    bench = run_cli(["bench", out, "--json", "--max-new-tokens", 12, "--prompts", prompts,
-                     "--threads", 1], cwd=tmp_path)
+    bench = run_cli(
+        ["bench", out, "--json", "--max-new-tokens", 12, "--prompts", prompts, "--threads", 1],
+        cwd=tmp_path,
+    )
     assert bench.returncode == 0, bench.stderr[-3000:]
     figures = json.loads(bench.stdout)
-    assert set(figures) == {"self_spec", "self_spec+cape"}
-    assert figures["self_spec+cape"]["lossless"] is True
+    assert set(figures) == {"self_spec"}
     row = figures["self_spec"]
-    for key in ("speedup", "tokens_per_step", "tokens_per_s", "baseline_tokens_per_s",
-                "lossless"):
+    for key in ("speedup", "tokens_per_step", "tokens_per_s", "baseline_tokens_per_s", "lossless"):
         assert key in row, key
     assert row["lossless"] is True
     assert row["tokens_per_s"] > 0 and row["baseline_tokens_per_s"] > 0
-    assert row["speedup"] == pytest.approx(row["tokens_per_s"] / row["baseline_tokens_per_s"],
-                                           rel=1e-2)
+    assert row["speedup"] == pytest.approx(
+        row["tokens_per_s"] / row["baseline_tokens_per_s"], rel=1e-2
+    )
     assert row["tokens_per_step"] >= 1.0
     assert row["prompts"] == 8
 
@@ -407,9 +539,30 @@ def test_profile_with_relative_model_folder(tmp_path, tiny_llama_dir, run_autotu
     prompts = write_prompts(tmp_path / "prompts.jsonl")
     space = tmp_path / "space.yaml"
     space.write_text(SMALL_SPACE)
-    done = run_cli(["profile", "--model", tiny_llama_dir.name, "--trials", 2,
-                    "--time-budget", 120, "--storage", f"sqlite:///{tmp_path / 'x.db'}",
-                    "--out", tmp_path / "p.yaml", "--prompts", prompts,
-                    "--search-space", space, "--threads", 1], cwd=tiny_llama_dir.parent)
+    done = run_cli(
+        [
+            "profile",
+            "--model",
+            tiny_llama_dir.name,
+            "--trials",
+            2,
+            "--methods",
+            "self_spec",
+            "--time-budget",
+            120,
+            "--storage",
+            f"sqlite:///{tmp_path / 'x.db'}",
+            "--out",
+            tmp_path / "p.yaml",
+            "--prompts",
+            prompts,
+            "--search-space",
+            f"self_spec={space}",
+            "--threads",
+            1,
+            *HELDBACK,
+        ],
+        cwd=tiny_llama_dir.parent,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert read_profile(tmp_path / "p.yaml").methods.self_spec is not None

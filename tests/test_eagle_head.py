@@ -2,6 +2,7 @@
 builds, the unrolled step's attention, the loss, training on the tiny random LLaMA (whose
 greedy answers fall into short loops: a pattern a head can learn), the saved folder and
 the command's errors."""
+
 from __future__ import annotations
 
 import json
@@ -17,19 +18,35 @@ from autotune.cli import app
 from autotune.engine.runner import Runner
 from autotune.errors import AutotuneError
 from autotune.heads.eagle import load_eagle_head
+from autotune.measure.eagle_accuracy import measure_eagle_accuracy
 from autotune.training.distill import Answer, answer_prompts, generate_answers
-from autotune.training.eagle import (Batch, EagleOptions, EagleSequence, eagle_accuracy,
-                                     eagle_loss, new_head, train_eagle, train_eagle_head,
-                                     unrolled_mask)
+from autotune.training.eagle import (
+    Batch,
+    EagleOptions,
+    EagleSequence,
+    eagle_accuracy,
+    eagle_loss,
+    new_head,
+    train_eagle,
+    train_eagle_head,
+    unrolled_mask,
+)
 from autotune.training.job import HeadsJob, default_out, run_heads_train, trained_on
 from autotune.training.loss import IGNORE
 from autotune.training.medusa import MedusaOptions
-from autotune.measure.eagle_accuracy import measure_eagle_accuracy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-PROMPTS = ["Tell me a story.", "What is 2+2?", "Name a color.", "Write a poem about rain.",
-           "Why is the sky blue?", "Give me a recipe.", "Describe a cat.", "How do planes fly?"]
+PROMPTS = [
+    "Tell me a story.",
+    "What is 2+2?",
+    "Name a color.",
+    "Write a poem about rain.",
+    "Why is the sky blue?",
+    "Give me a recipe.",
+    "Describe a cat.",
+    "How do planes fly?",
+]
 
 
 @pytest.fixture
@@ -37,8 +54,7 @@ def tiny_data(tiny_target):
     """(train, held-back) sequences: the tiny model's answers to 6 + 2 prompts."""
     prompts = [tiny_target.encode_chat(t) for t in PROMPTS]
     train, held = answer_prompts(tiny_target, prompts[:6], prompts[6:], 40, 4, prefill=True)
-    return ([EagleSequence.of(p, a) for p, a in train],
-            [EagleSequence.of(p, a) for p, a in held])
+    return ([EagleSequence.of(p, a) for p, a in train], [EagleSequence.of(p, a) for p, a in held])
 
 
 def options(**changes) -> EagleOptions:
@@ -46,6 +62,7 @@ def options(**changes) -> EagleOptions:
 
 
 # --- data ----------------------------------------------------------------------------
+
 
 def test_every_positions_features_match_a_plain_forward(tiny_target):
     model = tiny_target.model
@@ -70,11 +87,14 @@ def test_every_positions_features_match_a_plain_forward(tiny_target):
 
 def hand_made() -> list[EagleSequence]:
     """Feature f_t holds t in every unit (so targets show which positions they are)."""
+
     def sequence(prompt, answer):
         n = len(prompt) + len(answer)
         features = torch.arange(n - 1.0)[:, None].repeat(1, 4)
-        return EagleSequence.of(prompt, Answer(answer, features[len(prompt) - 1:],
-                                               features[:len(prompt) - 1]))
+        return EagleSequence.of(
+            prompt, Answer(answer, features[len(prompt) - 1 :], features[: len(prompt) - 1])
+        )
+
     return [sequence([10, 11, 12], [20, 21, 22]), sequence([10], [30, 31])]
 
 
@@ -82,7 +102,7 @@ def test_pairs_and_targets_on_a_hand_made_example():
     long, short = hand_made()
     assert long.features[:, 0].tolist() == [0, 1, 2, 3, 4]  # f_0 .. f_4 for 6 tokens
     batch = Batch.of([long, short], unroll=2)
-    assert batch.size == 5                                   # pair rows t = 0 .. 4
+    assert batch.size == 5  # pair rows t = 0 .. 4
     read, positions, target, truth = batch.step(1)
     # row t reads (f_t, x_{t+1}) at position t; targets f_{t+1} and x_{t+2}, counted only
     # when x_{t+2} is an answer token (t = 1: x_3 = 20 is the answer's first)
@@ -101,12 +121,17 @@ def test_pairs_and_targets_on_a_hand_made_example():
 
 def test_unrolled_mask_sees_the_prefix_and_its_own_earlier_steps():
     allowed = unrolled_mask(3, 2, torch.tensor([4, 3]), torch.float32)[:, 0] == 0
-    expected = torch.tensor([[1, 0, 0, 0, 0, 0],
-                             [1, 1, 0, 0, 0, 0],
-                             [1, 1, 1, 0, 0, 0],
-                             [1, 0, 0, 1, 0, 0],     # step 2 of root 0: f_0's pair, itself
-                             [1, 1, 0, 0, 1, 0],
-                             [1, 1, 1, 0, 0, 1]], dtype=torch.bool)
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0],
+            [1, 0, 0, 1, 0, 0],  # step 2 of root 0: f_0's pair, itself
+            [1, 1, 0, 0, 1, 0],
+            [1, 1, 1, 0, 0, 1],
+        ],
+        dtype=torch.bool,
+    )
     assert torch.equal(allowed[0], expected)
     # the second sequence has 2 pair rows: row 2 is padding, hidden from the others
     padded = expected.clone()
@@ -127,14 +152,16 @@ def test_the_unrolled_step_is_the_heads_own_second_draft_step(tiny_llama):
     steps = [batch.step(k) for k in (1, 2)]
     with torch.no_grad():
         first = head(batch.features[:, :size], embed(steps[0][0]), steps[0][1])
-        both = head(torch.cat([batch.features[:, :size], first], 1),
-                    embed(torch.cat([steps[0][0], steps[1][0]], 1)),
-                    torch.cat([steps[0][1], steps[1][1]], 1),
-                    mask=unrolled_mask(size, 2, batch.lengths, torch.float32))
+        both = head(
+            torch.cat([batch.features[:, :size], first], 1),
+            embed(torch.cat([steps[0][0], steps[1][0]], 1)),
+            torch.cat([steps[0][1], steps[1][1]], 1),
+            mask=unrolled_mask(size, 2, batch.lengths, torch.float32),
+        )
         torch.testing.assert_close(both[:, :size], first)
         for t in (0, 3, 6):
-            feats = torch.cat([seq.features[:t + 1], first[0, t:t + 1]])[None]
-            tokens = torch.cat([seq.tokens[1:t + 2], seq.tokens[t + 2:t + 3]])[None]
+            feats = torch.cat([seq.features[: t + 1], first[0, t : t + 1]])[None]
+            tokens = torch.cat([seq.tokens[1 : t + 2], seq.tokens[t + 2 : t + 3]])[None]
             plain = head(feats, embed(tokens), torch.arange(t + 2)[None])
             torch.testing.assert_close(both[0, size + t], plain[0, -1])
 
@@ -150,16 +177,21 @@ def test_loss_counts_only_rows_whose_token_is_in_the_answer(tiny_llama):
 
     with torch.no_grad():
         out = head(seq.features[None], embed(seq.tokens[1:])[None], torch.arange(n - 1)[None])[0]
-    rows = torch.arange(prompt - 2, n - 2)         # x_{t+2} = tokens[prompt .. n - 1]
+    rows = torch.arange(prompt - 2, n - 2)  # x_{t+2} = tokens[prompt .. n - 1]
     feature = F.smooth_l1_loss(out[rows] / scale, seq.features[rows + 1] / scale)
     token = F.cross_entropy(out[rows] @ weight.T, seq.tokens[rows + 2])
     assert loss.item() == pytest.approx((feature + 0.1 * token).item(), rel=1e-5)
     # a second step adds the loss of its own counted rows
-    assert eagle_loss(head, embed, Batch.of([seq], 2), weight, options(noise=0.0, unroll=2),
-                      scale).item() > loss.item()
+    assert (
+        eagle_loss(
+            head, embed, Batch.of([seq], 2), weight, options(noise=0.0, unroll=2), scale
+        ).item()
+        > loss.item()
+    )
 
 
 # --- training ------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("unroll", [1, 2])
 def test_training_lowers_the_loss_and_beats_the_untrained_head(tiny_llama, tiny_data, unroll):
@@ -186,25 +218,31 @@ def test_report_equals_the_measurement_code_on_a_fresh_target_pass(tiny_llama, t
     head = new_head(tiny_llama)
     train_eagle_head(head, tiny_llama, train, options(epochs=5, lr=3e-3))
     ours = eagle_accuracy(head, tiny_llama, held, depth=4)
-    pairs = [(s.tokens[:s.answer_start].tolist(), s.tokens[s.answer_start:].tolist())
-             for s in held]
-    theirs = measure_eagle_accuracy(Runner(tiny_llama), head, pairs,
-                                    depth=4, max_rank=5)
+    pairs = [
+        (s.tokens[: s.answer_start].tolist(), s.tokens[s.answer_start :].tolist()) for s in held
+    ]
+    theirs = measure_eagle_accuracy(Runner(tiny_llama), head, pairs, depth=4, max_rank=5)
     assert [r.top1 for r in ours] == pytest.approx(theirs.top1)
     assert [r.top5 for r in ours] == pytest.approx(theirs.top5)
     assert [r.positions for r in ours] == theirs.positions
 
 
 def test_training_stops_at_its_time_limit(tiny_llama, tiny_data):
-    stats = train_eagle_head(new_head(tiny_llama), tiny_llama, tiny_data[0],
-                             options(epochs=10_000, sequences_per_step=1), seconds=0.5)
+    stats = train_eagle_head(
+        new_head(tiny_llama),
+        tiny_llama,
+        tiny_data[0],
+        options(epochs=10_000, sequences_per_step=1),
+        seconds=0.5,
+    )
     assert stats.stopped_by_time and 0 < stats.epochs < 10_000
 
 
 def test_train_eagle_reports_on_held_back_answers(tiny_target):
     prompts = [tiny_target.encode_chat(t) for t in PROMPTS]
-    result = train_eagle(tiny_target, prompts[:6], prompts[6:],
-                         options(max_new_tokens=16, epochs=2, depth=3))
+    result = train_eagle(
+        tiny_target, prompts[:6], prompts[6:], options(max_new_tokens=16, epochs=2, depth=3)
+    )
     assert result.held_back_tokens == 2 * 16 and result.train_tokens == 6 * 16
     assert [a.positions for a in result.accuracy] == [2 * 15, 2 * 14, 2 * 13]
     assert result.stats.epochs == 2 and result.seconds["total"] > 0
@@ -219,25 +257,47 @@ def test_answers_too_short_to_train_on(tiny_llama):
 
 # --- the saved folder ----------------------------------------------------------------
 
+
 def write_prompts(path: Path, texts=PROMPTS) -> Path:
-    path.write_text("".join(json.dumps({"prompt": t, "id": f"p{i}"}) + "\n"
-                            for i, t in enumerate(texts)))
+    path.write_text(
+        "".join(json.dumps({"prompt": t, "id": f"p{i}"}) + "\n" for i, t in enumerate(texts))
+    )
     return path
 
 
-def test_command_writes_a_folder_that_loads_to_the_same_head(tmp_path, tiny_llama_dir,
-                                                             run_autotune):
+@pytest.mark.ray
+def test_command_writes_a_folder_that_loads_to_the_same_head(
+    tmp_path, tiny_llama_dir, run_autotune
+):
     prompts = write_prompts(tmp_path / "p.jsonl")
-    done = run_autotune(["heads", "train", "--kind", "eagle", "--model", tiny_llama_dir,
-                         "--prompts", prompts, "--max-new-tokens", 24, "--epochs", 3,
-                         "--threads", 1], cwd=tmp_path, timeout=300)
+    done = run_autotune(
+        [
+            "heads",
+            "train",
+            "--kind",
+            "eagle",
+            "--model",
+            tiny_llama_dir,
+            "--prompts",
+            prompts,
+            "--max-new-tokens",
+            24,
+            "--epochs",
+            3,
+            "--threads",
+            1,
+        ],
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert done.returncode == 0, (done.stdout, done.stderr)
     folder = tmp_path / default_out("tiny-llama", "eagle")
     assert folder == tmp_path / "heads" / "tiny-llama-eagle"
     assert f"wrote {default_out('tiny-llama', 'eagle')}" in done.stdout
-    assert "depth" in done.stdout and "t+6" in done.stdout   # the table, depths 1 .. 5
+    assert "depth" in done.stdout and "t+6" in done.stdout  # the table, depths 1 .. 5
 
     from transformers import LlamaForCausalLM
+
     model = LlamaForCausalLM.from_pretrained(tiny_llama_dir)
     head = load_eagle_head(folder, model.config)
     assert head.fc.weight.abs().sum() > 0
@@ -268,6 +328,7 @@ def test_saved_head_gives_identical_outputs(tmp_path, tiny_target, tiny_data):
 
 # --- bad input -----------------------------------------------------------------------
 
+
 def invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
@@ -276,13 +337,24 @@ def invoke(*args):
 def no_model_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded")
+
     monkeypatch.setattr(autotune.models, "load_target", refuse)
 
 
 def test_medusa_only_options_are_refused(tmp_path, tiny_llama_dir, no_model_load):
     out = tmp_path / "out"
-    result = invoke("heads", "train", "--kind", "eagle", "--model", tiny_llama_dir,
-                    "--num-heads", 3, "--out", out)
+    result = invoke(
+        "heads",
+        "train",
+        "--kind",
+        "eagle",
+        "--model",
+        tiny_llama_dir,
+        "--num-heads",
+        3,
+        "--out",
+        out,
+    )
     assert result.exit_code == 2, (result.stdout, result.stderr, result.exception)
     line = result.stderr.strip()
     assert line.startswith("error: ") and "--num-heads" in line and "Medusa" in line

@@ -1,4 +1,5 @@
 """The runner, KV cache, plain and speculative decoding, and the layer-skip drafter."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,7 +10,6 @@ from autotune.engine.decoding import decode_plain, decode_speculative
 from autotune.engine.kvcache import KVCache
 from autotune.engine.runner import Runner
 from autotune.engine.skip import NO_SKIP, SkipMask
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -30,9 +30,15 @@ def truncate_at_eos(tokens: list[int], eos: set[int]) -> list[int]:
 
 
 def hf_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, min_new_tokens=0,
-                         do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=new_tokens,
+        min_new_tokens=0,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def eos_of(model) -> set[int]:
@@ -43,6 +49,7 @@ def eos_of(model) -> set[int]:
 
 
 # --- plain decoding ------------------------------------------------------------------
+
 
 def test_decode_plain_matches_hf_generate(tiny_llama):
     runner = Runner(tiny_llama)
@@ -98,7 +105,7 @@ def check_speculative(runner, drafter, prompt, tokens, plain=None):
     result = decode_speculative(runner, drafter, prompt, tokens)
     assert result.tokens == plain
     assert result.steps >= 1
-    assert result.drafted >= result.steps            # at least one draft token per step
+    assert result.drafted >= result.steps  # at least one draft token per step
     assert 0 <= result.accepted <= result.drafted
     assert len(result.draft_lengths) == result.steps
     assert sum(result.draft_lengths) == result.drafted
@@ -109,9 +116,11 @@ def check_speculative(runner, drafter, prompt, tokens, plain=None):
 
 
 @pytest.mark.parametrize("mask", MASKS, ids=str)
-@pytest.mark.parametrize("policy", POLICIES,
-                         ids=lambda p: f"k{p.max_tokens}-t{p.exit_threshold}-"
-                                       f"{'adaptive' if p.adaptive else 'static'}")
+@pytest.mark.parametrize(
+    "policy",
+    POLICIES,
+    ids=lambda p: f"k{p.max_tokens}-t{p.exit_threshold}-{'adaptive' if p.adaptive else 'static'}",
+)
 def test_speculative_is_lossless_tiny(tiny_llama, mask, policy):
     runner = Runner(tiny_llama)
     for prompt in PROMPTS:
@@ -131,8 +140,9 @@ def test_speculative_high_agreement_accepts_most(tiny_llama):
     so steps are far fewer than tokens (checks acceptance really happens)."""
     runner = Runner(tiny_llama)
     prompt = PROMPTS[0]
-    result = check_speculative(runner, LayerSkipDrafter(SkipMask.of(mlp=[3]), POLICIES[1]),
-                               prompt, 40)
+    result = check_speculative(
+        runner, LayerSkipDrafter(SkipMask.of(mlp=[3]), POLICIES[1]), prompt, 40
+    )
     assert result.accepted > 0
     assert result.steps < len(result.tokens) - 1
 
@@ -150,24 +160,31 @@ def test_speculative_budget_is_respected(tiny_llama):
 def test_speculative_is_lossless_embedded(embedded_target):
     target = embedded_target
     runner = Runner(target.model)
-    texts = ["What is the capital of France?", "Explain photosynthesis in one sentence.",
-             "List three prime numbers."]
+    texts = [
+        "What is the capital of France?",
+        "Explain photosynthesis in one sentence.",
+        "List three prime numbers.",
+    ]
     prompts = [target.encode_chat(t) for t in texts]
     plains = [decode_plain(runner, p, 48).tokens for p in prompts]
     configs = [
         (SkipMask.of(attention=range(9, 21)), DraftExitPolicy(4, 0.0, None)),
-        (SkipMask.of(attention=range(5, 25, 2), mlp=range(10, 20, 3)),
-         DraftExitPolicy(8, 0.5, AdaptiveExit())),
+        (
+            SkipMask.of(attention=range(5, 25, 2), mlp=range(10, 20, 3)),
+            DraftExitPolicy(8, 0.5, AdaptiveExit()),
+        ),
     ]
     for mask, policy in configs:
         accepted = 0
         for prompt, plain in zip(prompts, plains):
-            accepted += check_speculative(runner, LayerSkipDrafter(mask, policy), prompt, 48,
-                                          plain).accepted
+            accepted += check_speculative(
+                runner, LayerSkipDrafter(mask, policy), prompt, 48, plain
+            ).accepted
         assert accepted > 0  # the real model's skipped-layer draft agrees sometimes
 
 
 # --- drafter and skip mask -----------------------------------------------------------
+
 
 def test_layer_skip_drafter_refuses_empty_mask():
     with pytest.raises(ValueError):
@@ -204,11 +221,15 @@ def test_skip_mask_ratio_and_dict():
 
 # --- KV cache ------------------------------------------------------------------------
 
+
 def filled_cache(length: int, capacity: int = 16, layers: int = 2) -> KVCache:
-    cache = KVCache(layers, num_kv_heads=2, head_dim=3, dtype=torch.float32, device="cpu",
-                    capacity=capacity)
+    cache = KVCache(
+        layers, num_kv_heads=2, head_dim=3, dtype=torch.float32, device="cpu", capacity=capacity
+    )
     for layer in range(layers):
-        key = torch.arange(length, dtype=torch.float32).view(1, 1, length, 1).expand(1, 2, length, 3)
+        key = (
+            torch.arange(length, dtype=torch.float32).view(1, 1, length, 1).expand(1, 2, length, 3)
+        )
         cache.update(key + 1000 * layer, -(key + 1000 * layer), layer)
     return cache
 
@@ -225,7 +246,7 @@ def test_kvcache_update_returns_whole_layer_and_crop():
     assert keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 7, 7]
     assert cache.lengths == [7, 5]
     cache.crop(6)
-    assert cache.lengths == [6, 5]       # crop never lengthens a layer
+    assert cache.lengths == [6, 5]  # crop never lengthens a layer
     cache.crop(2)
     assert cache.lengths == [2, 2]
     keys, _ = cache.update(torch.full((1, 2, 1, 3), 9.0), torch.zeros(1, 2, 1, 3), 1)
@@ -278,6 +299,7 @@ def test_runner_works_with_a_cache_that_must_grow(tiny_llama):
 
 # --- runner --------------------------------------------------------------------------
 
+
 def test_explicit_causal_mask_equals_default(tiny_llama):
     runner = Runner(tiny_llama)
     tokens = torch.tensor(PROMPTS[2])
@@ -292,10 +314,12 @@ def test_explicit_causal_mask_equals_default(tiny_llama):
     c1, c2 = runner.new_cache(), runner.new_cache()
     for c in (c1, c2):
         runner.forward(prefix, torch.arange(5), c)
-    short = runner.forward(rest, torch.arange(5, s), c1,
-                           mask=torch.ones(n, n, dtype=torch.bool).tril()).logits
-    full_mask = torch.cat([torch.ones(n, 5, dtype=torch.bool),
-                           torch.ones(n, n, dtype=torch.bool).tril()], dim=1)
+    short = runner.forward(
+        rest, torch.arange(5, s), c1, mask=torch.ones(n, n, dtype=torch.bool).tril()
+    ).logits
+    full_mask = torch.cat(
+        [torch.ones(n, 5, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()], dim=1
+    )
     full = runner.forward(rest, torch.arange(5, s), c2, mask=full_mask).logits
     torch.testing.assert_close(short, default[5:], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(full, default[5:], atol=1e-4, rtol=1e-4)
@@ -308,13 +332,15 @@ def test_mask_changes_the_result(tiny_llama):
     tokens = torch.tensor(PROMPTS[2])
     s = len(tokens)
     default = runner.forward(tokens, torch.arange(s), runner.new_cache()).logits
-    alone = runner.forward(tokens, torch.arange(s), runner.new_cache(),
-                           mask=torch.eye(s, dtype=torch.bool)).logits
+    alone = runner.forward(
+        tokens, torch.arange(s), runner.new_cache(), mask=torch.eye(s, dtype=torch.bool)
+    ).logits
     torch.testing.assert_close(alone[0], default[0], atol=1e-5, rtol=1e-5)
     assert (alone[1:] - default[1:]).abs().max() > 1e-3
     with pytest.raises(ValueError):
-        runner.forward(tokens, torch.arange(s), runner.new_cache(),
-                       mask=torch.ones(s, s + 3, dtype=torch.bool))
+        runner.forward(
+            tokens, torch.arange(s), runner.new_cache(), mask=torch.ones(s, s + 3, dtype=torch.bool)
+        )
 
 
 def test_batched_forward_equals_single_token_forwards(tiny_llama):
@@ -323,11 +349,13 @@ def test_batched_forward_equals_single_token_forwards(tiny_llama):
     s = len(tokens)
     batched = runner.forward(tokens, torch.arange(s), runner.new_cache())
     cache = runner.new_cache()
-    singles = [runner.forward(tokens[i:i + 1], torch.tensor([i]), cache) for i in range(s)]
-    torch.testing.assert_close(torch.cat([o.logits for o in singles]), batched.logits,
-                               atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(torch.cat([o.hidden for o in singles]), batched.hidden,
-                               atol=1e-4, rtol=1e-4)
+    singles = [runner.forward(tokens[i : i + 1], torch.tensor([i]), cache) for i in range(s)]
+    torch.testing.assert_close(
+        torch.cat([o.logits for o in singles]), batched.logits, atol=1e-4, rtol=1e-4
+    )
+    torch.testing.assert_close(
+        torch.cat([o.hidden for o in singles]), batched.hidden, atol=1e-4, rtol=1e-4
+    )
     assert cache.lengths == [s] * runner.num_layers
     last = runner.forward(tokens, torch.arange(s), runner.new_cache(), last_only=True)
     assert last.logits.shape == (1, tiny_llama.config.vocab_size)
@@ -369,12 +397,14 @@ def test_speculative_stops_at_eos_like_plain(tiny_llama):
             assert plain[-1] == eos and plain.count(eos) == 1
             for policy in (POLICIES[1], POLICIES[3]):
                 result = decode_speculative(
-                    runner, LayerSkipDrafter(SkipMask.of(mlp=[3]), policy), prompt, 30)
+                    runner, LayerSkipDrafter(SkipMask.of(mlp=[3]), policy), prompt, 30
+                )
                 assert result.tokens == plain
         runner.eos_token_ids = frozenset({2})
 
 
 # --- adaptive draft exit -------------------------------------------------------------
+
 
 def test_adaptive_exit_rule_by_hand():
     """Draft & Verify: AR_e <- b1 AR_e + (1 - b1) AR; gamma~ = gamma + eps if AR_e < alpha,
@@ -384,19 +414,19 @@ def test_adaptive_exit_rule_by_hand():
     rule = AdaptiveExit(target_acceptance=0.9, step=0.01, beta1=0.5, beta2=0.9)
     drafter = LayerSkipDrafter(SkipMask.of(mlp=[1]), DraftExitPolicy(4, 0.8, rule))
     assert drafter.threshold == 0.8
-    drafter.observe(VerifyResult(4, 1))          # AR_e = 0.5 * 0.9 + 0.5 * 0.25 = 0.575
+    drafter.observe(VerifyResult(4, 1))  # AR_e = 0.5 * 0.9 + 0.5 * 0.25 = 0.575
     assert drafter.threshold == pytest.approx(0.9 * 0.8 + 0.1 * 0.81)
     t = drafter.threshold
-    drafter.observe(VerifyResult(4, 4))          # AR_e = 0.7875 < 0.9: still up
+    drafter.observe(VerifyResult(4, 4))  # AR_e = 0.7875 < 0.9: still up
     assert drafter.threshold == pytest.approx(0.9 * t + 0.1 * (t + 0.01))
-    drafter.observe(VerifyResult(4, 4))          # 0.89375
-    drafter.observe(VerifyResult(4, 4))          # 0.946875 >= 0.9, did not hit max: down
+    drafter.observe(VerifyResult(4, 4))  # 0.89375
+    drafter.observe(VerifyResult(4, 4))  # 0.946875 >= 0.9, did not hit max: down
     t2 = drafter.threshold
     drafter._hit_max = False
     drafter.observe(VerifyResult(4, 4))
     assert drafter.threshold == pytest.approx(0.9 * t2 + 0.1 * (t2 - 0.01))
     t3 = drafter.threshold
-    drafter._hit_max = True                      # hit the max length: stays
+    drafter._hit_max = True  # hit the max length: stays
     drafter.observe(VerifyResult(4, 4))
     assert drafter.threshold == pytest.approx(t3)
     drafter.reset()
@@ -417,10 +447,12 @@ def test_draft_stops_below_threshold_but_proposes_one(tiny_llama):
     max_tokens 5 drafts up to 5."""
     runner = Runner(tiny_llama)
     prompt = PROMPTS[0]
-    never = decode_speculative(runner, LayerSkipDrafter(SkipMask.of(mlp=[3]),
-                                                        DraftExitPolicy(5, 1.0, None)), prompt, 30)
+    never = decode_speculative(
+        runner, LayerSkipDrafter(SkipMask.of(mlp=[3]), DraftExitPolicy(5, 1.0, None)), prompt, 30
+    )
     assert set(never.draft_lengths) == {1}
-    always = decode_speculative(runner, LayerSkipDrafter(SkipMask.of(mlp=[3]),
-                                                         DraftExitPolicy(5, 0.0, None)), prompt, 30)
+    always = decode_speculative(
+        runner, LayerSkipDrafter(SkipMask.of(mlp=[3]), DraftExitPolicy(5, 0.0, None)), prompt, 30
+    )
     assert max(always.draft_lengths) == 5
     assert never.tokens == always.tokens

@@ -1,6 +1,7 @@
 """Medusa head training (`autotune heads train`): the data it learns from, the loss, the
 accuracy report, the saved folder, and the command's one-line errors. All on the tiny
 random LLaMA, whose greedy answers fall into short loops: a pattern heads can learn."""
+
 from __future__ import annotations
 
 import json
@@ -17,13 +18,27 @@ from autotune.heads.medusa import HeadsError, MedusaHeads, load_medusa_heads
 from autotune.training.distill import Answer, generate_answers
 from autotune.training.job import trained_on
 from autotune.training.loss import IGNORE
-from autotune.training.medusa import (HeadData, MedusaOptions, head_accuracy, heads_loss,
-                                      train_heads, train_medusa)
+from autotune.training.medusa import (
+    HeadData,
+    MedusaOptions,
+    head_accuracy,
+    heads_loss,
+    train_heads,
+    train_medusa,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-PROMPTS = ["Tell me a story.", "What is 2+2?", "Name a color.", "Write a poem about rain.",
-           "Why is the sky blue?", "Give me a recipe.", "Describe a cat.", "How do planes fly?"]
+PROMPTS = [
+    "Tell me a story.",
+    "What is 2+2?",
+    "Name a color.",
+    "Write a poem about rain.",
+    "Why is the sky blue?",
+    "Give me a recipe.",
+    "Describe a cat.",
+    "How do planes fly?",
+]
 
 
 def encode(target, texts):
@@ -37,6 +52,7 @@ def tiny_heads(model, count: int) -> MedusaHeads:
 
 
 # --- data ----------------------------------------------------------------------------
+
 
 def test_answers_are_greedy_and_their_hidden_states_match_a_plain_forward(tiny_target):
     model = tiny_target.model
@@ -54,8 +70,9 @@ def test_answers_are_greedy_and_their_hidden_states_match_a_plain_forward(tiny_t
             full = torch.tensor([prompt + answer.tokens])
             plain = model.model(input_ids=full).last_hidden_state[0]
         start = len(prompt) - 1
-        torch.testing.assert_close(answer.hidden, plain[start:start + len(answer.tokens)],
-                                   atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(
+            answer.hidden, plain[start : start + len(answer.tokens)], atol=1e-4, rtol=1e-4
+        )
 
 
 def test_answers_end_at_the_first_eos(tiny_target, monkeypatch):
@@ -68,12 +85,16 @@ def test_answers_end_at_the_first_eos(tiny_target, monkeypatch):
 
 
 def test_labels_look_k_plus_2_ahead_and_each_head_counts_its_own_positions():
-    hidden = torch.arange(5.0)[:, None].repeat(1, 4)     # row i holds the value i
+    hidden = torch.arange(5.0)[:, None].repeat(1, 4)  # row i holds the value i
     data = HeadData.from_answers([Answer([10, 11, 12, 13, 14], hidden)], num_heads=3)
     # row i is the state the base head turns into token i; head k predicts token i + k + 1
-    assert data.features[:, 0].tolist() == [0, 1, 2, 3]   # the last token's row predicts nothing
-    assert data.labels.tolist() == [[11, 12, 13], [12, 13, 14], [13, 14, IGNORE],
-                                    [14, IGNORE, IGNORE]]
+    assert data.features[:, 0].tolist() == [0, 1, 2, 3]  # the last token's row predicts nothing
+    assert data.labels.tolist() == [
+        [11, 12, 13],
+        [12, 13, 14],
+        [13, 14, IGNORE],
+        [14, IGNORE, IGNORE],
+    ]
     assert data.positions() == [4, 3, 2]
     assert data.tokens == 5
 
@@ -103,6 +124,7 @@ def test_accuracy_divides_each_head_by_its_own_positions():
 
 # --- loss ----------------------------------------------------------------------------
 
+
 def test_loss_and_gradient_equal_plain_cross_entropy():
     torch.manual_seed(0)
     heads, positions, hidden, vocab = 3, 7, 16, 50
@@ -115,8 +137,10 @@ def test_loss_and_gradient_equal_plain_cross_entropy():
     (grad,) = torch.autograd.grad(loss, feats)
 
     ref_feats = feats.detach().clone().requires_grad_(True)
-    ref = sum(F.cross_entropy(ref_feats[k] @ weight.T, labels[:, k], ignore_index=IGNORE)
-              for k in range(heads))
+    ref = sum(
+        F.cross_entropy(ref_feats[k] @ weight.T, labels[:, k], ignore_index=IGNORE)
+        for k in range(heads)
+    )
     (ref_grad,) = torch.autograd.grad(ref, ref_feats)
     torch.testing.assert_close(loss, ref)
     torch.testing.assert_close(grad, ref_grad)
@@ -128,6 +152,7 @@ def test_loss_and_gradient_equal_plain_cross_entropy():
 
 # --- training ------------------------------------------------------------------------
 
+
 def test_training_lowers_the_loss_and_beats_untrained_heads_on_held_back_answers(tiny_target):
     model = tiny_target.model
     answers = generate_answers(model, encode(tiny_target, PROMPTS), max_new_tokens=40)
@@ -136,8 +161,9 @@ def test_training_lowers_the_loss_and_beats_untrained_heads_on_held_back_answers
     untrained = head_accuracy(tiny_heads(model, 3), held)
 
     heads = tiny_heads(model, 3)
-    options = MedusaOptions(num_heads=3, epochs=30, positions_per_step=32, lr=1e-2,
-                           loss_dtype="float32")
+    options = MedusaOptions(
+        num_heads=3, epochs=30, positions_per_step=32, lr=1e-2, loss_dtype="float32"
+    )
     stats = train_heads(heads, train, options)
     assert stats.steps == 30 * 8 and not stats.stopped_by_time
     assert sum(stats.losses[-5:]) < 0.5 * sum(stats.losses[:5])
@@ -150,9 +176,12 @@ def test_training_lowers_the_loss_and_beats_untrained_heads_on_held_back_answers
 
 def test_training_stops_at_its_time_limit(tiny_target):
     answers = generate_answers(tiny_target.model, encode(tiny_target, PROMPTS[:2]), 16)
-    stats = train_heads(tiny_heads(tiny_target.model, 2), HeadData.from_answers(answers, 2),
-                        MedusaOptions(num_heads=2, epochs=10_000, positions_per_step=4),
-                        seconds=0.5)
+    stats = train_heads(
+        tiny_heads(tiny_target.model, 2),
+        HeadData.from_answers(answers, 2),
+        MedusaOptions(num_heads=2, epochs=10_000, positions_per_step=4),
+        seconds=0.5,
+    )
     assert stats.stopped_by_time and 0 < stats.epochs < 10_000
 
 
@@ -167,13 +196,15 @@ def test_train_medusa_reports_on_held_back_answers(tiny_target):
 
 # --- the saved folder ----------------------------------------------------------------
 
+
 def invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def write_prompts(path: Path, texts=PROMPTS) -> Path:
-    path.write_text("".join(json.dumps({"prompt": t, "id": f"p{i}"}) + "\n"
-                            for i, t in enumerate(texts)))
+    path.write_text(
+        "".join(json.dumps({"prompt": t, "id": f"p{i}"}) + "\n" for i, t in enumerate(texts))
+    )
     return path
 
 
@@ -181,9 +212,26 @@ def write_prompts(path: Path, texts=PROMPTS) -> Path:
 def trained_folder(tmp_path, tiny_llama_dir):
     """`autotune heads train` run on the tiny model: (heads folder, model folder, result)."""
     out = tmp_path / "out"
-    result = invoke("heads", "train", "--kind", "medusa", "--model", tiny_llama_dir,
-                    "--prompts", write_prompts(tmp_path / "p.jsonl"), "--out", out,
-                    "--num-heads", 3, "--max-new-tokens", 24, "--epochs", 3, "--threads", 1)
+    result = invoke(
+        "heads",
+        "train",
+        "--kind",
+        "medusa",
+        "--model",
+        tiny_llama_dir,
+        "--prompts",
+        write_prompts(tmp_path / "p.jsonl"),
+        "--out",
+        out,
+        "--num-heads",
+        3,
+        "--max-new-tokens",
+        24,
+        "--epochs",
+        3,
+        "--threads",
+        1,
+    )
     return out, tiny_llama_dir, result
 
 
@@ -191,8 +239,9 @@ def test_command_writes_a_folder_that_loads(trained_folder):
     folder, model_dir, result = trained_folder
     assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
     assert f"wrote {folder}" in result.stdout
-    assert "top-5" in result.stdout and "t+4" in result.stdout   # the table, 3 heads
+    assert "top-5" in result.stdout and "t+4" in result.stdout  # the table, 3 heads
     from transformers import LlamaForCausalLM
+
     model = LlamaForCausalLM.from_pretrained(model_dir)
     heads = load_medusa_heads(folder, lm_head=model.lm_head.weight)
     assert heads.num_heads == 3 and heads.num_layers == 1
@@ -217,8 +266,7 @@ def test_command_writes_a_folder_that_loads(trained_folder):
     assert record["seconds"]["total"] > 0
 
 
-def test_a_config_that_misstates_the_head_count_loads_the_weights_count(trained_folder,
-                                                                        tmp_path):
+def test_a_config_that_misstates_the_head_count_loads_the_weights_count(trained_folder, tmp_path):
     import shutil
 
     folder = tmp_path / "copy"
@@ -232,24 +280,24 @@ def test_a_config_that_misstates_the_head_count_loads_the_weights_count(trained_
 def test_a_folder_without_weights_is_a_clear_error(tmp_path):
     folder = tmp_path / "no-weights"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"medusa_num_heads": 3,
-                                                    "medusa_num_layers": 1}))
-    with pytest.raises(HeadsError, match="no medusa_lm_head.safetensors or medusa_lm_head.pt"):
+    (folder / "config.json").write_text(json.dumps({"medusa_num_heads": 3, "medusa_num_layers": 1}))
+    with pytest.raises(HeadsError, match=r"no medusa_lm_head.safetensors or medusa_lm_head.pt"):
         load_medusa_heads(folder)
 
 
 # --- the command's bad input ---------------------------------------------------------
 
+
 @pytest.fixture
 def no_model_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded")
+
     monkeypatch.setattr(autotune.models, "load_target", refuse)
 
 
 def assert_user_error(result, *words: str) -> str:
-    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr,
-                                   result.exception)
+    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr, result.exception)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     for word in words:
@@ -259,18 +307,25 @@ def assert_user_error(result, *words: str) -> str:
 
 def test_unknown_head_kind(tmp_path, no_model_load):
     out = tmp_path / "out"
-    assert_user_error(invoke("heads", "train", "--kind", "hydra", "--out", out),
-                      "hydra", "medusa, eagle")
+    assert_user_error(
+        invoke("heads", "train", "--kind", "hydra", "--out", out), "hydra", "medusa, eagle"
+    )
     assert not out.exists()
 
 
 def test_bad_model(tmp_path, no_model_load, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     out = tmp_path / "out"
-    assert_user_error(invoke("heads", "train", "--kind", "medusa", "--model", "nosuch",
-                             "--out", out), "nosuch", "vicuna-13b")
-    assert_user_error(invoke("heads", "train", "--kind", "medusa", "--model", "vicuna-7b",
-                             "--out", out), "vicuna-7b", "--model-path")
+    assert_user_error(
+        invoke("heads", "train", "--kind", "medusa", "--model", "nosuch", "--out", out),
+        "nosuch",
+        "vicuna-13b",
+    )
+    assert_user_error(
+        invoke("heads", "train", "--kind", "medusa", "--model", "vicuna-7b", "--out", out),
+        "vicuna-7b",
+        "--model-path",
+    )
     assert not out.exists()
 
 
@@ -278,11 +333,38 @@ def test_bad_prompts(tmp_path, tiny_llama_dir, no_model_load):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "fine"}\nnot json\n')
     out = tmp_path / "out"
-    assert_user_error(invoke("heads", "train", "--kind", "medusa", "--model", tiny_llama_dir,
-                             "--prompts", bad, "--out", out), "bad.jsonl", "line 2")
+    assert_user_error(
+        invoke(
+            "heads",
+            "train",
+            "--kind",
+            "medusa",
+            "--model",
+            tiny_llama_dir,
+            "--prompts",
+            bad,
+            "--out",
+            out,
+        ),
+        "bad.jsonl",
+        "line 2",
+    )
     one = write_prompts(tmp_path / "one.jsonl", PROMPTS[:1])
-    assert_user_error(invoke("heads", "train", "--kind", "medusa", "--model", tiny_llama_dir,
-                             "--prompts", one, "--out", out), "at least two")
+    assert_user_error(
+        invoke(
+            "heads",
+            "train",
+            "--kind",
+            "medusa",
+            "--model",
+            tiny_llama_dir,
+            "--prompts",
+            one,
+            "--out",
+            out,
+        ),
+        "at least two",
+    )
     assert not out.exists()
 
 
@@ -290,10 +372,13 @@ def test_bad_prompts(tmp_path, tiny_llama_dir, no_model_load):
 def test_unwritable_out(tmp_path, tiny_llama_dir, no_model_load, where):
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
-    out = {"a_file": blocker, "under_a_file": blocker / "heads",
-           "proc": Path("/proc/nope/heads")}[where]
-    assert_user_error(invoke("heads", "train", "--kind", "medusa", "--model", tiny_llama_dir,
-                             "--out", out), "--out")
+    out = {"a_file": blocker, "under_a_file": blocker / "heads", "proc": Path("/proc/nope/heads")}[
+        where
+    ]
+    assert_user_error(
+        invoke("heads", "train", "--kind", "medusa", "--model", tiny_llama_dir, "--out", out),
+        "--out",
+    )
     assert blocker.read_text() == "x"
 
 
@@ -301,6 +386,15 @@ def test_help_lists_heads_train():
     assert "heads" in invoke("--help").stdout
     result = invoke("heads", "train", "--help")
     assert result.exit_code == 0
-    for option in ("--kind", "--model", "--out", "--num-heads", "--prompts",
-                   "--max-new-tokens", "--epochs", "--threads", "--time-budget"):
+    for option in (
+        "--kind",
+        "--model",
+        "--out",
+        "--num-heads",
+        "--prompts",
+        "--max-new-tokens",
+        "--epochs",
+        "--threads",
+        "--time-budget",
+    ):
         assert option in result.stdout

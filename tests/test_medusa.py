@@ -1,4 +1,5 @@
 """Medusa: head accuracy tables, the tuner's pieces, and profile + bench end to end."""
+
 from __future__ import annotations
 
 import json
@@ -9,10 +10,11 @@ import torch
 from autotune.engine.runner import Runner
 from autotune.heads.medusa import MedusaHeads, save_medusa_heads
 from autotune.measure.head_accuracy import measure_head_accuracy
+from autotune.methods.medusa.trials import build_tree
 from autotune.profile.io import read_profile
-from autotune.tuners.medusa import build_tree
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 class OracleHeads(MedusaHeads):
     """Heads that read the true continuation from a table: their accuracy is known."""
@@ -41,10 +43,15 @@ def test_head_accuracy_counts_paths_directly_with_per_head_denominators(tiny_lla
     sequence = prompt + continuation
     cache = runner.new_cache()
     out = runner.forward(torch.tensor(sequence[:-1]), torch.arange(len(sequence) - 1), cache)
-    hidden = runner.norm(out.hidden[len(prompt) - 1:])
-    truth = sequence[len(prompt) - 1:]
-    answers = {j: [truth[j + 2] if j + 2 < len(truth) else None,
-                   truth[j + 3] if j + 3 < len(truth) else None] for j in range(len(hidden))}
+    hidden = runner.norm(out.hidden[len(prompt) - 1 :])
+    truth = sequence[len(prompt) - 1 :]
+    answers = {
+        j: [
+            truth[j + 2] if j + 2 < len(truth) else None,
+            truth[j + 3] if j + 3 < len(truth) else None,
+        ]
+        for j in range(len(hidden))
+    }
     heads = OracleHeads(tiny_llama.config.vocab_size, answers, hidden)
     acc = measure_head_accuracy(runner, heads, [(prompt, continuation)], max_rank=3)
     # 6 continuation tokens: head 0 has answers at 5 positions, head 1 at 4
@@ -65,38 +72,79 @@ def test_build_tree_never_returns_an_empty_tree():
 
 SMALL_MEDUSA_SPACE = """\
 calibration: {prompts: 3, tokens: 16, max_rank: 4}
-tree: {max_nodes: 8, candidates: 2, trials: 3, confirm_prompts: 2, confirm_tokens: 10}
+tree: {max_nodes: 8, candidates: 2, trials: 3}
+trials: {prompts: 2, tokens: 10}
 typical: {pairs: [[0.09, 0.3], [0.2, 0.45]], prompts: 1, tokens: 10}
-measure: {confirm_prompts: 2, confirm_tokens: 12}
 """
 
 
 @pytest.mark.ray
-def test_medusa_profile_and_bench_end_to_end(tmp_path, tiny_llama, tiny_llama_dir,
-                                             random_heads, run_autotune):
+def test_medusa_profile_and_bench_end_to_end(
+    tmp_path, tiny_llama, tiny_llama_dir, random_heads, run_autotune
+):
     run_cli = run_autotune
     heads = random_heads(tiny_llama, num_heads=3, std=0.3)
     heads_dir = save_medusa_heads(heads, tmp_path / "heads", "tiny")
     config_json = json.loads((heads_dir / "config.json").read_text())
-    config_json["medusa_num_heads"] = 5          # misstated, as published configs are
+    config_json["medusa_num_heads"] = 5  # misstated, as published configs are
     (heads_dir / "config.json").write_text(json.dumps(config_json))
 
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": f"Tell me about {w}.", "id": w}) + "\n"
-                               for w in ["cats", "rain", "maps", "tea", "ships", "glass",
-                                         "bread", "stars", "bees", "clay", "rivers", "snow"]))
+    prompts.write_text(
+        "".join(
+            json.dumps({"prompt": f"Tell me about {w}.", "id": w}) + "\n"
+            for w in [
+                "cats",
+                "rain",
+                "maps",
+                "tea",
+                "ships",
+                "glass",
+                "bread",
+                "stars",
+                "bees",
+                "clay",
+                "rivers",
+                "snow",
+            ]
+        )
+    )
     space = tmp_path / "medusa.yaml"
     space.write_text(SMALL_MEDUSA_SPACE)
     out = tmp_path / "p.yaml"
-    done = run_cli(["profile", "--model", tiny_llama_dir, "--methods", "medusa",
-                    "--medusa-heads", heads_dir, "--medusa-search-space", space,
-                    "--storage", f"sqlite:///{tmp_path / 'db.sqlite'}", "--out", out,
-                    "--prompts", prompts, "--time-budget", 120, "--threads", 1], cwd=tmp_path)
+    done = run_cli(
+        [
+            "profile",
+            "--model",
+            tiny_llama_dir,
+            "--methods",
+            "medusa",
+            "--heads",
+            f"medusa={heads_dir}",
+            "--search-space",
+            f"medusa={space}",
+            "--storage",
+            f"sqlite:///{tmp_path / 'db.sqlite'}",
+            "--out",
+            out,
+            "--prompts",
+            prompts,
+            "--time-budget",
+            120,
+            "--threads",
+            1,
+            "--heldback-prompts",
+            3,
+            "--max-new-tokens",
+            12,
+        ],
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "says 5 heads; the weights hold 3" in done.stderr
     block = read_profile(out).methods.medusa
     assert block is not None
-    assert block.measured.lossless is True and block.measured.prompts == 2
+    assert block.measured.lossless is True and block.measured.prompts == 3
     assert 1 <= block.num_heads <= 3
     assert max(len(p) for p in block.tree) == block.num_heads
     assert len(block.tree) <= 8
@@ -106,25 +154,45 @@ def test_medusa_profile_and_bench_end_to_end(tmp_path, tiny_llama, tiny_llama_di
     assert typical.min_fidelity == next(r["fidelity"] for r in typical.sweep if r["eps"] == 0.09)
     assert block.search["measured_trials"]
 
-    bench = run_cli(["bench", out, "--json", "--max-new-tokens", 10, "--prompts", prompts,
-                     "--threads", 1], cwd=tmp_path)
+    bench = run_cli(
+        ["bench", out, "--json", "--max-new-tokens", 10, "--prompts", prompts, "--threads", 1],
+        cwd=tmp_path,
+    )
     assert bench.returncode == 0, bench.stderr[-3000:]
     row = json.loads(bench.stdout)["medusa"]
     assert row["lossless"] is True and row["prompts"] == 12
     assert row["tokens_per_step"] >= 1.0
 
 
-def test_profile_medusa_without_heads_is_a_one_line_error(tmp_path, tiny_llama_dir,
-                                                          run_autotune):
+@pytest.mark.ray
+def test_profile_medusa_without_heads_is_a_one_line_error(tmp_path, tiny_llama_dir, run_autotune):
     run_cli = run_autotune
-    done = run_cli(["profile", "--model", tiny_llama_dir, "--methods", "medusa",
-                    "--out", tmp_path / "p.yaml"], cwd=tmp_path, timeout=120)
+    done = run_cli(
+        ["profile", "--model", tiny_llama_dir, "--methods", "medusa", "--out", tmp_path / "p.yaml"],
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1].startswith("error: --methods medusa needs "
-                                                            "--medusa-heads")
-    done = run_cli(["profile", "--model", tiny_llama_dir, "--methods", "medusa",
-                    "--medusa-heads", tmp_path, "--out", tmp_path / "p.yaml"], cwd=tmp_path,
-                   timeout=120)
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith("error: --methods medusa: no medusa heads given: pass --heads medusa=DIR")
+    )
+    done = run_cli(
+        [
+            "profile",
+            "--model",
+            tiny_llama_dir,
+            "--methods",
+            "medusa",
+            "--heads",
+            f"medusa={tmp_path}",
+            "--out",
+            tmp_path / "p.yaml",
+        ],
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert done.returncode == 2 and "no medusa_lm_head" in done.stderr
     assert not (tmp_path / "p.yaml").exists()
 
@@ -138,8 +206,14 @@ def test_trained_heads_decode_the_embedded_model_losslessly(embedded_target):
     from autotune.training.medusa import MedusaOptions, train_medusa
 
     target = embedded_target
-    texts = ["Name three fruits.", "What is rain?", "Say hello in French.",
-             "Count to five.", "What is a cat?", "Describe the sea."]
+    texts = [
+        "Name three fruits.",
+        "What is rain?",
+        "Say hello in French.",
+        "Count to five.",
+        "What is a cat?",
+        "Describe the sea.",
+    ]
     ids = [target.encode_chat(t) for t in texts]
     options = MedusaOptions(num_heads=3, max_new_tokens=24, epochs=2, time_budget_s=None)
     result = train_medusa(target, ids[:4], ids[4:], options)

@@ -1,4 +1,5 @@
 """The profile schema, YAML round trip, recommendation and error messages."""
+
 from __future__ import annotations
 
 import os
@@ -8,39 +9,66 @@ import pytest
 import yaml
 
 from autotune.errors import AutotuneError, OutputPathError
+from autotune.methods.self_spec.settings import (
+    Adaptive,
+    DraftSettings,
+    SelfSpecSettings,
+    SkipLayers,
+)
 from autotune.profile import io as profile_io
+from autotune.profile.blocks import HardwareInfo, Measured, ModelInfo, Workload
 from autotune.profile.io import check_writable, read_profile, write_profile
-from autotune.profile.schema import (SCHEMA, Adaptive, DraftSettings, HardwareInfo, Measured,
-                                     Methods, ModelInfo, Profile, SelfSpecMethod, SkipLayers,
-                                     Workload, recommend)
+from autotune.profile.schema import SCHEMA, ProfileBase, methods_block, profile_model, recommend
 
 
 def measured(speedup: float) -> Measured:
-    return Measured(speedup=speedup, tokens_per_step=2.5, acceptance_rate=0.6,
-                    tokens_per_s=40.0 * speedup, baseline_tokens_per_s=40.0, lossless=True,
-                    prompts=8)
+    return Measured(
+        speedup=speedup,
+        tokens_per_step=2.5,
+        acceptance_rate=0.6,
+        tokens_per_s=40.0 * speedup,
+        baseline_tokens_per_s=40.0,
+        lossless=True,
+        prompts=8,
+    )
 
 
-def self_spec(speedup: float = 1.3, adaptive: bool = True) -> SelfSpecMethod:
-    return SelfSpecMethod(
+def self_spec(speedup: float = 1.3, adaptive: bool = True) -> SelfSpecSettings:
+    return SelfSpecSettings(
         skip=SkipLayers(attention=[3, 4, 5], mlp=[7]),
-        draft=DraftSettings(max_tokens=6, exit_threshold=0.6,
-                            adaptive=Adaptive(target_acceptance=0.9, step=0.01, beta1=0.5,
-                                              beta2=0.9) if adaptive else None),
-        measured=measured(speedup), study="smollm2-135m/self_spec",
-        search={"mask_trials": 40, "proxy_best": 1.41})
+        draft=DraftSettings(
+            max_tokens=6,
+            exit_threshold=0.6,
+            adaptive=Adaptive(target_acceptance=0.9, step=0.01, beta1=0.5, beta2=0.9)
+            if adaptive
+            else None,
+        ),
+        measured=measured(speedup),
+        study="smollm2-135m/self_spec",
+        search={"mask_trials": 40, "proxy_best": 1.41},
+    )
 
 
-def make_profile(speedup: float = 1.3) -> Profile:
-    methods = Methods(self_spec=self_spec(speedup))
-    return Profile(
-        model=ModelInfo(name="smollm2-135m", path="/models/smollm2", fingerprint="0123456789abcdef",
-                        architecture="LlamaForCausalLM", num_layers=30, hidden_size=576,
-                        vocab_size=49152, dtype="float32"),
-        hardware=HardwareInfo(device="cpu", device_name="Some CPU", threads=2,
-                              torch_version="2.5.0"),
+def make_profile(speedup: float = 1.3) -> ProfileBase:
+    methods = methods_block(self_spec=self_spec(speedup))
+    return profile_model()(
+        model=ModelInfo(
+            name="smollm2-135m",
+            path="/models/smollm2",
+            fingerprint="0123456789abcdef",
+            architecture="LlamaForCausalLM",
+            num_layers=30,
+            hidden_size=576,
+            vocab_size=49152,
+            dtype="float32",
+        ),
+        hardware=HardwareInfo(
+            device="cpu", device_name="Some CPU", threads=2, torch_version="2.5.0"
+        ),
         workload=Workload(prompts="prompts.jsonl", num_prompts=80, max_new_tokens=128),
-        recommended=recommend(methods), methods=methods)
+        recommended=recommend(methods),
+        methods=methods,
+    )
 
 
 def test_round_trip(tmp_path):
@@ -64,9 +92,15 @@ def test_yaml_layout_follows_the_design(tmp_path):
     block = data["methods"]["self_spec"]
     assert block["skip"] == {"attention": [3, 4, 5], "mlp": [7]}
     assert block["draft"]["max_tokens"] == 6
-    assert set(block["measured"]) >= {"speedup", "tokens_per_step", "acceptance_rate",
-                                      "tokens_per_s", "baseline_tokens_per_s", "lossless",
-                                      "prompts"}
+    assert set(block["measured"]) >= {
+        "speedup",
+        "tokens_per_step",
+        "acceptance_rate",
+        "tokens_per_s",
+        "baseline_tokens_per_s",
+        "lossless",
+        "prompts",
+    }
     assert data["recommended"] == "self_spec"
 
 
@@ -76,21 +110,23 @@ def test_round_trip_without_adaptive_and_method(tmp_path):
     path = tmp_path / "p.yaml"
     write_profile(profile, path)
     assert read_profile(path).methods.self_spec.draft.adaptive is None
-    profile.methods = Methods()
+    profile.methods = methods_block()
     profile.recommended = recommend(profile.methods)
     write_profile(profile, path)  # overwrites
     back = read_profile(path)
     assert back.methods.self_spec is None and back.recommended == "none"
 
 
-@pytest.mark.parametrize("speedup,expected", [(0.5, "none"), (0.999, "none"), (1.0, "none"),
-                                              (1.0001, "self_spec"), (2.4, "self_spec")])
+@pytest.mark.parametrize(
+    "speedup,expected",
+    [(0.5, "none"), (0.999, "none"), (1.0, "none"), (1.0001, "self_spec"), (2.4, "self_spec")],
+)
 def test_recommend(speedup, expected):
-    assert recommend(Methods(self_spec=self_spec(speedup))) == expected
+    assert recommend(methods_block(self_spec=self_spec(speedup))) == expected
 
 
 def test_recommend_no_methods():
-    assert recommend(Methods()) == "none"
+    assert recommend(methods_block()) == "none"
 
 
 def test_schema_rejects_bad_values():
@@ -99,11 +135,20 @@ def test_schema_rejects_bad_values():
     with pytest.raises(ValueError):
         DraftSettings(max_tokens=2, exit_threshold=1.5)
     with pytest.raises(ValueError):
-        Measured(speedup=1.0, tokens_per_step=1.0, acceptance_rate=0.5, tokens_per_s=1.0,
-                 baseline_tokens_per_s=1.0, lossless=True, prompts=1, extra=1)
+        Measured(
+            speedup=1.0,
+            tokens_per_step=1.0,
+            acceptance_rate=0.5,
+            tokens_per_s=1.0,
+            baseline_tokens_per_s=1.0,
+            lossless=True,
+            prompts=1,
+            extra=1,
+        )
 
 
 # --- reading errors ------------------------------------------------------------------
+
 
 def one_line_error(path: Path) -> str:
     with pytest.raises(AutotuneError) as err:
@@ -157,6 +202,7 @@ def test_read_invalid_field_names_the_field(tmp_path):
 
 # --- writing errors ------------------------------------------------------------------
 
+
 def test_write_under_a_file_raises_and_writes_nothing(tmp_path):
     blocker = tmp_path / "afile"
     blocker.write_text("x")
@@ -187,6 +233,7 @@ def test_check_writable_accepts_new_nested_path(tmp_path):
 
 def test_failed_write_leaves_no_file(tmp_path, monkeypatch):
     """A crash between writing and renaming leaves neither the profile nor a temp file."""
+
     def broken_replace(src, dst):
         raise OSError("disk full")
 
@@ -201,8 +248,9 @@ def test_failed_overwrite_keeps_the_old_profile(tmp_path, monkeypatch):
     target = tmp_path / "p.yaml"
     write_profile(make_profile(1.3), target)
     before = target.read_text()
-    monkeypatch.setattr(profile_io.os, "replace",
-                        lambda src, dst: (_ for _ in ()).throw(OSError("disk full")))
+    monkeypatch.setattr(
+        profile_io.os, "replace", lambda src, dst: (_ for _ in ()).throw(OSError("disk full"))
+    )
     with pytest.raises(OSError):
         write_profile(make_profile(0.7), target)
     assert target.read_text() == before

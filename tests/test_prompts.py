@@ -86,7 +86,7 @@ def test_split_is_deterministic_disjoint_and_complete():
 def test_split_is_stratified_by_category():
     prompts = load_prompts(default_prompts_path())  # 8 categories x 10 prompts
     _, held = split_prompts(prompts, 0.2)
-    assert Counter(p.category for p in held) == {c: 2 for c in {p.category for p in prompts}}
+    assert Counter(p.category for p in held) == dict.fromkeys({p.category for p in prompts}, 2)
 
     _, held = split_prompts(categorised({"a": 8, "b": 4}), 0.25)
     assert Counter(p.category for p in held) == {"a": 2, "b": 1}

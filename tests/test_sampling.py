@@ -1,4 +1,5 @@
 """Sampling: temperature / top-p processing, and speculative sampling end to end."""
+
 from __future__ import annotations
 
 import math
@@ -13,11 +14,11 @@ from autotune.engine.runner import Runner
 from autotune.engine.sampling import GREEDY, SamplingConfig, probabilities, sample
 from autotune.engine.skip import SkipMask
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # --- probabilities -------------------------------------------------------------------
+
 
 def test_greedy_config():
     assert GREEDY.greedy and GREEDY.temperature == 0.0
@@ -86,10 +87,19 @@ SKIP = SkipMask.of(attention=[1])
 @pytest.fixture(scope="module")
 def small_vocab_llama():
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, intermediate_size=64,
-                         bos_token_id=None, eos_token_id=None, pad_token_id=None,
-                         initializer_range=0.3, attn_implementation="sdpa")
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        initializer_range=0.3,
+        attn_implementation="sdpa",
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -107,7 +117,9 @@ def draft_second_marginal(runner) -> torch.Tensor:
     """P(t2) if every first draft token were output as is: what a broken acceptance rule
     would give. The test must be able to tell it from the target's."""
     cache = runner.new_cache()
-    first = torch.softmax(runner.forward(torch.tensor(PROMPT), torch.arange(3), cache).logits[-1], -1)
+    first = torch.softmax(
+        runner.forward(torch.tensor(PROMPT), torch.arange(3), cache).logits[-1], -1
+    )
     out = torch.zeros(VOCAB)
     for t in range(VOCAB):
         cache.crop(len(PROMPT))
@@ -133,6 +145,7 @@ def empirical_joint(decode) -> torch.Tensor:
     return counts / SEEDS
 
 
+@pytest.mark.slow
 def test_speculative_sampling_matches_target_distribution(small_vocab_llama):
     model = small_vocab_llama
     runner = Runner(model)
@@ -144,8 +157,9 @@ def test_speculative_sampling_matches_target_distribution(small_vocab_llama):
     noise = expected_tv_noise(second, SEEDS)
     assert tv(broken, second) > 5 * noise  # the draft really differs from the target
 
-    drafter = LayerSkipDrafter(SKIP, DraftExitPolicy(max_tokens=3, exit_threshold=0.0,
-                                                     adaptive=None))
+    drafter = LayerSkipDrafter(
+        SKIP, DraftExitPolicy(max_tokens=3, exit_threshold=0.0, adaptive=None)
+    )
     drafted = []
 
     def speculative(sampling):
@@ -160,8 +174,9 @@ def test_speculative_sampling_matches_target_distribution(small_vocab_llama):
     for name, empirical in (("speculative", spec), ("plain", plain)):
         assert tv(empirical.sum(1), first) < 3 * expected_tv_noise(first, SEEDS), name
         assert tv(empirical.sum(0), second) < 3 * expected_tv_noise(second, SEEDS), name
-        assert tv(empirical.flatten(), joint.flatten()) < \
-            2 * expected_tv_noise(joint.flatten(), SEEDS), name
+        assert tv(empirical.flatten(), joint.flatten()) < 2 * expected_tv_noise(
+            joint.flatten(), SEEDS
+        ), name
     # the two decoders agree with each other as well
     assert tv(spec.sum(0), plain.sum(0)) < 4 * noise
 

@@ -1,4 +1,5 @@
 """Study database and Ray Tune orchestration (autotune/studies)."""
+
 from __future__ import annotations
 
 import math
@@ -19,8 +20,9 @@ SPACE = {"x": IntDistribution(0, 6), "y": FloatDistribution(0.0, 1.0)}
 
 # Objectives run in Ray workers: module-level, picklable, cheap.
 
+
 def quadratic(config: dict) -> dict:
-    value = -(config["x"] - 3) ** 2 - (config["y"] - 0.5) ** 2
+    value = -((config["x"] - 3) ** 2) - (config["y"] - 0.5) ** 2
     return {"objective": value, "x_seen": config["x"], "note": "ok"}
 
 
@@ -51,10 +53,16 @@ def ray_session():
 def spec(tmp_path, name: str, trials: int, seeds=()):
     from autotune.studies.tune import StudySpec
 
-    return StudySpec(name=name, storage_url=f"sqlite:///{tmp_path / 'studies.db'}", space=SPACE,
-                     metric="objective", trials=trials,
-                     sampler=optuna.samplers.RandomSampler(seed=0), seeds=list(seeds),
-                     user_attrs={"method": "test"})
+    return StudySpec(
+        name=name,
+        storage_url=f"sqlite:///{tmp_path / 'studies.db'}",
+        space=SPACE,
+        metric="objective",
+        trials=trials,
+        sampler=optuna.samplers.RandomSampler(seed=0),
+        seeds=list(seeds),
+        user_attrs={"method": "test"},
+    )
 
 
 def load(tmp_path, name: str):
@@ -117,7 +125,7 @@ def left_by_a_dead_process(study, trial):
     """Make ``trial`` look asked for by a process of this host that is gone."""
     from autotune.studies import trials as held
 
-    gone = {**held.this_process(), "pid": 2 ** 22 + 7, "started": 1.0}
+    gone = {**held.this_process(), "pid": 2**22 + 7, "started": 1.0}
     study._storage.set_trial_user_attr(trial._trial_id, held.OWNER, gone)
     return trial
 
@@ -155,6 +163,7 @@ def test_fail_stale_trials(tmp_path):
 
 # --- storage ------------------------------------------------------------------------
 
+
 def test_storage_url_default_and_environment(monkeypatch):
     monkeypatch.delenv("AUTOTUNE_STORAGE", raising=False)
     assert storage_url() == "sqlite:///studies/autotune.db"
@@ -182,7 +191,7 @@ def test_open_storage_unreachable_postgres():
         open_storage("postgresql://user:secret@127.0.0.1:1/db")
     message = str(err.value)
     assert "\n" not in message
-    assert "secret" not in message          # the password is redacted
+    assert "secret" not in message  # the password is redacted
     assert "127.0.0.1" in message
 
 
@@ -240,8 +249,9 @@ def test_a_trial_is_owned_from_the_moment_it_exists(tmp_path):
     from autotune.studies import trials as held
     from autotune.studies.rdb import connect
 
-    study = optuna.create_study(study_name="owned", storage=connect(
-        f"sqlite:///{tmp_path / 'db.sqlite'}"))
+    study = optuna.create_study(
+        study_name="owned", storage=connect(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    )
     study.enqueue_trial({"x": 0.5})
     reasons = []
 

@@ -1,6 +1,7 @@
 """`autotune studies` (list, show, trials, plot, delete) on a study database written here
 with Optuna alone, as another machine would have written it; and `autotune latency` on a
 tiny random architecture."""
+
 from __future__ import annotations
 
 import json
@@ -21,23 +22,41 @@ from autotune.studies.storage import MeasurementCache
 
 MEDUSA = "tiny/medusa/abc12345"
 MASK = "tiny/self_spec/skip_mask"
-EXIT_USED = "tiny/self_spec/draft_exit/deadbeef"     # the mask the profile kept
-EXIT_OTHER = "tiny/self_spec/draft_exit/cafef00d"    # another mask's draft-exit study
+EXIT_USED = "tiny/self_spec/draft_exit/deadbeef"  # the mask the profile kept
+EXIT_OTHER = "tiny/self_spec/draft_exit/cafef00d"  # another mask's draft-exit study
 KEPT_SKIP = {"attention": [1, 2], "mlp": [3]}
 T0 = datetime(2026, 1, 2, 3, 4, 5)
-MEDUSA_SPACE = {"nodes": IntDistribution(1, 64, log=True),
-                "builder": CategoricalDistribution(["greedy", "sequoia"])}
+MEDUSA_SPACE = {
+    "nodes": IntDistribution(1, 64, log=True),
+    "builder": CategoricalDistribution(["greedy", "sequoia"]),
+}
 EXIT_SPACE = {"max_tokens": IntDistribution(1, 12), "exit_threshold": FloatDistribution(0, 1)}
 
 
-def trial(number: int, state: TrialState, value: float | None, params: dict, space: dict,
-          seconds: float | None, **attrs) -> FrozenTrial:
+def trial(
+    number: int,
+    state: TrialState,
+    value: float | None,
+    params: dict,
+    space: dict,
+    seconds: float | None,
+    **attrs,
+) -> FrozenTrial:
     start = T0 + timedelta(minutes=number)
     end = None if seconds is None else start + timedelta(seconds=seconds)
-    return FrozenTrial(number=number, state=state, value=value, params=params,
-                       distributions={k: space[k] for k in params}, user_attrs=attrs,
-                       system_attrs={}, intermediate_values={}, trial_id=number,
-                       datetime_start=start, datetime_complete=end)
+    return FrozenTrial(
+        number=number,
+        state=state,
+        value=value,
+        params=params,
+        distributions={k: space[k] for k in params},
+        user_attrs=attrs,
+        system_attrs={},
+        intermediate_values={},
+        trial_id=number,
+        datetime_start=start,
+        datetime_complete=end,
+    )
 
 
 def add_study(url: str, name: str, attrs: dict, trials: list[FrozenTrial]) -> None:
@@ -59,42 +78,107 @@ def db(tmp_path, monkeypatch) -> str:
     url = f"sqlite:///{tmp_path / 'other-machine.db'}"
     base = {"model": "tiny", "fingerprint": "f00dfeedf00dfeed"}
     C, F, R = TrialState.COMPLETE, TrialState.FAIL, TrialState.RUNNING
-    add_study(url, MEDUSA, {**base, "method": "medusa", "objective": "measured speedup",
-                            "heads": "/elsewhere/heads/tiny-medusa"}, [
-        trial(0, C, 1.10, {"nodes": 4, "builder": "greedy"}, MEDUSA_SPACE, 30, speedup=1.10,
-              tokens_per_s=22.0),
-        trial(1, C, 1.35, {"nodes": 16, "builder": "sequoia"}, MEDUSA_SPACE, 40, speedup=1.35,
-              tokens_per_s=27.0, lossless=True),
-        trial(2, F, None, {"nodes": 64, "builder": "greedy"}, MEDUSA_SPACE, 5,
-              fail_reason="RuntimeError: out of memory"),
-        trial(3, C, 0.95, {"nodes": 2, "builder": "greedy"}, MEDUSA_SPACE, 20, speedup=0.95),
-        trial(4, R, None, {"nodes": 8, "builder": "greedy"}, MEDUSA_SPACE, None),
-    ])
-    add_study(url, MASK, {**base, "method": "self_spec", "objective": "proxy speedup"}, [
-        trial(0, C, 0.81, {"max_tokens": 3, "exit_threshold": 0.5}, EXIT_SPACE, 2,
-              acceptance=0.4),
-        trial(1, F, None, {"max_tokens": 5, "exit_threshold": 0.5}, EXIT_SPACE, 1,
-              fail_reason="objective was nan"),
-    ])
-    for name, skip, value in ((EXIT_USED, KEPT_SKIP, 1.21), (EXIT_OTHER, {"attention": [5],
-                                                                           "mlp": []}, 1.05)):
-        add_study(url, name, {**base, "method": "self_spec", "skip": skip,
-                              "objective": "measured speedup"},
-                  [trial(0, C, value, {"max_tokens": 4}, EXIT_SPACE, 9, speedup=value)])
+    add_study(
+        url,
+        MEDUSA,
+        {
+            **base,
+            "method": "medusa",
+            "objective": "measured speedup",
+            "heads": "/elsewhere/heads/tiny-medusa",
+        },
+        [
+            trial(
+                0,
+                C,
+                1.10,
+                {"nodes": 4, "builder": "greedy"},
+                MEDUSA_SPACE,
+                30,
+                speedup=1.10,
+                tokens_per_s=22.0,
+            ),
+            trial(
+                1,
+                C,
+                1.35,
+                {"nodes": 16, "builder": "sequoia"},
+                MEDUSA_SPACE,
+                40,
+                speedup=1.35,
+                tokens_per_s=27.0,
+                lossless=True,
+            ),
+            trial(
+                2,
+                F,
+                None,
+                {"nodes": 64, "builder": "greedy"},
+                MEDUSA_SPACE,
+                5,
+                fail_reason="RuntimeError: out of memory",
+            ),
+            trial(3, C, 0.95, {"nodes": 2, "builder": "greedy"}, MEDUSA_SPACE, 20, speedup=0.95),
+            trial(4, R, None, {"nodes": 8, "builder": "greedy"}, MEDUSA_SPACE, None),
+        ],
+    )
+    add_study(
+        url,
+        MASK,
+        {**base, "method": "self_spec", "objective": "proxy speedup"},
+        [
+            trial(
+                0, C, 0.81, {"max_tokens": 3, "exit_threshold": 0.5}, EXIT_SPACE, 2, acceptance=0.4
+            ),
+            trial(
+                1,
+                F,
+                None,
+                {"max_tokens": 5, "exit_threshold": 0.5},
+                EXIT_SPACE,
+                1,
+                fail_reason="objective was nan",
+            ),
+        ],
+    )
+    for name, skip, value in (
+        (EXIT_USED, KEPT_SKIP, 1.21),
+        (EXIT_OTHER, {"attention": [5], "mlp": []}, 1.05),
+    ):
+        add_study(
+            url,
+            name,
+            {**base, "method": "self_spec", "skip": skip, "objective": "measured speedup"},
+            [trial(0, C, value, {"max_tokens": 4}, EXIT_SPACE, 9, speedup=value)],
+        )
     return url
 
 
-MEASURED = {"speedup": 1.0573, "tokens_per_step": 1.18, "acceptance_rate": 0.19,
-            "tokens_per_s": 28.3, "baseline_tokens_per_s": 26.7, "lossless": True, "prompts": 20}
+MEASURED = {
+    "speedup": 1.0573,
+    "tokens_per_step": 1.18,
+    "acceptance_rate": 0.19,
+    "tokens_per_s": 28.3,
+    "baseline_tokens_per_s": 26.7,
+    "lossless": True,
+    "prompts": 20,
+}
 
 
 def write_profile(path: Path, method: str, block: dict) -> None:
     """The parts of a profile that `studies show` reads (it does not validate)."""
     methods = {"self_spec": None, "medusa": None, "eagle": None}
     methods[method] = {**block, "measured": MEASURED, "search": {"trials": 4, "secret": 42}}
-    path.write_text(yaml.safe_dump({
-        "schema": "autotune/profile@1", "recommended": method, "methods": methods,
-        "model": {"name": "tiny", "fingerprint": "6bc28bb068d6989a"}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "schema": "autotune/profile@1",
+                "recommended": method,
+                "methods": methods,
+                "model": {"name": "tiny", "fingerprint": "6bc28bb068d6989a"},
+            }
+        )
+    )
 
 
 @pytest.fixture
@@ -104,14 +188,25 @@ def profiles(tmp_path) -> Path:
     and a file that is no profile."""
     folder = tmp_path / "my-profiles"
     folder.mkdir()
-    write_profile(folder / "tiny-medusa.yaml", "medusa",
-                  {"heads": "/h", "num_heads": 2, "tree": [[0], [0, 0]], "study": MEDUSA})
-    write_profile(folder / "tiny-self-spec.yaml", "self_spec",
-                  {"skip": KEPT_SKIP, "study": "tiny/self_spec"})
-    write_profile(folder / "tiny-eagle.yml", "eagle",
-                  {"tree": {"kind": "dynamic", "total_tokens": 8, "depth": 3, "top_k": 2},
-                   "study": {"static": "tiny/eagle-static/e393e1c6",
-                             "dynamic": "tiny/eagle-dynamic/e393e1c6"}})
+    write_profile(
+        folder / "tiny-medusa.yaml",
+        "medusa",
+        {"heads": "/h", "num_heads": 2, "tree": [[0], [0, 0]], "study": MEDUSA},
+    )
+    write_profile(
+        folder / "tiny-self-spec.yaml", "self_spec", {"skip": KEPT_SKIP, "study": "tiny/self_spec"}
+    )
+    write_profile(
+        folder / "tiny-eagle.yml",
+        "eagle",
+        {
+            "tree": {"kind": "dynamic", "total_tokens": 8, "depth": 3, "top_k": 2},
+            "study": {
+                "static": "tiny/eagle-static/e393e1c6",
+                "dynamic": "tiny/eagle-dynamic/e393e1c6",
+            },
+        },
+    )
     (folder / "notes.yaml").write_text("- just\n- a list: [\n")
     return folder
 
@@ -121,8 +216,7 @@ def invoke(*args, input: str | None = None):
 
 
 def ok(result) -> str:
-    assert result.exit_code == 0, (result.exit_code, result.stdout, result.stderr,
-                                   result.exception)
+    assert result.exit_code == 0, (result.exit_code, result.stdout, result.stderr, result.exception)
     return result.stdout
 
 
@@ -146,12 +240,22 @@ def table_rows(text: str) -> dict[str, list[str]]:
 
 # --- list ------------------------------------------------------------------------------
 
+
 def test_list_shows_every_study_with_counts_best_and_last_update(db):
     rows = table_rows(ok(invoke("studies", "list", "--storage", db)))
     assert set(rows) >= {MEDUSA, MASK, EXIT_USED, EXIT_OTHER}
     # study, model, method, complete, failed, running, best, speedup, last update
-    assert rows[MEDUSA] == [MEDUSA, "tiny", "medusa", "3", "1", "1", "1.3500", "1.3500",
-                            "2026-01-02 03:08"]   # the running trial started last
+    assert rows[MEDUSA] == [
+        MEDUSA,
+        "tiny",
+        "medusa",
+        "3",
+        "1",
+        "1",
+        "1.3500",
+        "1.3500",
+        "2026-01-02 03:08",
+    ]  # the running trial started last
     # a proxy study has a best value but no measured speedup
     assert rows[MASK][3:8] == ["1", "1", "0", "0.8100", "-"]
 
@@ -195,17 +299,18 @@ def test_list_of_an_empty_database(tmp_path):
 
 # --- show ------------------------------------------------------------------------------
 
+
 def test_show_best_trial_attrs_and_the_profile_it_fed(db, profiles):
     out = ok(invoke("studies", "show", MEDUSA, "--storage", db, "--profiles", profiles))
     best = out.split("best trial #1: value 1.3500", 1)[1]
     assert "builder: sequoia" in best and "nodes: 16" in best
     assert "speedup: 1.35" in best and "lossless: True" in best
-    assert "heads: /elsewhere/heads/tiny-medusa" in out       # a study attribute
+    assert "heads: /elsewhere/heads/tiny-medusa" in out  # a study attribute
     assert "3 complete, 1 failed, 1 running" in out
     assert f"profile: {profiles / 'tiny-medusa.yaml'} (methods.medusa; recommended medusa)" in out
-    assert "speedup: 1.0573" in out          # the profile's own measured block
-    assert "- [0, 0]" in out and "secret" not in out   # the tree; search left out
-    assert "note: the profile's model fingerprint" in out   # the fixture's model differs
+    assert "speedup: 1.0573" in out  # the profile's own measured block
+    assert "- [0, 0]" in out and "secret" not in out  # the tree; search left out
+    assert "note: the profile's model fingerprint" in out  # the fixture's model differs
     assert "tiny-self-spec.yaml" not in out
 
 
@@ -222,8 +327,9 @@ def test_show_finds_the_self_spec_profile_by_prefix_and_mask(db, profiles):
 def test_show_looks_in_profiles_of_the_current_folder(db, profiles):
     assert "profile: none in profiles/" in ok(invoke("studies", "show", MEDUSA, "--storage", db))
     profiles.rename(Path.cwd() / "profiles")
-    assert "tiny-medusa.yaml (methods.medusa" in ok(invoke("studies", "show", MEDUSA,
-                                                           "--storage", db))
+    assert "tiny-medusa.yaml (methods.medusa" in ok(
+        invoke("studies", "show", MEDUSA, "--storage", db)
+    )
 
 
 def test_unknown_study_suggests_close_names(db):
@@ -231,12 +337,13 @@ def test_unknown_study_suggests_close_names(db):
     assert "no study named 'tiny/medusa/abc1234'" in line
     assert MEDUSA in line and "autotune studies list" in line
     line = user_error(invoke("studies", "trials", "tiny/self_spec", "--storage", db))
-    assert MASK in line and EXIT_USED in line      # a prefix of theirs
+    assert MASK in line and EXIT_USED in line  # a prefix of theirs
     line = user_error(invoke("studies", "plot", "qqqqqqqq", "--storage", db))
     assert "did you mean" not in line and "autotune studies list" in line
 
 
 # --- trials ----------------------------------------------------------------------------
+
 
 def test_trials_json_best_first_with_fail_reason_and_duration(db):
     data = json.loads(ok(invoke("studies", "trials", MEDUSA, "--storage", db, "--json")))
@@ -252,8 +359,9 @@ def test_trials_json_best_first_with_fail_reason_and_duration(db):
 
 
 def test_trials_top(db):
-    data = json.loads(ok(invoke("studies", "trials", MEDUSA, "--storage", db, "--json",
-                                "--top", "2")))
+    data = json.loads(
+        ok(invoke("studies", "trials", MEDUSA, "--storage", db, "--json", "--top", "2"))
+    )
     assert [t["number"] for t in data["trials"]] == [1, 0]
     rows = table_rows(ok(invoke("studies", "trials", MEDUSA, "--storage", db, "--top", "2")))
     assert set(rows) == {"1", "0"}
@@ -275,6 +383,7 @@ def test_trials_table_leaves_out_parameters_the_same_in_every_row(db):
 
 # --- plot ------------------------------------------------------------------------------
 
+
 def is_png(path: Path) -> bool:
     return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -283,8 +392,10 @@ def test_plot_writes_history_and_importance(db, tmp_path):
     out = tmp_path / "plots"
     result = invoke("studies", "plot", MEDUSA, "--storage", db, "--out", out)
     written = [Path(line.removeprefix("wrote ")) for line in ok(result).splitlines()]
-    assert sorted(p.name for p in written) == ["tiny__medusa__abc12345-history.png",
-                                               "tiny__medusa__abc12345-importance.png"]
+    assert sorted(p.name for p in written) == [
+        "tiny__medusa__abc12345-history.png",
+        "tiny__medusa__abc12345-importance.png",
+    ]
     assert all(p.parent == out and is_png(p) for p in written)
 
 
@@ -297,6 +408,7 @@ def test_plot_without_enough_trials_for_importance(db, tmp_path):
 
 
 # --- delete ----------------------------------------------------------------------------
+
 
 def study_names(url: str) -> set[str]:
     path = url.removeprefix("sqlite:///")
@@ -334,8 +446,15 @@ def test_delete_unknown_study(db):
 
 # --- latency ---------------------------------------------------------------------------
 
-TINY_SHAPES = registry.Shapes(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128,
-                              vocab_size=128, max_positions=512, num_kv_heads=2)
+TINY_SHAPES = registry.Shapes(
+    hidden_size=64,
+    num_layers=2,
+    num_heads=4,
+    intermediate_size=128,
+    vocab_size=128,
+    max_positions=512,
+    num_kv_heads=2,
+)
 
 
 @pytest.fixture
@@ -346,8 +465,13 @@ def tiny_alias(monkeypatch):
 
 @pytest.mark.usefixtures("one_thread")
 def test_latency_random_weights_json(tiny_alias):
-    data = json.loads(ok(invoke("latency", "--model", tiny_alias, "--random-weights",
-                                "--max-tokens", "3", "--json")))
+    data = json.loads(
+        ok(
+            invoke(
+                "latency", "--model", tiny_alias, "--random-weights", "--max-tokens", "3", "--json"
+            )
+        )
+    )
     assert data["random_weights"] is True and data["model"] == tiny_alias
     assert (data["num_layers"], data["hidden_size"], data["dtype"]) == (2, 64, "float32")
     assert len(data["seconds"]) == 3 and all(s > 0 for s in data["seconds"])
@@ -357,23 +481,35 @@ def test_latency_random_weights_json(tiny_alias):
 
 @pytest.mark.usefixtures("one_thread")
 def test_latency_random_weights_table_and_folder_config(tiny_alias, tiny_llama_dir, tmp_path):
-    out = ok(invoke("latency", "--model", tiny_alias, "--random-weights", "--max-tokens", "2",
-                    "--dtype", "bfloat16"))
+    out = ok(
+        invoke(
+            "latency",
+            "--model",
+            tiny_alias,
+            "--random-weights",
+            "--max-tokens",
+            "2",
+            "--dtype",
+            "bfloat16",
+        )
+    )
     assert "random_weights: true" in out and "bfloat16" in out
     assert set(table_rows(out)) >= {"1", "2"} and "3" not in table_rows(out)
     # a folder with config.json alone: no weights, no tokenizer
     folder = tmp_path / "config-only"
     folder.mkdir()
     (folder / "config.json").write_text((tiny_llama_dir / "config.json").read_text())
-    data = json.loads(ok(invoke("latency", "--model", folder, "--random-weights",
-                                "--max-tokens", "1", "--json")))
+    data = json.loads(
+        ok(invoke("latency", "--model", folder, "--random-weights", "--max-tokens", "1", "--json"))
+    )
     assert data["num_layers"] == 4 and data["random_weights"] is True
 
 
 @pytest.mark.usefixtures("one_thread")
 def test_latency_on_real_weights_says_so(tiny_llama_dir):
-    data = json.loads(ok(invoke("latency", "--model", tiny_llama_dir, "--max-tokens", "2",
-                                "--json")))
+    data = json.loads(
+        ok(invoke("latency", "--model", tiny_llama_dir, "--max-tokens", "2", "--json"))
+    )
     assert data["random_weights"] is False and data["num_layers"] == 4
 
 
@@ -387,13 +523,16 @@ def test_latency_on_cuda_without_cuda():
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    line = user_error(invoke("latency", "--model", "vicuna-7b", "--random-weights",
-                             "--device", "cuda"))
+    line = user_error(
+        invoke("latency", "--model", "vicuna-7b", "--random-weights", "--device", "cuda")
+    )
     assert "--device cuda" in line and "no CUDA device" in line
 
 
-@pytest.mark.parametrize("alias, billions", [("vicuna-7b", 6.74), ("vicuna-13b", 13.02),
-                                             ("vicuna-33b", 32.53), ("smollm2-135m", 0.135)])
+@pytest.mark.parametrize(
+    "alias, billions",
+    [("vicuna-7b", 6.74), ("vicuna-13b", 13.02), ("vicuna-33b", 32.53), ("smollm2-135m", 0.135)],
+)
 def test_registered_shapes_give_the_published_sizes(alias, billions):
     """Built on the meta device: shapes only, no memory."""
     from autotune.models import random_weights_model
@@ -401,7 +540,6 @@ def test_registered_shapes_give_the_published_sizes(alias, billions):
     model, name = random_weights_model(alias, "float16", "meta")
     count = sum(p.numel() for p in model.parameters())
     assert name == alias and count == pytest.approx(billions * 1e9, rel=0.01)
-
 
 
 def test_profiles_naming_reads_eagle_study_dicts(profiles):

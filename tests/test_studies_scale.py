@@ -6,6 +6,7 @@ PostgreSQL tests need ``$AUTOTUNE_TEST_POSTGRES`` (``scripts/start_test_postgres
 starts a throwaway server; ``.ci/run`` does): without it they are skipped, except in CI
 (``$CI`` set), where they fail.
 """
+
 from __future__ import annotations
 
 import functools
@@ -33,10 +34,11 @@ OPTIMUM = {"x": 3, "y": 0.5}
 
 
 def value_of(params: dict) -> float:
-    return -(params["x"] - 3) ** 2 - (params["y"] - 0.5) ** 2
+    return -((params["x"] - 3) ** 2) - (params["y"] - 0.5) ** 2
 
 
 # Objectives run in Ray workers: module-level and shipped by value (see `cluster`).
+
 
 @dataclass
 class Slow:
@@ -59,18 +61,26 @@ class Slow:
 
 @dataclass
 class TinyTarget:
-    """A trial that needs the target: the tiny LLaMA, loaded once per worker."""
+    """A trial that needs the target: the tiny LLaMA, loaded once per worker. Each trial
+    marks its start in ``marks`` and ends only once a trial of another worker has started
+    (or after 60 s): two workers running side by side overlap, one alone does not."""
 
     ref: object  # autotune.models.ref.TargetRef
+    marks: str
 
     def __call__(self, config: dict) -> dict:
         import torch
 
         model = self.ref.load().model
         start = time.time()
+        Path(self.marks, f"{os.getpid()}-{time.time_ns()}").touch()
         with torch.no_grad():
             logits = model(torch.tensor([[1, 5, 9, 3 + config["x"]]])).logits
-        time.sleep(0.5)  # long enough for the two workers to overlap
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if any(not p.name.startswith(f"{os.getpid()}-") for p in Path(self.marks).iterdir()):
+                break
+            time.sleep(0.05)  # polling, with a deadline
         assert torch.isfinite(logits).all()
         return {"objective": value_of(config), "start": start, "end": time.time()}
 
@@ -90,6 +100,7 @@ def faulty(config: dict) -> dict:
 
 # --- fixtures -------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A Ray cluster of this machine (head node: 2 CPUs); the driver is this process."""
@@ -105,9 +116,13 @@ def cluster(tmp_path_factory):
     if ray.is_initialized():
         ray.shutdown()
     # a dead node is noticed within a few seconds
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 2, "_system_config": {"health_check_period_ms": 1000,
-                                          "health_check_failure_threshold": 3}})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 2,
+            "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 3},
+        },
+    )
     init_ray(cluster.address)
     # the workers cannot import this test module: ship its objectives by value
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -145,12 +160,19 @@ def study_name(label: str) -> str:
 def spec(url: str, name: str, trials: int, seeds=(), seed: int = 0, timed: bool = False):
     from autotune.studies.tune import StudySpec
 
-    return StudySpec(name=name, storage_url=url, space=SPACE, metric="objective",
-                     trials=trials, sampler=optuna.samplers.RandomSampler(seed=seed),
-                     seeds=list(seeds), timed=timed)
+    return StudySpec(
+        name=name,
+        storage_url=url,
+        space=SPACE,
+        metric="objective",
+        trials=trials,
+        sampler=optuna.samplers.RandomSampler(seed=seed),
+        seeds=list(seeds),
+        timed=timed,
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def storage_for(url: str):
     from autotune.studies.storage import open_storage
 
@@ -168,7 +190,9 @@ def counted(trials) -> int:
 
 
 def overlap(a, b) -> bool:
-    return a.user_attrs["start"] < b.user_attrs["end"] and b.user_attrs["start"] < a.user_attrs["end"]
+    return (
+        a.user_attrs["start"] < b.user_attrs["end"] and b.user_attrs["start"] < a.user_attrs["end"]
+    )
 
 
 def files_containing(folder: Path, needle: bytes) -> list[str]:
@@ -197,8 +221,9 @@ def check_no_password_on_disk(url: str, cluster) -> None:
 
 # --- rules, no Ray -----------------------------------------------------------------
 
+
 def test_trial_resources_rule():
-    from autotune.studies.tune import Workers, trial_resources
+    from autotune.studies.workers import Workers, trial_resources
 
     machine = [{"CPU": 8.0}]
     # a timed CPU trial has a machine to itself: one at a time per machine
@@ -213,17 +238,28 @@ def test_trial_resources_rule():
     assert trial_resources(Workers(cpus_per_trial=32), True, machine) == ({"cpu": 8.0}, 1)
     # with GPUs: a GPU set and one core each, side by side
     gpus = [{"CPU": 16.0, "GPU": 2.0}]
-    assert trial_resources(Workers(count=4, gpus_per_trial=1), True, gpus) == \
-        ({"cpu": 1.0, "gpu": 1}, 2)
+    assert trial_resources(Workers(count=4, gpus_per_trial=1), True, gpus) == (
+        {"cpu": 1.0, "gpu": 1},
+        2,
+    )
 
 
 def running_trial(user_attrs: dict, started=None):
     from datetime import datetime
 
     return optuna.trial.FrozenTrial(
-        number=0, state=TrialState.RUNNING, value=None, datetime_start=started or datetime.now(),
-        datetime_complete=None, params={}, distributions={}, user_attrs=user_attrs,
-        system_attrs={}, intermediate_values={}, trial_id=0)
+        number=0,
+        state=TrialState.RUNNING,
+        value=None,
+        datetime_start=started or datetime.now(),
+        datetime_complete=None,
+        params={},
+        distributions={},
+        user_attrs=user_attrs,
+        system_attrs={},
+        intermediate_values={},
+        trial_id=0,
+    )
 
 
 def test_stale_reason_rules():
@@ -242,7 +278,10 @@ def test_stale_reason_rules():
     gone = dict(alive, started=alive["started"] - 1000.0)  # that pid, but another process
     assert "is gone" in stale_reason(running_trial({"owner": gone}))
     # another pid namespace (a container) on this host: judged by its heartbeat alone
-    assert stale_reason(running_trial({"owner": dict(gone, pidns=-1), "heartbeat": time.time()})) is None
+    assert (
+        stale_reason(running_trial({"owner": dict(gone, pidns=-1), "heartbeat": time.time()}))
+        is None
+    )
     elsewhere = dict(me, host=socket.gethostname() + "-other")
     now = time.time()
     assert stale_reason(running_trial({"owner": elsewhere, "heartbeat": now - 5})) is None
@@ -258,38 +297,48 @@ def test_storage_pickles_without_password():
 
     url = "postgresql://autotune:Pa55-not-pickled@127.0.0.1:5432/autotune"
     storage = RDBStorage.__new__(RDBStorage)  # its state, without a server to connect to
-    storage.__dict__.update(url=url, engine_kwargs={}, scoped_session=None, engine=None,
-                            _version_manager=None)
+    storage.__dict__.update(
+        url=url, engine_kwargs={}, scoped_session=None, engine=None, _version_manager=None
+    )
     state = storage.__getstate__()
     assert state["url"] == redact(url) == "postgresql://autotune:***@127.0.0.1:5432/autotune"
     assert b"Pa55-not-pickled" not in pickle.dumps(state)
     restored = RDBStorage.__new__(RDBStorage)
-    # unpickled in this process, it gets its password back (and then connects)
-    with pytest.raises(Exception):
+    # unpickled in this process, it gets its password back (and then fails to connect:
+    # no server listens there, whichever driver error that raises)
+    with pytest.raises(Exception):  # noqa: B017
         restored.__setstate__(state)
     assert restored.url == url
 
 
 # --- (a) PostgreSQL, two workers side by side, the target loaded once per worker ------
 
+
 @pytest.mark.ray
-def test_postgres_study_with_two_workers(cluster, tiny_llama_dir):
-    from autotune.studies.tune import Workers, run_study
+def test_postgres_study_with_two_workers(cluster, tiny_llama_dir, tmp_path):
     from autotune.models.ref import TargetRef
+    from autotune.studies.tune import run_study
+    from autotune.studies.workers import Workers
 
     url = postgres_url()
     name = study_name("tiny-target")
     ref = TargetRef.for_user(str(tiny_llama_dir))
-    run_study(spec(url, name, 6, seeds=[OPTIMUM]), TinyTarget(ref), label="two workers",
-              workers=Workers(count=2))
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    run_study(
+        spec(url, name, 6, seeds=[OPTIMUM]),
+        TinyTarget(ref, str(marks)),
+        label="two workers",
+        workers=Workers(count=2),
+    )
     trials = load(url, name)
     assert len(trials) == 6
     assert all(t.state == TrialState.COMPLETE for t in trials)
     for t in trials:
         assert t.value == pytest.approx(value_of(t.params))
-        assert t.user_attrs["target_loads"] == 1        # loaded once per worker, kept
+        assert t.user_attrs["target_loads"] == 1  # loaded once per worker, kept
     workers = {t.user_attrs["worker"] for t in trials}
-    assert len(workers) == 2                             # 6 trials on 2 long-lived workers
+    assert len(workers) == 2  # 6 trials on 2 long-lived workers
     assert any(overlap(a, b) for a in trials for b in trials if a.number < b.number)
     assert optuna.load_study(study_name=name, storage=storage_for(url)).best_params == OPTIMUM
     # (f) the database password reached no file of Ray's
@@ -298,14 +347,17 @@ def test_postgres_study_with_two_workers(cluster, tiny_llama_dir):
 
 # --- (e) NaN, crash, out of memory, a dead worker: failed with reason, study goes on ----
 
+
 @pytest.mark.ray
 def test_faults_are_recorded_and_the_study_goes_on(cluster, database):
-    from autotune.studies.tune import Workers, run_study
+    from autotune.studies.tune import run_study
+    from autotune.studies.workers import Workers
 
     name = study_name("faults")
     seeds = [{"x": x, "y": 0.1 * x} for x in (1, 2, 3, 4, 5, 0)]
-    run_study(spec(database, name, 6, seeds=seeds), faulty, label="faults",
-              workers=Workers(count=2))
+    run_study(
+        spec(database, name, 6, seeds=seeds), faulty, label="faults", workers=Workers(count=2)
+    )
     trials = load(database, name)
     assert not [t for t in trials if not t.state.is_finished()]
     by_x = {}
@@ -335,7 +387,8 @@ DRIVER = """
 import os, sys, time
 import optuna
 from optuna.distributions import FloatDistribution, IntDistribution
-from autotune.studies.tune import StudySpec, Workers, run_study
+from autotune.studies.tune import StudySpec, run_study
+from autotune.studies.workers import Workers
 
 url = os.environ["AUTOTUNE_STORAGE"]  # not on the command line: it holds the password
 name, trials, seed, seconds, address = sys.argv[1:6]
@@ -354,12 +407,16 @@ run_study(spec, objective, label="driver " + seed, workers=Workers(count=2, ray_
 def start_driver(cluster, url: str, name: str, trials: int, seed: int, seconds: float):
     """`run_study` in a process of its own, joined to the module's cluster."""
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", AUTOTUNE_STORAGE=url)
-    return subprocess.Popen([sys.executable, "-c", DRIVER, name, str(trials), str(seed),
-                             str(seconds), cluster.address], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            # Ctrl-C reaches it even where this process was started in the
-                            # background (where SIGINT is ignored, and so in its children)
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return subprocess.Popen(
+        [sys.executable, "-c", DRIVER, name, str(trials), str(seed), str(seconds), cluster.address],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # Ctrl-C reaches it even where this process was started in the
+        # background (where SIGINT is ignored, and so in its children)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def finish(driver, url: str, name: str, timeout: float = 150) -> None:
@@ -369,8 +426,10 @@ def finish(driver, url: str, name: str, timeout: float = 150) -> None:
         driver.kill()
         _, err = driver.communicate()
         states = [(t.number, t.state.name, owner_pid(t)) for t in load_if_any(url, name)]
-        pytest.fail(f"driver {driver.pid} still running after {timeout} s; trials {states}; "
-                    f"stderr: {err[-2000:]}")
+        pytest.fail(
+            f"driver {driver.pid} still running after {timeout} s; trials {states}; "
+            f"stderr: {err[-2000:]}"
+        )
     assert driver.returncode == 0, err[-3000:]
 
 
@@ -387,18 +446,19 @@ def test_two_processes_share_one_study(cluster, database):
         finish(driver, database, name)
     trials = load(database, name)
     numbers = [t.number for t in trials]
-    assert len(numbers) == len(set(numbers)) == len(trials)       # no collisions
+    assert len(numbers) == len(set(numbers)) == len(trials)  # no collisions
     assert not [t for t in trials if not t.state.is_finished()]
     assert all(t.state == TrialState.COMPLETE for t in trials)
     per_process = {d.pid: sum(owner_pid(t) == d.pid for t in trials) for d in drivers}
-    assert sum(per_process.values()) == len(trials)                 # every trial is someone's
-    assert all(per_process.values()), per_process                   # both took part
+    assert sum(per_process.values()) == len(trials)  # every trial is someone's
+    assert all(per_process.values()), per_process  # both took part
     # the budget is the study's: together they ran it (give or take a simultaneous ask)
     assert budget <= len(trials) <= budget + 2
     report("two processes", trials, per_process=per_process)
 
 
 # --- (c) a process killed mid-study; the next run resumes ----------------------------
+
 
 def interrupt_mid_study(cluster, url: str, name: str, budget: int, how: int):
     """Start a run of the study in a process of its own; once it has finished trials and
@@ -418,16 +478,17 @@ def interrupt_mid_study(cluster, url: str, name: str, budget: int, how: int):
     return driver.pid, load(url, name)
 
 
-def resume_and_check(url: str, name: str, budget: int, before: list, cut: list,
-                     reason: str) -> list:
+def resume_and_check(
+    url: str, name: str, budget: int, before: list, cut: list, reason: str
+) -> list:
     """Run the study again: the finished trials are kept and not repeated; the ``cut``
     ones are failed with ``reason`` and re-run once each; the budget is met exactly."""
-    from autotune.studies.tune import Workers, run_study
+    from autotune.studies.tune import run_study
+    from autotune.studies.workers import Workers
 
     finished = {t.number: (t.params, t.value) for t in before if t.state == TrialState.COMPLETE}
     assert cut and finished
-    run_study(spec(url, name, budget, seed=2), Slow(0.2), label="resumed",
-              workers=Workers(count=2))
+    run_study(spec(url, name, budget, seed=2), Slow(0.2), label="resumed", workers=Workers(count=2))
     after = {t.number: t for t in load(url, name)}
     for number, (params, value) in finished.items():
         assert after[number].state == TrialState.COMPLETE
@@ -457,10 +518,15 @@ def test_resume_after_a_killed_process(cluster, database):
     name, budget = study_name("killed"), 10
     pid, before = interrupt_mid_study(cluster, database, name, budget, signal.SIGKILL)
     stale = [t for t in before if t.state == TrialState.RUNNING]
-    after = resume_and_check(database, name, budget, before, stale,
-                             f"process {pid} on {socket.gethostname()} is gone")
-    report("resume after SIGKILL", after, killed_running=len(stale),
-           finished_before_kill=sum(t.state == TrialState.COMPLETE for t in before))
+    after = resume_and_check(
+        database, name, budget, before, stale, f"process {pid} on {socket.gethostname()} is gone"
+    )
+    report(
+        "resume after SIGKILL",
+        after,
+        killed_running=len(stale),
+        finished_before_kill=sum(t.state == TrialState.COMPLETE for t in before),
+    )
 
 
 @pytest.mark.ray
@@ -471,15 +537,20 @@ def test_resume_after_ctrl_c(cluster, tmp_path):
     name, budget = study_name("ctrl-c"), 10
     _, before = interrupt_mid_study(cluster, url, name, budget, signal.SIGINT)
     stopped = [t for t in before if t.user_attrs.get("requeued")]
-    assert stopped and all("stopped before it finished" in t.user_attrs["fail_reason"]
-                           for t in stopped)
+    assert stopped and all(
+        "stopped before it finished" in t.user_attrs["fail_reason"] for t in stopped
+    )
     assert len([t for t in before if t.state == TrialState.WAITING]) == len(stopped)
     # (a Ctrl-C that lands between two writes may leave a trial RUNNING: the next run
     # fails it as left by an interrupted run)
     cut = stopped + [t for t in before if t.state == TrialState.RUNNING]
     after = resume_and_check(url, name, budget, before, cut, "interrupted")
-    report("resume after Ctrl-C", after, stopped=len(stopped),
-           finished_before_stop=sum(t.state == TrialState.COMPLETE for t in before))
+    report(
+        "resume after Ctrl-C",
+        after,
+        stopped=len(stopped),
+        finished_before_stop=sum(t.state == TrialState.COMPLETE for t in before),
+    )
 
 
 def load_if_any(url: str, name: str) -> list:
@@ -491,9 +562,11 @@ def load_if_any(url: str, name: str) -> list:
 
 # --- (d) a worker node dies mid-study ----------------------------------------------
 
+
 @pytest.mark.ray
 def test_worker_node_killed_mid_study(cluster, tmp_path):
-    from autotune.studies.tune import Workers, run_study
+    from autotune.studies.tune import run_study
+    from autotune.studies.workers import Workers
 
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     name = study_name("node-lost")
@@ -507,7 +580,7 @@ def test_worker_node_killed_mid_study(cluster, tmp_path):
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             if any(p.name.startswith(victim.node_id) for p in marks.iterdir()):
-                time.sleep(0.3)  # mid-trial
+                # its trial has started and takes 2 s: it is mid-trial now
                 cluster.remove_node(victim, allow_graceful=False)
                 killed.set()
                 return
@@ -516,21 +589,25 @@ def test_worker_node_killed_mid_study(cluster, tmp_path):
     killer = threading.Thread(target=kill_when_busy, daemon=True)
     killer.start()
     budget = 8
-    run_study(spec(url, name, budget, seeds=[OPTIMUM]), Slow(2.0, str(marks)),
-              label="node lost", workers=Workers(count=3, cpus_per_trial=1))
+    run_study(
+        spec(url, name, budget, seeds=[OPTIMUM]),
+        Slow(2.0, str(marks)),
+        label="node lost",
+        workers=Workers(count=3, cpus_per_trial=1),
+    )
     killer.join(timeout=5)
     assert killed.is_set(), "no trial ran on the second node"
     trials = load(url, name)
     assert not [t for t in trials if not t.state.is_finished()]
     lost = [t for t in trials if t.state == TrialState.FAIL]
-    assert lost                                                # the trial on the dead node
-    for t in lost:                                             # failed with reason, re-run
+    assert lost  # the trial on the dead node
+    for t in lost:  # failed with reason, re-run
         assert "died" in t.user_attrs["fail_reason"] and t.user_attrs["requeued"] is True
         rerun = [r for r in trials if r.user_attrs.get("retry_of") == t.number]
         assert len(rerun) == 1 and rerun[0].state == TrialState.COMPLETE
         assert rerun[0].params == t.params
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
-    assert len(complete) == counted(trials) == budget          # every trial accounted for
+    assert len(complete) == counted(trials) == budget  # every trial accounted for
     study = optuna.load_study(study_name=name, storage=storage_for(url))
     assert study.best_params == OPTIMUM and study.best_value == pytest.approx(0.0)
     report("worker node killed", trials)
@@ -541,7 +618,7 @@ def test_worker_node_killed_mid_study(cluster, tmp_path):
 SMALL_SPACE = """\
 skip_mask: {keep_first: 1, keep_last: 1}
 calibration: {prompts: 2, tokens: 12}
-measure: {search_prompts: 2, search_tokens: 8, confirm_prompts: 2, confirm_tokens: 12}
+trials: {prompts: 2, tokens: 8}
 draft_exit: {trials: 2}
 """
 
@@ -552,17 +629,43 @@ def test_profile_with_two_workers_on_postgres(cluster, tmp_path, tiny_llama_dir,
 
     url = postgres_url()
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": f"Tell me about the number {i}."}) + "\n"
-                               for i in range(8)))
+    prompts.write_text(
+        "".join(json.dumps({"prompt": f"Tell me about the number {i}."}) + "\n" for i in range(8))
+    )
     space = tmp_path / "space.yaml"
     space.write_text(SMALL_SPACE)
     # a model folder of its own name, so that its studies are this test's alone
     model = tmp_path / f"tiny-{uuid.uuid4().hex[:8]}"
     tiny_llama_dir.rename(model)
-    args = ["profile", "--model", model, "--workers", 2, "--storage", url,
-            "--ray-address", cluster.address, "--trials", 6, "--time-budget", 120,
-            "--prompts", prompts, "--search-space", space, "--threads", 1,
-            "--out", tmp_path / "p.yaml"]
+    args = [
+        "profile",
+        "--model",
+        model,
+        "--workers",
+        2,
+        "--storage",
+        url,
+        "--ray-address",
+        cluster.address,
+        "--trials",
+        6,
+        "--time-budget",
+        120,
+        "--prompts",
+        prompts,
+        "--methods",
+        "self_spec",
+        "--search-space",
+        f"self_spec={space}",
+        "--threads",
+        1,
+        "--heldback-prompts",
+        2,
+        "--max-new-tokens",
+        12,
+        "--out",
+        tmp_path / "p.yaml",
+    ]
     done = run_autotune(args, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert read_profile(tmp_path / "p.yaml").methods.self_spec.measured.lossless is True
@@ -574,16 +677,24 @@ def test_profile_with_two_workers_on_postgres(cluster, tmp_path, tiny_llama_dir,
     again = run_autotune(args, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "reusing" in again.stderr + again.stdout
-    assert [(t.number, t.params) for t in load(url, f"{model.name}/self_spec/skip_mask")] == \
-        [(t.number, t.params) for t in masks]
+    assert [(t.number, t.params) for t in load(url, f"{model.name}/self_spec/skip_mask")] == [
+        (t.number, t.params) for t in masks
+    ]
 
 
 def report(label: str, trials, **extra) -> None:
     """One line per fault test (shown with -s): trials run, failed and re-run."""
     trials = list(trials)
-    print(f"\n[{label}] " + json.dumps({
-        "trials": len(trials),
-        "complete": sum(t.state == TrialState.COMPLETE for t in trials),
-        "failed": sum(t.state == TrialState.FAIL for t in trials),
-        "failed_then_rerun": sum(bool(t.user_attrs.get("requeued")) for t in trials),
-        "reruns": sum("retry_of" in t.user_attrs for t in trials), **extra}))
+    print(
+        f"\n[{label}] "
+        + json.dumps(
+            {
+                "trials": len(trials),
+                "complete": sum(t.state == TrialState.COMPLETE for t in trials),
+                "failed": sum(t.state == TrialState.FAIL for t in trials),
+                "failed_then_rerun": sum(bool(t.user_attrs.get("requeued")) for t in trials),
+                "reruns": sum("retry_of" in t.user_attrs for t in trials),
+                **extra,
+            }
+        )
+    )

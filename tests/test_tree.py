@@ -1,4 +1,5 @@
 """Tree verification: shapes, acceptance rules, and lossless tree decoding."""
+
 from __future__ import annotations
 
 import itertools
@@ -7,14 +8,18 @@ import random
 import pytest
 import torch
 
-from autotune.engine.proposal import Draft, DraftContext, Drafter, VerifyResult
 from autotune.drafters.medusa import MedusaDrafter, TreeTooDeepError
 from autotune.engine.decoding import decode_plain, decode_speculative
+from autotune.engine.proposal import Draft, DraftContext, Drafter, VerifyResult
 from autotune.engine.runner import Runner
 from autotune.engine.sampling import SamplingConfig
 from autotune.engine.tree import TreeShape, canonical_order, check_tree
-from autotune.engine.verify import (TypicalAcceptance, accept_tree_greedy, accept_tree_sampled,
-                                    accept_tree_typical)
+from autotune.engine.verify import (
+    TypicalAcceptance,
+    accept_tree_greedy,
+    accept_tree_sampled,
+    accept_tree_typical,
+)
 from autotune.heads.medusa import MedusaHeads
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -31,6 +36,7 @@ def logits_for(rows: list[int], vocab: int = 10) -> torch.Tensor:
 
 
 # --- shapes ------------------------------------------------------------------------
+
 
 def test_tree_shape_from_choices():
     paths = canonical_order(SMALL_TREE)
@@ -60,6 +66,7 @@ def test_check_tree_messages():
 
 
 # --- acceptance rules --------------------------------------------------------------
+
 
 def test_accept_tree_greedy_follows_the_argmax_through_a_second_sibling():
     tree = TreeShape.from_choices(canonical_order(SMALL_TREE))
@@ -110,21 +117,23 @@ def test_typical_acceptance_takes_the_longest_accepted_path():
     tree = TreeShape.from_choices(canonical_order(SMALL_TREE))
     tokens = [4, 6, 8, 1, 2, 3, 9]
     probs = torch.full((8, 10), 0.01)
-    probs[0, 4] = probs[0, 6] = 0.455   # root: both [0] and [1] are typical
-    probs[1, 1] = 0.91                  # under [0]: [0,0] typical
-    probs[4, 9] = 0.91                  # under [0,0]: [0,0,0] typical -> depth 3
-    probs[2, 3] = 0.91                  # under [1]: [1,0] typical (depth 2 only)
+    probs[0, 4] = probs[0, 6] = 0.455  # root: both [0] and [1] are typical
+    probs[1, 1] = 0.91  # under [0]: [0,0] typical
+    probs[4, 9] = 0.91  # under [0,0]: [0,0,0] typical -> depth 3
+    probs[2, 3] = 0.91  # under [1]: [1,0] typical (depth 2 only)
     probs = probs / probs.sum(-1, keepdim=True)
     g = torch.Generator().manual_seed(0)
     path, _ = accept_tree_typical(tokens, tree, probs, TypicalAcceptance(), g)
     assert path == [0, 3, 6]
     # an impossible threshold accepts nothing
-    path, bonus = accept_tree_typical(tokens, tree, probs, TypicalAcceptance(eps=0.95, delta=2.0),
-                                       g)
+    path, bonus = accept_tree_typical(
+        tokens, tree, probs, TypicalAcceptance(eps=0.95, delta=2.0), g
+    )
     assert path == [] and 0 <= bonus < 10
 
 
 # --- decoding ----------------------------------------------------------------------
+
 
 class ScriptedTreeDrafter(Drafter):
     """A ternary tree of depth 3 whose true path (the target's own greedy tokens) sits at
@@ -133,7 +142,8 @@ class ScriptedTreeDrafter(Drafter):
 
     def __init__(self, prompt: list[int], reference: list[int], vocab: int, seed: int):
         self.paths = canonical_order(
-            [list(p) for d in (1, 2, 3) for p in itertools.product(range(3), repeat=d)])
+            [list(p) for d in (1, 2, 3) for p in itertools.product(range(3), repeat=d)]
+        )
         self.tree = TreeShape.from_choices(self.paths)
         self.prompt, self.reference, self.vocab = prompt, reference, vocab
         self.rng = random.Random(seed)
@@ -141,10 +151,11 @@ class ScriptedTreeDrafter(Drafter):
 
     def propose(self, context: DraftContext) -> Draft:
         done = context.position - len(self.prompt) + 1
-        truth = self.reference[done:done + 3] + [0, 0, 0]
+        truth = self.reference[done : done + 3] + [0, 0, 0]
         true_rank = [self.rng.choice([0, 1, 2, 3]) for _ in range(3)]  # 3: not in the tree
-        tokens = [(truth[len(p) - 1] + p[-1] - true_rank[len(p) - 1]) % self.vocab
-                  for p in self.paths]
+        tokens = [
+            (truth[len(p) - 1] + p[-1] - true_rank[len(p) - 1]) % self.vocab for p in self.paths
+        ]
         return Draft(tokens, tree=self.tree)
 
     def observe(self, result: VerifyResult):
@@ -184,19 +195,26 @@ def test_tree_sampling_runs_and_is_reproducible(tiny_llama):
     sampling = SamplingConfig(temperature=0.8, seed=5)
     prompt = PROMPTS[0]
     reference = decode_plain(runner, prompt, 30).tokens
-    first = decode_speculative(runner, ScriptedTreeDrafter(prompt, reference, 128, 0), prompt,
-                               30, sampling)
-    again = decode_speculative(runner, ScriptedTreeDrafter(prompt, reference, 128, 0), prompt,
-                               30, sampling)
+    first = decode_speculative(
+        runner, ScriptedTreeDrafter(prompt, reference, 128, 0), prompt, 30, sampling
+    )
+    again = decode_speculative(
+        runner, ScriptedTreeDrafter(prompt, reference, 128, 0), prompt, 30, sampling
+    )
     assert first.tokens == again.tokens
     assert len(first.tokens) == 30 or first.tokens[-1] == 2  # 2 is EOS
-    typical = decode_speculative(runner, ScriptedTreeDrafter(prompt, reference, 128, 0), prompt,
-                                 30, sampling, typical=TypicalAcceptance())
+    typical = decode_speculative(
+        runner,
+        ScriptedTreeDrafter(prompt, reference, 128, 0),
+        prompt,
+        30,
+        sampling,
+        typical=TypicalAcceptance(),
+    )
     assert len(typical.tokens) == 30 or typical.tokens[-1] == 2
 
 
-def test_medusa_heads_fused_into_the_verify_forward_give_the_same_drafts(tiny_llama,
-                                                                        random_heads):
+def test_medusa_heads_fused_into_the_verify_forward_give_the_same_drafts(tiny_llama, random_heads):
     """Heads sharing the target's lm_head get their logits from the verify forward's own
     product: same tokens, same number of steps as computing them separately."""
     heads = random_heads(tiny_llama, num_heads=2, seed=2)

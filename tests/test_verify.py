@@ -1,4 +1,5 @@
 """Acceptance rules (autotune/engine/verify.py) on hand-made logits and probabilities."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,6 +20,7 @@ def logits_for(argmaxes: list[int], vocab: int = V) -> torch.Tensor:
 
 
 # --- greedy -------------------------------------------------------------------------
+
 
 def test_greedy_full_accept_takes_bonus_from_last_row():
     draft = [3, 1, 4]
@@ -56,6 +58,7 @@ def test_greedy_uses_argmax_not_first_row_value():
 
 # --- sampled: deterministic corner cases --------------------------------------------
 
+
 def one_hot(tokens: list[int], vocab: int = V) -> torch.Tensor:
     return torch.nn.functional.one_hot(torch.tensor(tokens), vocab).float()
 
@@ -73,7 +76,7 @@ def test_sampled_zero_target_probability_rejects_and_resamples_from_residual():
     draft = [1, 3]
     draft_probs = torch.full((2, V), 1.0 / V)
     target_probs = torch.zeros(3, V)
-    target_probs[0, 4] = 1.0          # the target never says 1 here: always rejected
+    target_probs[0, 4] = 1.0  # the target never says 1 here: always rejected
     target_probs[1:, 0] = 1.0
     g = torch.Generator().manual_seed(0)
     for _ in range(20):
@@ -93,6 +96,7 @@ def test_sampled_identical_distributions_always_accept():
 
 # --- sampled: statistics ------------------------------------------------------------
 
+
 def tv(p: torch.Tensor, q: torch.Tensor) -> float:
     return 0.5 * float((p - q).abs().sum())
 
@@ -105,15 +109,19 @@ def test_accept_sampled_preserves_target_distribution():
     the second output token as target_probs[1].
     """
     trials = 20000
-    draft_probs = torch.tensor([
-        [0.40, 0.30, 0.10, 0.10, 0.05, 0.05],
-        [0.05, 0.05, 0.10, 0.20, 0.30, 0.30],
-    ])
-    target_probs = torch.tensor([
-        [0.10, 0.15, 0.35, 0.05, 0.25, 0.10],
-        [0.30, 0.05, 0.05, 0.30, 0.10, 0.20],
-        [0.20, 0.20, 0.20, 0.20, 0.10, 0.10],
-    ])
+    draft_probs = torch.tensor(
+        [
+            [0.40, 0.30, 0.10, 0.10, 0.05, 0.05],
+            [0.05, 0.05, 0.10, 0.20, 0.30, 0.30],
+        ]
+    )
+    target_probs = torch.tensor(
+        [
+            [0.10, 0.15, 0.35, 0.05, 0.25, 0.10],
+            [0.30, 0.05, 0.05, 0.30, 0.10, 0.20],
+            [0.20, 0.20, 0.20, 0.20, 0.10, 0.10],
+        ]
+    )
     # the test can only detect a broken rule if draft and target differ a lot
     assert tv(draft_probs[0], target_probs[0]) > 0.3
     assert tv(draft_probs[1], target_probs[1]) > 0.3

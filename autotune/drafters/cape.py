@@ -3,6 +3,7 @@ chain, plus at each step k - 1 runner-up tokens as siblings of the chain token w
 draft was unsure there. The bin of the step's top-1 probability gives k. Siblings are
 not extended; chain and siblings are verified as one tree, within a verify-token budget.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -34,8 +35,7 @@ class CapePolicy:
         return ", ".join(f"<= {e:g}: {k}" for e, k in zip(self.edges, self.expansion))
 
     def tokens_at(self, confidence: float) -> int:
-        return self.expansion[min(bisect.bisect_left(self.edges, confidence),
-                                  len(self.edges) - 1)]
+        return self.expansion[min(bisect.bisect_left(self.edges, confidence), len(self.edges) - 1)]
 
 
 NO_EXPANSION = CapePolicy((1.0,), (1,))
@@ -54,9 +54,11 @@ class CapeDrafter(Drafter):
 
     def __init__(self, base: ChainDrafter, policy: CapePolicy):
         if base.ranked_width < max(policy.expansion):
-            raise ValueError(f"CAPE proposes up to {max(policy.expansion)} tokens a step: "
-                             f"build the chain drafter with ranked_width >= that "
-                             f"(it has {base.ranked_width})")
+            raise ValueError(
+                f"CAPE proposes up to {max(policy.expansion)} tokens a step: "
+                f"build the chain drafter with ranked_width >= that "
+                f"(it has {base.ranked_width})"
+            )
         self.base, self.policy = base, policy
         self.max_draft_tokens = policy.max_verify_tokens - 1
         self._chain_nodes: list[int] = []
@@ -66,19 +68,22 @@ class CapeDrafter(Drafter):
 
     def propose(self, context: DraftContext) -> Draft:
         draft = self.base.propose(context)
-        if draft.ranked_tokens is None or (draft.tree is not None and not draft.tree.is_chain):
+        ranked_tokens, ranked_probs = draft.ranked_tokens, draft.ranked_probs
+        if ranked_tokens is None or ranked_probs is None or not draft.shape.is_chain:
             raise ValueError("CAPE expands a chain drafter that reports its ranked tokens")
-        budget = self.policy.max_verify_tokens - 1          # the root is verified too
+        budget = self.policy.max_verify_tokens - 1  # the root is verified too
         chain = draft.tokens[:budget]
         siblings = budget - len(chain)
-        tokens, parents, self._chain_nodes = [], [], []
+        tokens: list[int] = []
+        parents: list[int] = []
+        self._chain_nodes = []
         for step, token in enumerate(chain):
             parent = self._chain_nodes[-1] if self._chain_nodes else ROOT
             self._chain_nodes.append(len(tokens))
             tokens.append(token)
             parents.append(parent)
-            wanted = self.policy.tokens_at(float(draft.ranked_probs[step, 0])) - 1
-            for alternative in draft.ranked_tokens[step].tolist():
+            wanted = self.policy.tokens_at(float(ranked_probs[step, 0])) - 1
+            for alternative in ranked_tokens[step].tolist():
                 if wanted <= 0 or siblings <= 0:  # earlier steps get the budget first
                     break
                 if alternative == token:

@@ -10,22 +10,45 @@ runs the head on (its parent's output, its token) at position p + d - 1, attendi
 the committed pairs and its own ancestors. Draft entries are dropped from the head's
 cache at the next proposal.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 
-from autotune.engine.proposal import ChainDrafter, Draft, DraftContext
 from autotune.engine.kvcache import KVCache
+from autotune.engine.proposal import ChainDrafter, Draft, DraftContext
 from autotune.engine.tree import ROOT, TreeShape, check_tree
 from autotune.heads.eagle import DraftProjection, EagleHead
 
 # EAGLE-1's published 25-node static tree (SafeAILab/EAGLE, eagle/model/choices.py).
 EAGLE1_TREE: tuple[tuple[int, ...], ...] = (
-    (0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0),
-    (0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 0), (0, 1, 1), (0, 2, 0), (0, 2, 1), (1, 0, 0),
-    (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 2), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1),
+    (0,),
+    (1,),
+    (2,),
+    (3,),
+    (0, 0),
+    (0, 1),
+    (0, 2),
+    (1, 0),
+    (1, 1),
+    (2, 0),
+    (2, 1),
+    (3, 0),
+    (0, 0, 0),
+    (0, 0, 1),
+    (0, 0, 2),
+    (0, 1, 0),
+    (0, 1, 1),
+    (0, 2, 0),
+    (0, 2, 1),
+    (1, 0, 0),
+    (0, 0, 0, 0),
+    (0, 0, 0, 1),
+    (0, 0, 0, 2),
+    (0, 0, 0, 0, 0),
+    (0, 0, 0, 0, 1),
 )
 
 
@@ -52,8 +75,10 @@ class DynamicTree:
 
     def __post_init__(self):
         if self.total_tokens < 2 or self.depth < 0 or self.top_k < 1:
-            raise ValueError(f"dynamic tree needs total_tokens >= 2, depth >= 0, top_k >= 1; "
-                             f"got {self.total_tokens}, {self.depth}, {self.top_k}")
+            raise ValueError(
+                f"dynamic tree needs total_tokens >= 2, depth >= 0, top_k >= 1; "
+                f"got {self.total_tokens}, {self.depth}, {self.top_k}"
+            )
 
 
 @dataclass
@@ -78,11 +103,16 @@ class EagleDrafter(ChainDrafter):
     lm_head). ``ranked_width`` > 0 (static chains only): drafts carry each step's top
     tokens and probabilities."""
 
-    def __init__(self, head: EagleHead, tree: StaticTree | DynamicTree,
-                 projection: DraftProjection | None = None, ranked_width: int = 0):
+    def __init__(
+        self,
+        head: EagleHead,
+        tree: StaticTree | DynamicTree,
+        projection: DraftProjection | None = None,
+        ranked_width: int = 0,
+    ):
         self.head, self.tree, self.projection = head, tree, projection
         self.cache: KVCache | None = None
-        self.committed = 0        # pairs in the head's cache that the target confirmed
+        self.committed = 0  # pairs in the head's cache that the target confirmed
         self.ranked_width = ranked_width
         if isinstance(tree, StaticTree):
             self._plan_static(tree.choices)
@@ -96,48 +126,62 @@ class EagleDrafter(ChainDrafter):
         self.cache, self.committed = None, 0
 
     def propose(self, context: DraftContext) -> Draft:
+        tree = self.tree
         with torch.inference_mode():
             root = self._commit(context)
-            if isinstance(self.tree, StaticTree):
+            if isinstance(tree, StaticTree):
                 tokens, ranked = self._static(context, root)
                 draft = Draft(tokens, tree=self._static_shape)
                 if ranked is not None and self._static_shape.is_chain:
                     draft.ranked_tokens, draft.ranked_probs = ranked
                 return draft
-            nodes = self._dynamic(context, root)
-        return Draft(*self._keep_best(nodes, self.tree.total_tokens - 1))
+            nodes = self._dynamic(context, root, tree)
+        return Draft(*self._keep_best(nodes, tree.total_tokens - 1))
+
+    def _project(self, runner) -> DraftProjection:
+        if self.projection is None:
+            self.projection = DraftProjection(runner.lm_head)
+        return self.projection
+
+    def _cache(self) -> KVCache:
+        if self.cache is None:
+            raise RuntimeError("the head's cache is made by the first proposal's commit")
+        return self.cache
 
     # --- the head's cache --------------------------------------------------------------
 
     def _commit(self, context: DraftContext) -> torch.Tensor:
         """Append the newly committed pairs; return the head's output at the root's pair."""
         runner = context.runner
-        if self.projection is None:
-            self.projection = DraftProjection(runner.lm_head)
         hidden, tokens = context.hidden, context.tokens
         if hidden is None or tokens is None:
             raise ValueError("EAGLE drafting needs the target's hidden states and tokens")
         if self.cache is None:
             self.cache = self.head.new_cache(capacity=context.position + context.max_tokens + 256)
-        self.cache.crop(self.committed)
+        cache = self.cache
+        cache.crop(self.committed)
         count = hidden.shape[0]
         if self.committed + count != context.position:
-            raise RuntimeError(f"head cache out of step: {self.committed} pairs + {count} new "
-                               f"!= position {context.position}")
+            raise RuntimeError(
+                f"head cache out of step: {self.committed} pairs + {count} new "
+                f"!= position {context.position}"
+            )
         next_tokens = torch.tensor([*tokens[1:], context.last_token], device=runner.device)
         positions = torch.arange(self.committed, context.position, device=runner.device)
-        out = self.head(runner.norm(hidden)[None], runner.embed(next_tokens)[None],
-                        positions[None], self.cache)[0]
+        out = self.head(
+            runner.norm(hidden)[None], runner.embed(next_tokens)[None], positions[None], cache
+        )[0]
         self.committed = context.position
-        self._column: dict[int, int] = {}                 # node -> its head-cache column
+        self._column: dict[int, int] = {}  # node -> its head-cache column
         self._columns: dict[int, list[int]] = {ROOT: []}  # node -> its ancestors' columns
         return out[-1:]
 
-    def _expand(self, context: DraftContext, nodes: _Nodes, chosen: list[int],
-                features: torch.Tensor) -> torch.Tensor:
+    def _expand(
+        self, context: DraftContext, nodes: _Nodes, chosen: list[int], features: torch.Tensor
+    ) -> torch.Tensor:
         """Run the head on nodes ``chosen`` (features [S, H]: their parents' outputs);
         return their outputs [S, H]."""
-        runner, cache = context.runner, self.cache
+        runner, cache = context.runner, self._cache()
         prefix = cache.length(0)
         mask = torch.zeros(len(chosen), prefix + len(chosen), dtype=torch.bool)
         mask[:, : self.committed] = True
@@ -149,10 +193,12 @@ class EagleDrafter(ChainDrafter):
             mask[row, prefix + row] = True
             self._column[node] = prefix + row
         ids = torch.tensor([nodes.tokens[n] for n in chosen], device=runner.device)
-        positions = torch.tensor([context.position + nodes.depths[n] - 1 for n in chosen],
-                                 device=runner.device)
-        return self.head(features[None], runner.embed(ids)[None], positions[None], cache,
-                         mask.to(runner.device))[0]
+        positions = torch.tensor(
+            [context.position + nodes.depths[n] - 1 for n in chosen], device=runner.device
+        )
+        return self.head(
+            features[None], runner.embed(ids)[None], positions[None], cache, mask.to(runner.device)
+        )[0]
 
     # --- static trees ------------------------------------------------------------------
 
@@ -160,23 +206,28 @@ class EagleDrafter(ChainDrafter):
         shape = self._static_shape = TreeShape.from_choices(choices)
         self._ranks = [path[-1] for path in choices]
         depth = max(len(path) for path in choices)
-        self._levels = [[i for i, p in enumerate(choices) if len(p) == d]
-                        for d in range(1, depth + 1)]
+        self._levels = [
+            [i for i, p in enumerate(choices) if len(p) == d] for d in range(1, depth + 1)
+        ]
         has_children = {p[:-1] for p in choices if len(p) > 1}
-        self._expanded = [[i for i in level if choices[i] in has_children]
-                          for level in self._levels]
+        self._expanded = [
+            [i for i in level if choices[i] in has_children] for level in self._levels
+        ]
         # per parent (ROOT or node): how many of its top tokens its children take
-        self._widths = {parent - 1: 1 + max(self._ranks[c] for c in children)
-                        for parent, children in enumerate(shape.children) if children}
+        self._widths = {
+            parent - 1: 1 + max(self._ranks[c] for c in children)
+            for parent, children in enumerate(shape.children)
+            if children
+        }
 
     def _static(self, context: DraftContext, root: torch.Tensor):
         """The tree's tokens, and (with ``ranked_width``) each expanded node's top tokens
         and probabilities, in expansion order."""
-        parents, project = self._static_shape.parents, self.projection
+        parents, project = self._static_shape.parents, self._project(context.runner)
         nodes = _Nodes([], [], [], [])
         outputs = {ROOT: root[0]}
         logits = {ROOT: project(root)[0]}
-        picked: dict[int, list[int]] = {}    # parent -> its top tokens, best first
+        picked: dict[int, list[int]] = {}  # parent -> its top tokens, best first
         ranked = []
         for level, expanded in zip(self._levels, self._expanded):
             for node in level:
@@ -194,13 +245,15 @@ class EagleDrafter(ChainDrafter):
                     outputs[node], logits[node] = out[row], row_logits
         if not ranked:
             return nodes.tokens, None
-        return nodes.tokens, (project.tokens(torch.stack([r.indices for r in ranked])),
-                              torch.stack([r.values for r in ranked]))
+        return nodes.tokens, (
+            project.tokens(torch.stack([r.indices for r in ranked])),
+            torch.stack([r.values for r in ranked]),
+        )
 
     # --- EAGLE-2 dynamic trees ---------------------------------------------------------
 
-    def _dynamic(self, context: DraftContext, root: torch.Tensor) -> _Nodes:
-        tree, project = self.tree, self.projection
+    def _dynamic(self, context: DraftContext, root: torch.Tensor, tree: DynamicTree) -> _Nodes:
+        project = self._project(context.runner)
         nodes = _Nodes([], [], [], [])
         scores, best = project(root).float().log_softmax(-1)[0].topk(tree.top_k)
         tokens = project.tokens(best)
@@ -209,16 +262,17 @@ class EagleDrafter(ChainDrafter):
         for _ in range(tree.depth):
             out = self._expand(context, nodes, frontier, features)
             logp = project(out).float().log_softmax(-1)
-            child_logp, child_best = logp.topk(tree.top_k, dim=-1)              # [F, k]
+            child_logp, child_best = logp.topk(tree.top_k, dim=-1)  # [F, k]
             child_tokens = project.tokens(child_best)
             total = torch.tensor([nodes.scores[n] for n in frontier])[:, None] + child_logp.cpu()
-            children = [[nodes.add(t, parent, s) for t, s in zip(row_t, row_s)]
-                        for parent, row_t, row_s in zip(frontier, child_tokens.tolist(),
-                                                       total.tolist())]
+            children = [
+                [nodes.add(t, parent, s) for t, s in zip(row_t, row_s)]
+                for parent, row_t, row_s in zip(frontier, child_tokens.tolist(), total.tolist())
+            ]
             flat = [c for row in children for c in row]
-            best = sorted(range(len(flat)), key=lambda i: -nodes.scores[flat[i]])[: tree.top_k]
-            frontier = [flat[i] for i in best]
-            features = out[[i // tree.top_k for i in best]]
+            kept = sorted(range(len(flat)), key=lambda i: -nodes.scores[flat[i]])[: tree.top_k]
+            frontier = [flat[i] for i in kept]
+            features = out[[i // tree.top_k for i in kept]]
         return nodes
 
     @staticmethod
@@ -226,10 +280,10 @@ class EagleDrafter(ChainDrafter):
         """The ``count`` best nodes by cumulative log-probability, as a tree: a child never
         scores above its parent, and ties go to the shallower node, so every kept node's
         parent is kept."""
-        ranked = sorted(range(len(nodes.tokens)),
-                        key=lambda n: (-nodes.scores[n], nodes.depths[n], n))[:count]
+        ranked = sorted(
+            range(len(nodes.tokens)), key=lambda n: (-nodes.scores[n], nodes.depths[n], n)
+        )[:count]
         kept = sorted(ranked, key=lambda n: (nodes.depths[n], n))
         index = {node: i for i, node in enumerate(kept)}
-        parents = tuple(ROOT if nodes.parents[n] == ROOT else index[nodes.parents[n]]
-                        for n in kept)
+        parents = tuple(ROOT if nodes.parents[n] == ROOT else index[nodes.parents[n]] for n in kept)
         return [nodes.tokens[n] for n in kept], None, TreeShape(parents)

@@ -1,5 +1,6 @@
 """Medusa drafting: the heads read the target's last hidden state and their top-k tokens
 fill a fixed tree, verified in one target forward."""
+
 from __future__ import annotations
 
 import torch
@@ -45,10 +46,12 @@ class MedusaDrafter(Drafter):
         runner = context.runner
         with torch.inference_mode():
             if context.extra_logits is not None:
-                logits = context.extra_logits                   # [depth, V]
+                logits = context.extra_logits  # [depth, V]
             else:
-                hidden = runner.norm(context.hidden[-1:])       # [1, H], after the final norm
-                logits = self.heads(hidden, self.depth)[:, 0]   # [depth, V]
-            top = logits.topk(self.top_k, dim=-1).indices       # [depth, top_k]
+                if context.hidden is None:
+                    raise ValueError("Medusa drafting needs the target's hidden states")
+                hidden = runner.norm(context.hidden[-1:])  # [1, H], after the final norm
+                logits = self.heads(hidden, self.depth)[:, 0]  # [depth, V]
+            top = logits.topk(self.top_k, dim=-1).indices  # [depth, top_k]
         tokens = top[self._head, self._rank].tolist()
         return Draft(tokens, tree=self.tree)

@@ -1,4 +1,5 @@
 """Draft & Verify: the target itself, with some sublayers skipped, drafts for itself."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,8 +47,9 @@ class ExitThreshold:
         rule = self.rule
         if rule is None or drafted == 0:
             return
-        self._acceptance_ema = rule.beta1 * self._acceptance_ema + \
-            (1 - rule.beta1) * accepted / drafted
+        self._acceptance_ema = (
+            rule.beta1 * self._acceptance_ema + (1 - rule.beta1) * accepted / drafted
+        )
         if self._acceptance_ema < rule.target_acceptance:
             proposal = self.value + rule.step
         elif hit_max:
@@ -60,8 +62,9 @@ class ExitThreshold:
 class LayerSkipDrafter(ChainDrafter):
     """``ranked_width`` > 0: drafts carry each step's top tokens and probabilities."""
 
-    def __init__(self, skip: SkipMask, policy: DraftExitPolicy = DV_DEFAULT_POLICY,
-                 ranked_width: int = 0):
+    def __init__(
+        self, skip: SkipMask, policy: DraftExitPolicy = DV_DEFAULT_POLICY, ranked_width: int = 0
+    ):
         if skip.size == 0:
             raise ValueError("a layer-skip draft must skip at least one sublayer")
         self.skip = skip
@@ -84,8 +87,9 @@ class LayerSkipDrafter(ChainDrafter):
         token, tokens, dists = context.last_token, [], []
         for i in range(limit):
             position = torch.tensor([context.position + i], device=runner.device)
-            logits = runner.forward(torch.tensor([token], device=runner.device), position,
-                                    context.cache, skip=self.skip).logits[-1]
+            logits = runner.forward(
+                torch.tensor([token], device=runner.device), position, context.cache, skip=self.skip
+            ).logits[-1]
             if context.sampling.greedy:
                 probs = torch.softmax(logits, dim=-1)
                 top = probs.max(dim=-1)
@@ -102,8 +106,8 @@ class LayerSkipDrafter(ChainDrafter):
         draft_probs = None if context.sampling.greedy else torch.stack(dists)
         draft = Draft(tokens=tokens, draft_probs=draft_probs)
         if self.ranked_width:
-            top = torch.stack(dists).topk(self.ranked_width, dim=-1)
-            draft.ranked_tokens, draft.ranked_probs = top.indices, top.values
+            ranked = torch.stack(dists).topk(self.ranked_width, dim=-1)
+            draft.ranked_tokens, draft.ranked_probs = ranked.indices, ranked.values
         return draft
 
     def observe(self, result: VerifyResult) -> None:

@@ -3,6 +3,7 @@
 Both stop after ``max_new_tokens`` or at an end-of-sequence token (kept in the output),
 so that their outputs can be compared token for token.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -13,23 +14,29 @@ from autotune.engine.proposal import DraftContext, Drafter, VerifyResult
 from autotune.engine.runner import ExtraRows, Runner
 from autotune.engine.sampling import GREEDY, SamplingConfig, probabilities, sample
 from autotune.engine.tree import TreeShape
-from autotune.engine.verify import (TypicalAcceptance, accept_greedy, accept_sampled,
-                                    accept_tree_greedy, accept_tree_sampled,
-                                    accept_tree_typical)
+from autotune.engine.verify import (
+    TypicalAcceptance,
+    accept_greedy,
+    accept_sampled,
+    accept_tree_greedy,
+    accept_tree_sampled,
+    accept_tree_typical,
+)
 
 
-def tokens_per_step(tokens: int, steps: int) -> float:
-    """Tokens each target forward after the prefill yields, on average: the one
-    definition everything reports. The prefill's own token is not counted, so plain
+def tokens_per_step(tokens: int, steps: int, sequences: int = 1) -> float:
+    """Tokens each target forward after the prefill yields, on average over ``sequences``
+    decoded sequences of ``tokens`` tokens and ``steps`` forwards in all: the one
+    definition everything reports. Each prefill's own token is not counted, so plain
     decoding scores exactly 1 and a drafter's figure is its accepted tokens plus the bonus
     per verification."""
-    return (tokens - 1) / steps if steps else 1.0
+    return (tokens - sequences) / steps if steps else 1.0
 
 
 @dataclass
 class DecodeResult:
     tokens: list[int]
-    steps: int = 0                 # target forward passes after prefill
+    steps: int = 0  # target forward passes after prefill
     drafted: int = 0
     accepted: int = 0
     draft_lengths: list[int] = field(default_factory=list)
@@ -49,12 +56,18 @@ def _pick(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Gener
     return sample(probabilities(logits, sampling), generator)
 
 
-def _prefill(runner: Runner, prompt: list[int], max_new_tokens: int,
-             extra_rows: ExtraRows | None = None):
+def _prefill(
+    runner: Runner, prompt: list[int], max_new_tokens: int, extra_rows: ExtraRows | None = None
+):
     cache = runner.new_cache(capacity=len(prompt) + max_new_tokens + 64)
     ids = torch.tensor(prompt, device=runner.device)
-    out = runner.forward(ids, torch.arange(len(prompt), device=runner.device), cache,
-                         last_only=True, extra_rows=extra_rows)
+    out = runner.forward(
+        ids,
+        torch.arange(len(prompt), device=runner.device),
+        cache,
+        last_only=True,
+        extra_rows=extra_rows,
+    )
     return cache, out
 
 
@@ -76,8 +89,9 @@ def _truncate(tokens: list[int], max_new_tokens: int, eos: frozenset[int]) -> li
     return tokens[:max_new_tokens]
 
 
-def decode_plain(runner: Runner, prompt: list[int], max_new_tokens: int,
-                 sampling: SamplingConfig = GREEDY) -> DecodeResult:
+def decode_plain(
+    runner: Runner, prompt: list[int], max_new_tokens: int, sampling: SamplingConfig = GREEDY
+) -> DecodeResult:
     """One target forward per token: the baseline every method is measured against."""
     generator = torch.Generator().manual_seed(sampling.seed)
     cache, out = _prefill(runner, prompt, max_new_tokens)
@@ -85,17 +99,25 @@ def decode_plain(runner: Runner, prompt: list[int], max_new_tokens: int,
     steps = 0
     while not _finished(tokens, max_new_tokens, runner.eos_token_ids):
         position = len(prompt) + len(tokens) - 1
-        out = runner.forward(torch.tensor([tokens[-1]], device=runner.device),
-                             torch.tensor([position], device=runner.device), cache)
+        out = runner.forward(
+            torch.tensor([tokens[-1]], device=runner.device),
+            torch.tensor([position], device=runner.device),
+            cache,
+        )
         tokens.append(_pick(out.logits[-1], sampling, generator))
         steps += 1
     return DecodeResult(tokens=tokens, steps=steps)
 
 
-def decode_speculative(runner: Runner, drafter: Drafter, prompt: list[int],
-                       max_new_tokens: int, sampling: SamplingConfig = GREEDY,
-                       typical: TypicalAcceptance | None = None,
-                       on_verify=None) -> DecodeResult:
+def decode_speculative(
+    runner: Runner,
+    drafter: Drafter,
+    prompt: list[int],
+    max_new_tokens: int,
+    sampling: SamplingConfig = GREEDY,
+    typical: TypicalAcceptance | None = None,
+    on_verify=None,
+) -> DecodeResult:
     """Draft, verify the whole draft (chain or tree) in one target forward, keep the
     accepted path and the target's bonus token. ``typical`` (sampling only) swaps exact
     speculative sampling for Medusa's typical acceptance. ``on_verify(draft, path,
@@ -111,12 +133,25 @@ def decode_speculative(runner: Runner, drafter: Drafter, prompt: list[int],
     while not ended and not _finished(tokens, max_new_tokens, runner.eos_token_ids):
         committed = len(prompt) + len(tokens) - 1  # the last token is not in the cache yet
         budget = max_new_tokens - len(tokens)
-        draft = drafter.propose(DraftContext(runner, cache, tokens[-1], committed, budget,
-                                             sampling, generator, hidden, extra,
-                                             committed_tokens, [*prompt, *tokens]))
+        draft = drafter.propose(
+            DraftContext(
+                runner,
+                cache,
+                tokens[-1],
+                committed,
+                budget,
+                sampling,
+                generator,
+                hidden,
+                extra,
+                committed_tokens,
+                [*prompt, *tokens],
+            )
+        )
         cache.crop(committed)
-        path, bonus, hidden, logits, extra = _verify(runner, cache, committed, tokens[-1], draft,
-                                                     sampling, typical, generator, extra_rows)
+        path, bonus, hidden, logits, extra = _verify(
+            runner, cache, committed, tokens[-1], draft, sampling, typical, generator, extra_rows
+        )
         if on_verify is not None:
             on_verify(draft, path, logits)
         committed_tokens = [tokens[-1], *(draft.tokens[node] for node in path)]
@@ -132,8 +167,17 @@ def decode_speculative(runner: Runner, drafter: Drafter, prompt: list[int],
     return result
 
 
-def _verify(runner: Runner, cache, committed: int, last_token: int, draft, sampling,
-            typical, generator, extra_rows=None):
+def _verify(
+    runner: Runner,
+    cache,
+    committed: int,
+    last_token: int,
+    draft,
+    sampling,
+    typical,
+    generator,
+    extra_rows=None,
+):
     """One target forward over the root and the draft; the cache keeps the accepted path.
     Returns (accepted node indices, bonus token, hidden states of root + path)."""
     tree = draft.tree
@@ -145,8 +189,9 @@ def _verify(runner: Runner, cache, committed: int, last_token: int, draft, sampl
         out = runner.forward(ids, positions, cache, extra_rows=extra_rows)
     else:
         positions = committed + tree.position_offsets(device)
-        out = runner.forward(ids, positions, cache, mask=tree.attention_mask(device),
-                             extra_rows=extra_rows)
+        out = runner.forward(
+            ids, positions, cache, mask=tree.attention_mask(device), extra_rows=extra_rows
+        )
     if sampling.greedy:
         if chain:
             accepted, bonus = accept_greedy(draft.tokens, out.logits)
@@ -162,8 +207,9 @@ def _verify(runner: Runner, cache, committed: int, last_token: int, draft, sampl
             accepted, bonus = accept_sampled(draft.tokens, draft.draft_probs, probs, generator)
             path = list(range(accepted))
         else:
-            path, bonus = accept_tree_sampled(draft.tokens, shape, draft.draft_probs, probs,
-                                              generator)
+            path, bonus = accept_tree_sampled(
+                draft.tokens, shape, draft.draft_probs, probs, generator
+            )
     rows = [0, *(node + 1 for node in path)]
     if rows == list(range(len(rows))):
         cache.crop(committed + len(rows))

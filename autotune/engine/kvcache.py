@@ -3,6 +3,7 @@
 Each layer keeps its own length: a draft pass that skips a layer's attention writes
 nothing there, so layers may briefly disagree until verification crops them back.
 """
+
 from __future__ import annotations
 
 import torch
@@ -11,19 +12,28 @@ _GROWTH = 256  # tokens added per reallocation; decode lengths here are a few hu
 
 
 class KVCache:
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str, capacity: int = 512):
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        capacity: int = 512,
+    ):
         shape = (1, num_kv_heads, capacity, head_dim)
         self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.lengths = [0] * num_layers
 
     @classmethod
-    def for_config(cls, config, num_layers: int, dtype: torch.dtype, device,
-                   capacity: int = 512) -> "KVCache":
+    def for_config(
+        cls, config, num_layers: int, dtype: torch.dtype, device, capacity: int = 512
+    ) -> KVCache:
         """A cache shaped for the attention of a LLaMA-family ``config``."""
-        head_dim = getattr(config, "head_dim", None) or \
-            config.hidden_size // config.num_attention_heads
+        head_dim = (
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        )
         return cls(num_layers, config.num_key_value_heads, head_dim, dtype, device, capacity)
 
     @property
@@ -72,5 +82,5 @@ class KVCache:
             if self.lengths[layer] <= start:
                 continue
             for store in (self.keys, self.values):
-                store[layer][:, :, start:start + n] = store[layer].index_select(2, index)
+                store[layer][:, :, start : start + n] = store[layer].index_select(2, index)
             self.lengths[layer] = start + n

@@ -6,11 +6,15 @@ ours, whatever transformers release is installed, and nothing about the model is
 Weights stay in the model's modules (``q_proj``, ``mlp.gate_proj`` ...); norms and the
 rotary embedding are called as the modules they are.
 
-Shapes: ``x`` is [B, S, H]; attention tensors are [B, heads, S, head_dim].
+Shapes: ``x`` is [B, S, H]; attention tensors are [B, heads, S, head_dim]. Modules are
+typed ``Any``: transformers names their submodules by convention (``q_proj``), which
+static typing cannot follow.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -52,8 +56,9 @@ def _padded_rows(rows: int) -> int:
     return rows if rows <= 8 else -(-rows // 8) * 8
 
 
-def _small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  rows: int) -> torch.Tensor:
+def _small_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int
+) -> torch.Tensor:
     # row-major input, so that ``flat.T`` is a transposed view: the layout the fast
     # kernel takes (a column-major copy falls back to the slow one)
     flat = x.reshape(rows, x.shape[-1])
@@ -85,8 +90,13 @@ def heads_of(x: torch.Tensor, head_dim: int) -> torch.Tensor:
     return x.view(batch, seq, -1, head_dim).transpose(1, 2)
 
 
-def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-           mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+def attend(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
     """Scaled dot-product attention with grouped-query heads repeated; mask: bool
     (True = may attend) or additive float, broadcastable to [B, heads, S, T]; None: every
     key is visible. Returns [B, S, heads * D]."""
@@ -99,9 +109,15 @@ def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     return out.transpose(1, 2).reshape(batch, seq, -1)
 
 
-def self_attention(attention: torch.nn.Module, x: torch.Tensor,
-                   rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
-                   cache=None, layer: int = 0, product: Product = linear) -> torch.Tensor:
+def self_attention(
+    attention: Any,
+    x: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    mask: torch.Tensor | None,
+    cache=None,
+    layer: int = 0,
+    product: Product = linear,
+) -> torch.Tensor:
     """One attention sublayer (its input already normed): queries, keys and values of x,
     rotated at their positions; with ``cache`` (B = 1), keys and values are appended to
     layer ``layer`` of it and the queries see the whole layer, as ``mask`` allows."""
@@ -111,11 +127,12 @@ def self_attention(attention: torch.nn.Module, x: torch.Tensor,
     values = heads_of(product(x, attention.v_proj), dim)
     if cache is not None:
         keys, values = cache.update(keys, values, layer)
-    scale = getattr(attention, "scaling", dim ** -0.5)
+    scale = getattr(attention, "scaling", dim**-0.5)
     return product(attend(query, keys, values, mask, scale), attention.o_proj)
 
 
-def mlp(block: torch.nn.Module, x: torch.Tensor, product: Product = linear) -> torch.Tensor:
+def mlp(block: Any, x: torch.Tensor, product: Product = linear) -> torch.Tensor:
     """A gated MLP sublayer (its input already normed): down(act(gate(x)) * up(x))."""
-    return product(block.act_fn(product(x, block.gate_proj)) * product(x, block.up_proj),
-                   block.down_proj)
+    return product(
+        block.act_fn(product(x, block.gate_proj)) * product(x, block.up_proj), block.down_proj
+    )

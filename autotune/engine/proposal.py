@@ -5,6 +5,7 @@ tree below the *root* (the last committed token, verified with them). The decode
 verifies the whole draft in one target forward and keeps the *accepted* path plus the
 target's own *bonus* token (see ``engine.verify``).
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -27,9 +28,9 @@ class DraftContext:
 
     runner: Runner
     cache: KVCache
-    last_token: int         # the root: not yet in the cache
-    position: int           # its position (= committed cache length)
-    max_tokens: int         # tokens the decoder may still emit, the bonus included
+    last_token: int  # the root: not yet in the cache
+    position: int  # its position (= committed cache length)
+    max_tokens: int  # tokens the decoder may still emit, the bonus included
     sampling: SamplingConfig
     generator: torch.Generator
     # The target's hidden states (before its final norm) at the positions committed since
@@ -71,7 +72,7 @@ class Draft:
 class VerifyResult:
     num_drafted: int
     num_accepted: int
-    path: tuple[int, ...] = ()   # accepted node indices, root first
+    path: tuple[int, ...] = ()  # accepted node indices, root first
 
 
 class Drafter(ABC):
@@ -93,10 +94,10 @@ class Drafter(ABC):
     def propose(self, context: DraftContext) -> Draft:
         """Propose at least one token."""
 
-    def reset(self) -> None:
+    def reset(self) -> None:  # noqa: B027  (optional: most drafters keep no state)
         """Start a new sequence: drop adaptive state."""
 
-    def observe(self, result: VerifyResult) -> None:
+    def observe(self, result: VerifyResult) -> None:  # noqa: B027  (optional, as reset)
         """Learn from the verification of the last proposal."""
 
     def extra_rows(self, runner: Runner) -> ExtraRows | None:

@@ -5,10 +5,12 @@ can leave sublayers out without touching the model, tokens can carry explicit po
 attention can follow any mask (chains, trees, the proxy's prefix mask), and the KV cache
 is ours.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any
 
 import torch
 
@@ -22,29 +24,30 @@ ExtraRows = Callable[[torch.Tensor], torch.Tensor]
 
 @dataclass
 class ForwardOutput:
-    logits: torch.Tensor   # [S, V] float32 (or [1, V] when only the last position was asked for)
-    hidden: torch.Tensor   # [S, H] output of the last layer, before the final norm
+    logits: torch.Tensor  # [S, V] float32 (or [1, V] when only the last position was asked for)
+    hidden: torch.Tensor  # [S, H] output of the last layer, before the final norm
     extra_logits: torch.Tensor | None = None  # [R, V] for the rows ``extra_rows`` gave
 
 
 class Runner:
     """Wraps a LLaMA-family ``*ForCausalLM`` (LLaMA, Vicuna, Mistral, Qwen2 blocks)."""
 
-    def __init__(self, model: torch.nn.Module, product: layers.Product = layers.linear):
-        """``product``: how weights are multiplied (``layers.plain_linear`` to compare
-        with torch's own kernels)."""
+    def __init__(self, model: Any, product: layers.Product = layers.linear):
+        """``model``: a transformers ``*ForCausalLM`` (typed ``Any``: its submodules are
+        named by convention). ``product``: how weights are multiplied
+        (``layers.plain_linear`` to compare with torch's own kernels)."""
         self.model = model.eval()
         self.product = product
         self.config = model.config
         inner = model.model
-        self.embed = inner.embed_tokens
-        self.layers = list(inner.layers)
-        self.norm = inner.norm
-        self.rotary = inner.rotary_emb
-        self.lm_head = model.lm_head
+        self.embed: Any = inner.embed_tokens
+        self.layers: list[Any] = list(inner.layers)
+        self.norm: Any = inner.norm
+        self.rotary: Any = inner.rotary_emb
+        self.lm_head: Any = model.lm_head
         self.num_layers = len(self.layers)
-        self.device = self.embed.weight.device
-        self.dtype = self.embed.weight.dtype
+        self.device: torch.device = self.embed.weight.device
+        self.dtype: torch.dtype = self.embed.weight.dtype
         self.eos_token_ids = eos_ids(self.config)
 
     def new_cache(self, capacity: int = 512) -> KVCache:
@@ -55,9 +58,17 @@ class Runner:
         return self.product(normed, self.lm_head).float()
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, *,
-                mask: torch.Tensor | None = None, skip: SkipMask = NO_SKIP,
-                last_only: bool = False, extra_rows: ExtraRows | None = None) -> ForwardOutput:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        *,
+        mask: torch.Tensor | None = None,
+        skip: SkipMask = NO_SKIP,
+        last_only: bool = False,
+        extra_rows: ExtraRows | None = None,
+    ) -> ForwardOutput:
         """Run ``tokens`` [S] at ``positions`` [S], appending their keys/values to ``cache``.
 
         mask: bool, True = may attend. [S, S] over the new tokens (the cached prefix is
@@ -77,19 +88,27 @@ class Runner:
                 if prefix not in masks:
                     masks[prefix] = visibility(mask, prefix, seq, self.device)
                 hidden = hidden + layers.self_attention(
-                    layer.self_attn, layer.input_layernorm(hidden), rope, masks[prefix],
-                    cache, index, self.product)
+                    layer.self_attn,
+                    layer.input_layernorm(hidden),
+                    rope,
+                    masks[prefix],
+                    cache,
+                    index,
+                    self.product,
+                )
             if index not in skip.mlp:
-                hidden = hidden + layers.mlp(layer.mlp, layer.post_attention_layernorm(hidden),
-                                             self.product)
+                hidden = hidden + layers.mlp(
+                    layer.mlp, layer.post_attention_layernorm(hidden), self.product
+                )
         hidden = hidden[0]
         normed = self.norm(hidden[-1:] if last_only else hidden)
         if extra_rows is None:
             return ForwardOutput(logits=self.logits(normed), hidden=hidden)
         extra = extra_rows(normed)
         logits = self.logits(torch.cat([normed, extra]))
-        return ForwardOutput(logits=logits[: len(normed)], hidden=hidden,
-                             extra_logits=logits[len(normed):])
+        return ForwardOutput(
+            logits=logits[: len(normed)], hidden=hidden, extra_logits=logits[len(normed) :]
+        )
 
 
 def visibility(mask: torch.Tensor | None, prefix: int, seq: int, device) -> torch.Tensor | None:

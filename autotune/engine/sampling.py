@@ -1,4 +1,5 @@
 """Turning logits into the distribution a decoder draws from."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

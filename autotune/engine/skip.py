@@ -1,4 +1,5 @@
 """Which sublayers a draft pass leaves out."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,20 +13,23 @@ class SkipMask:
     mlp: frozenset[int] = frozenset()
 
     @classmethod
-    def of(cls, attention=(), mlp=()) -> "SkipMask":
+    def of(cls, attention=(), mlp=()) -> SkipMask:
         return cls(frozenset(int(i) for i in attention), frozenset(int(i) for i in mlp))
 
     @classmethod
-    def from_bits(cls, bits: list[int] | tuple[int, ...], num_layers: int) -> "SkipMask":
+    def from_bits(cls, bits: list[int] | tuple[int, ...], num_layers: int) -> SkipMask:
         """Draft & Verify's encoding: bits[:L] are attention, bits[L:] are MLP (1 = skip)."""
         if len(bits) != 2 * num_layers:
             raise ValueError(f"expected {2 * num_layers} bits, got {len(bits)}")
-        return cls.of([i for i in range(num_layers) if bits[i]],
-                      [i for i in range(num_layers) if bits[num_layers + i]])
+        return cls.of(
+            [i for i in range(num_layers) if bits[i]],
+            [i for i in range(num_layers) if bits[num_layers + i]],
+        )
 
     def to_bits(self, num_layers: int) -> list[int]:
-        return [int(i in self.attention) for i in range(num_layers)] + \
-               [int(i in self.mlp) for i in range(num_layers)]
+        return [int(i in self.attention) for i in range(num_layers)] + [
+            int(i in self.mlp) for i in range(num_layers)
+        ]
 
     @property
     def size(self) -> int:

@@ -5,6 +5,7 @@ verified with them. It is described by parents (parents come before children; -1
 root) or by paths of ranks in the Medusa / TensorRT-LLM ``choices`` format
 (``[[0], [0, 0], [1], ...]``). Row 0 of every tensor here is the root; row i + 1 is node i.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,19 +26,21 @@ class TreeShape:
                 raise ValueError(f"node {node} has parent {parent}: parents must come first")
 
     @classmethod
-    def chain(cls, length: int) -> "TreeShape":
+    def chain(cls, length: int) -> TreeShape:
         return cls(tuple(range(-1, length - 1)))
 
     @classmethod
-    def from_choices(cls, choices) -> "TreeShape":
+    def from_choices(cls, choices) -> TreeShape:
         """``choices`` in canonical order (see ``canonical_order``)."""
         index = {tuple(path): i for i, path in enumerate(choices)}
         parents = []
         for path in choices:
             path = tuple(path)
             if len(path) > 1 and path[:-1] not in index:
-                raise ValueError(f"path {list(path)} needs its prefix {list(path[:-1])}, "
-                                 "which is not in the tree")
+                raise ValueError(
+                    f"path {list(path)} needs its prefix {list(path[:-1])}, "
+                    "which is not in the tree"
+                )
             parents.append(index[path[:-1]] if len(path) > 1 else ROOT)
         return cls(tuple(parents))
 
@@ -109,16 +112,19 @@ def check_tree(choices, num_heads: int | None = None) -> list[tuple[int, ...]]:
         if len(path) == 0:
             raise ValueError("the tree has an empty path; the root is implicit, leave it out")
         if any(not isinstance(rank, int) or rank < 0 for rank in path):
-            raise ValueError(f"path {list(path)} has a negative rank (or not an integer); "
-                             "ranks are 0-based top-k indices")
+            raise ValueError(
+                f"path {list(path)} has a negative rank (or not an integer); "
+                "ranks are 0-based top-k indices"
+            )
         if path in seen:
             raise ValueError(f"path {list(path)} appears more than once")
         seen.add(path)
     for path in paths:
         for d in range(1, len(path)):
             if path[:d] not in seen:
-                raise ValueError(f"path {list(path)} needs its prefix {list(path[:d])}, "
-                                 "which is not in the tree")
+                raise ValueError(
+                    f"path {list(path)} needs its prefix {list(path[:d])}, which is not in the tree"
+                )
     depth = max(len(path) for path in paths)
     if num_heads is not None and depth > num_heads:
         raise ValueError(f"tree depth {depth} needs {depth} heads; the heads provide {num_heads}")

@@ -4,6 +4,7 @@ Words used here: the *accepted* tokens are the draft tokens the target keeps; th
 token is the one the target itself supplies after them (its correction at the first
 rejected position, or its next token when every draft token was accepted).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,8 +26,12 @@ def accept_greedy(draft_tokens: list[int], target_logits: torch.Tensor) -> tuple
     return accepted, target_tokens[accepted]
 
 
-def accept_sampled(draft_tokens: list[int], draft_probs: torch.Tensor,
-                   target_probs: torch.Tensor, generator: torch.Generator) -> tuple[int, int]:
+def accept_sampled(
+    draft_tokens: list[int],
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: torch.Generator,
+) -> tuple[int, int]:
     """Speculative sampling: the output follows ``target_probs`` exactly.
 
     draft_probs [k, V] are the distributions the draft tokens were drawn from;
@@ -48,8 +53,10 @@ def accept_sampled(draft_tokens: list[int], draft_probs: torch.Tensor,
 # Trees: row 0 of the target's logits/probabilities is the root (the last committed
 # token), row i + 1 is draft node i. A path is the list of accepted node indices.
 
-def accept_tree_greedy(tokens: list[int], tree: TreeShape,
-                       target_logits: torch.Tensor) -> tuple[list[int], int]:
+
+def accept_tree_greedy(
+    tokens: list[int], tree: TreeShape, target_logits: torch.Tensor
+) -> tuple[list[int], int]:
     """Follow the target's argmax down the tree; lossless. Returns (path, bonus)."""
     wanted = target_logits.argmax(dim=-1).tolist()
     path: list[int] = []
@@ -62,9 +69,13 @@ def accept_tree_greedy(tokens: list[int], tree: TreeShape,
         row = child + 1
 
 
-def accept_tree_sampled(tokens: list[int], tree: TreeShape, draft_probs: torch.Tensor | None,
-                        target_probs: torch.Tensor, generator: torch.Generator
-                        ) -> tuple[list[int], int]:
+def accept_tree_sampled(
+    tokens: list[int],
+    tree: TreeShape,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    generator: torch.Generator,
+) -> tuple[list[int], int]:
     """Multi-round speculative sampling: the output follows ``target_probs`` exactly.
 
     At each accepted node its children are tried in order; a rejected child's draft
@@ -105,16 +116,21 @@ class TypicalAcceptance:
     delta: float = 0.3
 
 
-def accept_tree_typical(tokens: list[int], tree: TreeShape, target_probs: torch.Tensor,
-                        rule: TypicalAcceptance, generator: torch.Generator
-                        ) -> tuple[list[int], int]:
+def accept_tree_typical(
+    tokens: list[int],
+    tree: TreeShape,
+    target_probs: torch.Tensor,
+    rule: TypicalAcceptance,
+    generator: torch.Generator,
+) -> tuple[list[int], int]:
     """The longest path of typical-accepted nodes (first in node order on ties); the
     bonus is drawn from the target at the end of it."""
     entropy = -(target_probs * target_probs.clamp_min(1e-12).log()).sum(dim=-1)
     threshold = torch.minimum(torch.full_like(entropy, rule.eps), rule.delta * (-entropy).exp())
     token_ids = torch.tensor(tokens, dtype=torch.long, device=target_probs.device)
-    parent_rows = torch.tensor([p + 1 for p in tree.parents], dtype=torch.long,
-                               device=target_probs.device)
+    parent_rows = torch.tensor(
+        [p + 1 for p in tree.parents], dtype=torch.long, device=target_probs.device
+    )
     ok = (target_probs[parent_rows, token_ids] > threshold[parent_rows]).tolist()
     best: list[int] = []
     stack: list[tuple[int, list[int]]] = [(0, [])]

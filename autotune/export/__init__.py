@@ -1,54 +1,101 @@
 """Exports of a profile to serving engines' own configuration formats.
 
-``EXPORTERS`` maps an engine name to its ``Exporter``; ``export_profile`` picks the
-method, renders it and returns an ``Export`` whose ``warnings`` list what the engine
-cannot express (also written into the exported text). One module per engine:
-
-- ``vllm``: ``speculative_config`` (YAML), EAGLE and Medusa
-- ``sglang``: server flags, EAGLE
-- ``trtllm``: LLM-API ``speculative_config`` (YAML) and engine-flow tree strings,
-  Medusa and EAGLE
-- ``hf``: a transformers ``generation_config.json`` fragment, self-speculative (early exit)
-- ``llamacpp``: llama-server flags of both dialects, self-speculative (draft length, exit)
-- ``dv``: Draft & Verify's ``skip_layers.json``, self-speculative
+``export_profile`` picks the method, finds its exporter for the engine (methods list
+their exporters: ``autotune.methods.<name>.export``), renders it and returns an
+``Export`` whose ``warnings`` list what the engine cannot express (also written into the
+exported text).
 """
+
 from __future__ import annotations
 
 from autotune.errors import AutotuneError
-from autotune.export import dv, hf, llamacpp, sglang, trtllm, vllm
-from autotune.export.base import Export, Exporter, choose_method
-from autotune.profile.schema import Profile
-
-EXPORTERS: dict[str, Exporter] = {module.EXPORTER.engine: module.EXPORTER
-                                  for module in (vllm, sglang, trtllm, hf, llamacpp, dv)}
+from autotune.export.base import Export, Exporter
+from autotune.export.engines import ENGINES
+from autotune.methods import registry
+from autotune.profile.schema import ProfileBase
 
 
-def get_exporter(engine: str) -> Exporter:
-    exporter = EXPORTERS.get(engine.strip().lower())
-    if exporter is None:
-        raise AutotuneError(f"unknown engine '{engine}'; choose one of: {', '.join(EXPORTERS)}")
-    return exporter
+def check_engine(engine: str) -> str:
+    name = engine.strip().lower()
+    if name not in ENGINES:
+        raise AutotuneError(f"unknown engine '{engine}'; choose one of: {', '.join(ENGINES)}")
+    return name
 
 
-def export_profile(profile: Profile, engine: str, method: str | None = None) -> Export:
+def exporter_for(method: str, engine: str) -> Exporter | None:
+    return registry.method(method).exporters.get(engine)
+
+
+def export_profile(profile: ProfileBase, engine: str, method: str | None = None) -> Export:
     """Render ``method`` (default: the profile's recommended one) for ``engine``."""
-    exporter = get_exporter(engine)
-    name, choice_warnings = choose_method(profile, exporter, method)
-    if name == "self_spec":
-        _check_mask_fits(profile)
+    engine = check_engine(engine)
+    name, choice_warnings = choose_method(profile, engine, method)
+    problems = registry.method(name).problems(getattr(profile.methods, name), profile.model)
+    if problems:
+        raise AutotuneError(
+            f"the profile's {name} settings do not fit its model: " + "; ".join(problems)
+        )
+    exporter = exporter_for(name, engine)
+    assert exporter is not None  # choose_method checked it
     rendered = exporter.render(profile, name)
     # a switch of method is said on stderr; the file itself says which method it holds
     warnings = tuple(choice_warnings + rendered.warnings)
-    return Export(engine=exporter.engine, method=name, engine_version=exporter.engine_version,
-                  text=rendered.text, filename=exporter.filename, warnings=warnings)
+    return Export(
+        engine=engine,
+        method=name,
+        engine_version=exporter.engine_version,
+        text=rendered.text,
+        filename=exporter.filename,
+        warnings=warnings,
+    )
 
 
-def _check_mask_fits(profile: Profile) -> None:
-    skip, num_layers = profile.methods.self_spec.skip, profile.model.num_layers
-    outside = sorted({i for i in (*skip.attention, *skip.mlp) if not 0 <= i < num_layers})
-    if outside:
-        raise AutotuneError(f"the profile's skip mask names layers {outside}, outside the "
-                            f"model's {num_layers} layers (0..{num_layers - 1})")
+def choose_method(profile: ProfileBase, engine: str, method: str | None) -> tuple[str, list[str]]:
+    """The method to export and, when it is not the one the profile recommends, why.
+
+    Without ``method``: the profile's recommended method, else the first method present;
+    if the engine cannot serve that one, the first present method it can (said in a
+    warning, so the switch is never silent)."""
+    present = list(profile.method_blocks())
+    if not present:
+        raise AutotuneError("the profile has no tuned method to export; run `autotune profile`")
+    if method is not None:
+        name = registry.get(method).name
+        if name not in present:
+            raise AutotuneError(f"the profile has no {name} settings; it has: {', '.join(present)}")
+        _check_engine_serves(engine, name, present)
+        return name, []
+    default = profile.recommended if profile.recommended in present else present[0]
+    if exporter_for(default, engine) is not None:
+        return default, []
+    servable = [name for name in present if exporter_for(name, engine) is not None]
+    if not servable:
+        _check_engine_serves(engine, default, present)
+    chosen = servable[0]
+    return chosen, [
+        f"{ENGINES[engine]} cannot serve the profile's default method {default} "
+        f"({_why_not(default, engine)}); exporting {chosen} instead"
+    ]
 
 
-__all__ = ["EXPORTERS", "Export", "Exporter", "export_profile", "get_exporter"]
+def _why_not(method: str, engine: str) -> str:
+    return registry.method(method).cannot_export.get(engine, f"it has no {method} support")
+
+
+def _check_engine_serves(engine: str, name: str, present: list[str]) -> None:
+    if exporter_for(name, engine) is not None:
+        return
+    serves = [m for m, entry in registry.methods().items() if engine in entry.exporters]
+    others = [m for m in present if m in serves]
+    hint = (
+        f"; the profile's {', '.join(others)} can be exported to it (--method {others[0]})"
+        if others
+        else ""
+    )
+    raise AutotuneError(
+        f"{ENGINES[engine]} cannot serve {name}: {_why_not(name, engine)}. "
+        f"{engine} takes: {', '.join(serves) or 'none of the methods'}{hint}"
+    )
+
+
+__all__ = ["ENGINES", "Export", "Exporter", "check_engine", "export_profile"]

@@ -1,5 +1,6 @@
-"""What every exporter shares: the result, the registry entry, choosing the method, and
-the provenance and warnings each export carries.
+"""What every exporter shares: the result, the exporter record, and the provenance and
+warnings each export carries. Exporters live in their method's package
+(``autotune.methods.<name>.export``), one per engine that can serve the method.
 
 An exporter turns one method of a profile into one engine's native configuration. What
 the engine cannot express is never dropped silently: it becomes a warning, returned to
@@ -8,17 +9,16 @@ comments in YAML and flag files, and under the ``"_autotune"`` key in JSON files
 the engines ignore: transformers' ``GenerationConfig`` and Draft & Verify's loader only
 read the keys they know).
 """
+
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable
 
-from autotune.errors import AutotuneError
-from autotune.profile.schema import Profile
+from autotune.profile.schema import ProfileBase
 
-METHODS = ("self_spec", "medusa", "eagle")
 JSON_META_KEY = "_autotune"
 
 
@@ -28,9 +28,9 @@ class Export:
 
     engine: str
     method: str
-    engine_version: str           # the engine release(s) whose field names this follows
-    text: str                     # the file's content, warnings included as comments
-    filename: str                 # a suggested file name
+    engine_version: str  # the engine release(s) whose field names this follows
+    text: str  # the file's content, warnings included as comments
+    filename: str  # a suggested file name
     warnings: tuple[str, ...] = ()
 
 
@@ -44,63 +44,21 @@ class Rendered:
 
 @dataclass(frozen=True)
 class Exporter:
-    engine: str
-    title: str                    # the engine's name for people: "TensorRT-LLM"
-    engine_version: str
-    filename: str
-    methods: tuple[str, ...]      # profile methods this engine can serve
-    cannot: dict[str, str]        # method -> why this engine cannot serve it
-    render: Callable[[Profile, str], Rendered]
+    """One engine's exporter for one method."""
+
+    engine: str  # the engine's name on the command line: "trtllm"
+    engine_version: str  # the release(s) whose field names this follows
+    filename: str  # a suggested file name
+    render: Callable[[ProfileBase, str], Rendered]  # (profile, method name) -> file
+
+    @property
+    def title(self) -> str:
+        from autotune.export.engines import ENGINES
+
+        return ENGINES[self.engine]
 
 
-def methods_present(profile: Profile) -> list[str]:
-    return [name for name, block in profile.methods if block is not None]
-
-
-def normalise_method(method: str) -> str:
-    name = method.strip().lower().replace("-", "_")
-    if name not in METHODS:
-        raise AutotuneError(f"unknown method '{method}'; choose one of: {', '.join(METHODS)}")
-    return name
-
-
-def choose_method(profile: Profile, exporter: Exporter, method: str | None) -> tuple[str, list[str]]:
-    """The method to export and, when it is not the one the profile recommends, why.
-
-    Without ``method``: the profile's recommended method, else the first method present;
-    if the engine cannot serve that one, the first present method it can (said in a
-    warning, so the switch is never silent)."""
-    present = methods_present(profile)
-    if not present:
-        raise AutotuneError("the profile has no tuned method to export; run `autotune profile`")
-    if method is not None:
-        name = normalise_method(method)
-        if name not in present:
-            raise AutotuneError(f"the profile has no {name} settings; it has: {', '.join(present)}")
-        _check_engine_takes(exporter, name, present)
-        return name, []
-    default = profile.recommended if profile.recommended in present else present[0]
-    if default in exporter.methods:
-        return default, []
-    servable = [name for name in present if name in exporter.methods]
-    if not servable:
-        _check_engine_takes(exporter, default, present)
-    chosen = servable[0]
-    return chosen, [f"{exporter.title} cannot serve the profile's default method {default} "
-                    f"({exporter.cannot[default]}); exporting {chosen} instead"]
-
-
-def _check_engine_takes(exporter: Exporter, name: str, present: list[str]) -> None:
-    if name in exporter.methods:
-        return
-    others = [m for m in present if m in exporter.methods]
-    hint = (f"; the profile's {', '.join(others)} can be exported to it (--method {others[0]})"
-            if others else "")
-    raise AutotuneError(f"{exporter.title} cannot serve {name}: {exporter.cannot[name]}. "
-                        f"{exporter.engine} takes: {', '.join(exporter.methods)}{hint}")
-
-
-def provenance(profile: Profile, method: str) -> list[str]:
+def provenance(profile: ProfileBase, method: str) -> list[str]:
     """Where the settings come from, in a few lines for the top of the file."""
     block = getattr(profile.methods, method)
     measured = block.measured
@@ -116,22 +74,43 @@ def provenance(profile: Profile, method: str) -> list[str]:
     ]
 
 
-def comment_lines(exporter: Exporter, profile: Profile, method: str, warnings: list[str],
-                  notes: list[str] = ()) -> list[str]:
+def speedup_text(block) -> str:
+    """A method block's held-back speedup for a sentence: "1.234x", or "unmeasured"."""
+    return "unmeasured" if block.measured is None else f"{block.measured.speedup:.3f}x"
+
+
+def comment_lines(
+    exporter: Exporter,
+    profile: ProfileBase,
+    method: str,
+    warnings: list[str],
+    notes: Sequence[str] = (),
+) -> list[str]:
     """The ``#`` header of a YAML or flag file: target, provenance, warnings, notes."""
-    lines = [f"autotune export for {exporter.title}; targets {exporter.engine_version}",
-             *provenance(profile, method)]
+    lines = [
+        f"autotune export for {exporter.title}; targets {exporter.engine_version}",
+        *provenance(profile, method),
+    ]
     lines += [f"warning: {w}" for w in warnings]
     lines += [f"note: {n}" for n in notes]
     return [f"# {line}" for line in lines]
 
 
-def json_meta(exporter: Exporter, profile: Profile, method: str, warnings: list[str],
-              notes: list[str] = ()) -> dict:
+def json_meta(
+    exporter: Exporter,
+    profile: ProfileBase,
+    method: str,
+    warnings: list[str],
+    notes: Sequence[str] = (),
+) -> dict:
     """The ``"_autotune"`` entry of a JSON export: the same as ``comment_lines``."""
-    return {"exported_for": exporter.title, "engine_version": exporter.engine_version,
-            "provenance": provenance(profile, method), "warnings": list(warnings),
-            "notes": list(notes)}
+    return {
+        "exported_for": exporter.title,
+        "engine_version": exporter.engine_version,
+        "provenance": provenance(profile, method),
+        "warnings": list(warnings),
+        "notes": list(notes),
+    }
 
 
 def cape_warning(title: str, cape) -> list[str]:
@@ -139,9 +118,29 @@ def cape_warning(title: str, cape) -> list[str]:
     if cape is None:
         return []
     measured = f", measured {cape.measured.speedup:.3f}x" if cape.measured else ""
-    return [f"{title} has no confidence-aware expansion (CAPE: bins {cape.bins} -> "
-            f"{cape.expansion} tokens per step, verify budget {cape.max_verify_tokens}"
-            f"{measured}); the export drafts without it"]
+    return [
+        f"{title} has no confidence-aware expansion (CAPE: bins {cape.bins} -> "
+        f"{cape.expansion} tokens per step, verify budget {cape.max_verify_tokens}"
+        f"{measured}); the export drafts without it"
+    ]
+
+
+def speculative_config(
+    exporter: Exporter,
+    profile: ProfileBase,
+    method: str,
+    config: dict,
+    warnings: list[str],
+    notes: list[str],
+    command_line: bool = False,
+) -> Rendered:
+    """A ``speculative_config:`` YAML file (vLLM, TensorRT-LLM) under its ``#`` header;
+    ``command_line``: the same dict as one-line JSON in a comment, for a flag."""
+    lines = comment_lines(exporter, profile, method, warnings, notes)
+    if command_line:
+        lines.append(f"# command line: --speculative-config '{json.dumps(config)}'")
+    lines += yaml_lines({"speculative_config": config})
+    return Rendered("\n".join(lines) + "\n", warnings)
 
 
 def yaml_lines(mapping: dict, indent: int = 0) -> list[str]:
@@ -181,5 +180,6 @@ def json_text(data: dict) -> str:
     """Indented JSON with lists of numbers kept on one line (``"mlp": [6, 9, 10]``), as
     hand-written configuration files have them."""
     text = json.dumps(data, indent=2)
-    return _SCALAR_LIST.sub(lambda m: "[" + ", ".join(re.split(r"\s*,\s*", m[1])) + "]",
-                            text) + "\n"
+    return (
+        _SCALAR_LIST.sub(lambda m: "[" + ", ".join(re.split(r"\s*,\s*", m[1])) + "]", text) + "\n"
+    )

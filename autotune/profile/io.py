@@ -1,4 +1,5 @@
 """Reading and writing profiles as YAML, never leaving a half-written file."""
+
 from __future__ import annotations
 
 import os
@@ -7,15 +8,17 @@ import tempfile
 import types
 import typing
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from autotune.errors import AutotuneError, OutputPathError
-from autotune.profile.schema import SCHEMA, Profile
+from autotune.profile.blocks import field_names
+from autotune.profile.schema import SCHEMA, ProfileBase, profile_model
 
 _SCHEMA_VERSION = re.compile(r"autotune/profile@(\d+)")
-_READ_VERSION = int(_SCHEMA_VERSION.fullmatch(SCHEMA)[1])
+_READ_VERSION = int(SCHEMA.rsplit("@", 1)[1])
 
 
 class ProfileInvalidError(AutotuneError):
@@ -33,14 +36,16 @@ def check_writable(path: Path) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise OutputPathError(f"cannot create {folder}: {exc.strerror}; choose another --out") from None
+        raise OutputPathError(
+            f"cannot create {folder}: {exc.strerror}; choose another --out"
+        ) from None
     if path.is_dir():
         raise OutputPathError(f"{path} is a folder; --out needs a file name such as profile.yaml")
     if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise OutputPathError(f"{path} is not writable; choose another --out")
 
 
-def write_profile(profile: Profile, path: Path) -> None:
+def write_profile(profile: ProfileBase, path: Path) -> None:
     check_writable(path)
     text = yaml.safe_dump(profile.model_dump(mode="json", by_alias=True), sort_keys=False)
     handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -53,18 +58,20 @@ def write_profile(profile: Profile, path: Path) -> None:
         raise
 
 
-def read_profile(path: Path) -> Profile:
+def read_profile(path: Path) -> ProfileBase:
     if not path.is_file():
         raise AutotuneError(f"profile {path} not found; write one with `autotune profile`")
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise AutotuneError(f"profile {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        raise AutotuneError(
+            f"profile {path} is not valid YAML: {str(exc).splitlines()[0]}"
+        ) from None
     if not isinstance(data, dict):
         raise AutotuneError(f"profile {path} is not a mapping; expected schema {SCHEMA}")
     _check_schema(path, data.get("schema"))
     try:
-        return Profile.model_validate(data)
+        return profile_model().model_validate(data)
     except ValidationError as exc:
         raise ProfileInvalidError(path, describe_errors(exc)) from None
 
@@ -77,24 +84,29 @@ def _check_schema(path: Path, schema) -> None:
         raise AutotuneError(f"profile {path} has no 'schema' field; expected schema: {SCHEMA}")
     match = _SCHEMA_VERSION.fullmatch(str(schema))
     if match and int(match[1]) > _READ_VERSION:
-        raise AutotuneError(f"profile {path} has schema {schema}: it was written by a newer "
-                            f"autotune; upgrade autotune to read it (this one reads {SCHEMA})")
-    raise AutotuneError(f"profile {path} has schema {schema!r}, which is not a schema this "
-                        f"autotune knows; expected schema: {SCHEMA}")
+        raise AutotuneError(
+            f"profile {path} has schema {schema}: it was written by a newer "
+            f"autotune; upgrade autotune to read it (this one reads {SCHEMA})"
+        )
+    raise AutotuneError(
+        f"profile {path} has schema {schema!r}, which is not a schema this "
+        f"autotune knows; expected schema: {SCHEMA}"
+    )
 
 
 # --- naming what is wrong --------------------------------------------------------------
+
 
 def describe_errors(exc: ValidationError) -> list[str]:
     """One line per wrong field: ``dotted.path: got VALUE; MESSAGE (expected: WHAT)``."""
     return [_describe(error) for error in exc.errors()]
 
 
-def _describe(error: dict) -> str:
+def _describe(error: Any) -> str:
     where, annotation, field, owner = _locate(error["loc"])
     got = "missing" if error["type"] == "missing" else f"got {_short(error.get('input'))}"
     if error["type"] == "extra_forbidden" and owner is not None:
-        fields = ", ".join(f.alias or name for name, f in owner.model_fields.items())
+        fields = ", ".join(field_names(owner))
         return f"{where}: {got}; not a field here (expected one of: {fields})"
     message = error["msg"].removeprefix("Value error, ")
     expected = ""
@@ -109,7 +121,7 @@ def _locate(loc: tuple) -> tuple[str, object, object, type[BaseModel] | None]:
     field when the path ends on one (for its constraints), and the model holding it.
     Union tags (``static``) are pydantic's, not the YAML's: they choose the member model
     and are left out of the path."""
-    model: type[BaseModel] | None = Profile
+    model: type[BaseModel] | None = profile_model()
     annotation, field, owner, path = None, None, None, ""
     for item in loc:
         if isinstance(item, int):
@@ -123,7 +135,7 @@ def _locate(loc: tuple) -> tuple[str, object, object, type[BaseModel] | None]:
             continue
         name = _field_name(model, item) if model is not None else None
         path += f".{item}" if path else str(item)
-        if name is None:
+        if name is None or model is None:
             # an extra key, or a key of a free-form mapping: nothing more to know
             owner = model
             annotation, field, model = _value_type(annotation), None, None
@@ -181,15 +193,23 @@ def _value_type(annotation):
 def _expected(annotation, field) -> str:
     """A type and, for a schema field, its bounds in words: ``an integer >= 1``."""
     signs = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
-    bounds = [f"{sign} {getattr(constraint, attr)}"
-              for constraint in (field.metadata if field is not None else ())
-              for attr, sign in signs.items() if getattr(constraint, attr, None) is not None]
+    bounds = [
+        f"{sign} {getattr(constraint, attr)}"
+        for constraint in (field.metadata if field is not None else ())
+        for attr, sign in signs.items()
+        if getattr(constraint, attr, None) is not None
+    ]
     return " ".join([_type_words(annotation), " and ".join(bounds)]).strip()
 
 
-_NAMES = {int: ("an integer", "integers"), float: ("a number", "numbers"),
-          str: ("a string", "strings"), bool: ("true or false", "booleans"),
-          dict: ("a mapping", "mappings"), type(None): ("null", "nulls")}
+_NAMES = {
+    int: ("an integer", "integers"),
+    float: ("a number", "numbers"),
+    str: ("a string", "strings"),
+    bool: ("true or false", "booleans"),
+    dict: ("a mapping", "mappings"),
+    type(None): ("null", "nulls"),
+}
 
 
 def _type_words(annotation, plural: bool = False) -> str:
@@ -204,7 +224,7 @@ def _type_words(annotation, plural: bool = False) -> str:
     if origin is dict:
         return "mappings" if plural else "a mapping"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        keys = ", ".join(f.alias or n for n, f in annotation.model_fields.items())
+        keys = ", ".join(field_names(annotation))
         return f"{'mappings' if plural else 'a mapping'} with {keys}"
     if annotation in _NAMES:
         return _NAMES[annotation][plural]
@@ -215,4 +235,4 @@ def _short(value, limit: int = 40) -> str:
     if isinstance(value, dict):
         return "a mapping"
     text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."

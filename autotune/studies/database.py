@@ -1,6 +1,7 @@
 """The study database's URL (the default, the environment variable, checks, the URL with
 its password hidden) and the error of two processes creating it at once. Imports no
 Optuna."""
+
 from __future__ import annotations
 
 import os
@@ -23,15 +24,19 @@ def check_url(url: str) -> None:
     try:
         parsed = make_url(url)
     except ArgumentError:
-        raise StorageError(f"storage URL {url!r} is not a SQLAlchemy URL: use e.g. "
-                           f"{DEFAULT_STORAGE} or postgresql://user@host/db") from None
+        raise StorageError(
+            f"storage URL {url!r} is not a SQLAlchemy URL: use e.g. "
+            f"{DEFAULT_STORAGE} or postgresql://user@host/db"
+        ) from None
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
         folder = Path(parsed.database).expanduser().resolve().parent
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise StorageError(f"cannot create the folder of the study database {folder}: "
-                               f"{exc.strerror}; pass --storage with a writable path") from None
+            raise StorageError(
+                f"cannot create the folder of the study database {folder}: "
+                f"{exc.strerror}; pass --storage with a writable path"
+            ) from None
 
 
 def redact(url: str) -> str:

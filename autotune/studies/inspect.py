@@ -4,16 +4,18 @@ Reads the database only (and, for `show`, profile YAML files): no model, no Ray,
 so it works as well on a database written by another machine, copied here or served by
 PostgreSQL.
 """
+
 from __future__ import annotations
 
 import difflib
 import functools
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -22,8 +24,8 @@ from autotune.errors import StorageError, StudyNotFoundError
 from autotune.studies.database import redact, storage_url
 from autotune.studies.storage import open_storage
 
-FAIL_REASON = "fail_reason"   # trial user attr: why the trial failed (autotune.studies.tune)
-CLOSE_NAMES = 3               # suggestions for a mistyped study name
+FAIL_REASON = "fail_reason"  # trial user attr: why the trial failed (autotune.studies.tune)
+CLOSE_NAMES = 3  # suggestions for a mistyped study name
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -32,18 +34,25 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 class TrialRow:
     number: int
     state: str
-    value: float | None            # None: failed, running, or pruned
+    value: float | None  # None: failed, running, or pruned
     params: dict[str, Any]
-    user_attrs: dict[str, Any]     # measured figures, and fail_reason for a failed trial
+    user_attrs: dict[str, Any]  # measured figures, and fail_reason for a failed trial
     started: datetime | None
     completed: datetime | None
 
     @classmethod
-    def of(cls, trial: FrozenTrial) -> "TrialRow":
+    def of(cls, trial: FrozenTrial) -> TrialRow:
         values = trial.values or []
         value = values[0] if len(values) == 1 and math.isfinite(values[0]) else None
-        return cls(trial.number, trial.state.name, value, dict(trial.params),
-                   dict(trial.user_attrs), trial.datetime_start, trial.datetime_complete)
+        return cls(
+            trial.number,
+            trial.state.name,
+            value,
+            dict(trial.params),
+            dict(trial.user_attrs),
+            trial.datetime_start,
+            trial.datetime_complete,
+        )
 
     @property
     def fail_reason(self) -> str | None:
@@ -60,24 +69,29 @@ class TrialRow:
         return self.completed or self.started
 
     def as_dict(self) -> dict[str, Any]:
-        return {"number": self.number, "state": self.state, "value": self.value,
-                "params": self.params, "fail_reason": self.fail_reason,
-                "duration_s": None if self.duration_s is None else round(self.duration_s, 3),
-                "started": _iso(self.started), "completed": _iso(self.completed),
-                "user_attrs": self.user_attrs}
+        return {
+            "number": self.number,
+            "state": self.state,
+            "value": self.value,
+            "params": self.params,
+            "fail_reason": self.fail_reason,
+            "duration_s": None if self.duration_s is None else round(self.duration_s, 3),
+            "started": _iso(self.started),
+            "completed": _iso(self.completed),
+            "user_attrs": self.user_attrs,
+        }
 
 
 @dataclass
 class StudySummary:
     name: str
     user_attrs: dict[str, Any]
-    direction: str                 # "maximize", "minimize", or "multi-objective"
-    trials: list[TrialRow]         # best first (see ranked)
+    direction: str  # "maximize", "minimize", or "multi-objective"
+    trials: list[TrialRow]  # best first (see ranked)
 
     @property
     def best(self) -> TrialRow | None:
-        return next((t for t in self.trials if t.state == "COMPLETE" and t.value is not None),
-                    None)
+        return next((t for t in self.trials if t.state == "COMPLETE" and t.value is not None), None)
 
     def count(self, state: str) -> int:
         return sum(1 for t in self.trials if t.state == state)
@@ -97,12 +111,14 @@ def ranked(trials: list[FrozenTrial], direction: str) -> list[TrialRow]:
     """Trials with a value, best first; then the others by number."""
     sign = 1.0 if direction == "minimize" else -1.0
     rows = [TrialRow.of(t) for t in trials]
-    return sorted(rows, key=lambda r: (r.value is None,
-                                       0.0 if r.value is None else sign * r.value, r.number))
+    return sorted(
+        rows, key=lambda r: (r.value is None, 0.0 if r.value is None else sign * r.value, r.number)
+    )
 
 
 def _database_errors(method):
     """A database that fails mid-read (locked, dropped connection): one line, no traceback."""
+
     @functools.wraps(method)
     def run(self, *args, **kwargs):
         from sqlalchemy.exc import SQLAlchemyError
@@ -111,8 +127,8 @@ def _database_errors(method):
             return method(self, *args, **kwargs)
         except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as exc:
             reason = str(exc).strip().splitlines()[0][:200]
-            raise StorageError(f"cannot read the study database {self.where}: {reason}") \
-                from None
+            raise StorageError(f"cannot read the study database {self.where}: {reason}") from None
+
     return run
 
 
@@ -135,14 +151,25 @@ class StudyDatabase:
     @_database_errors
     def summaries(self) -> list[StudySummary]:
         studies = sorted(self.storage.get_all_studies(), key=lambda s: s.study_name)
-        return [self._summary(self.storage.get_study_id_from_name(s.study_name), s.study_name,
-                              s.user_attrs, s.directions) for s in studies]
+        return [
+            self._summary(
+                self.storage.get_study_id_from_name(s.study_name),
+                s.study_name,
+                s.user_attrs,
+                s.directions,
+            )
+            for s in studies
+        ]
 
     @_database_errors
     def summary(self, name: str) -> StudySummary:
         study_id = self._study_id(name)
-        return self._summary(study_id, name, self.storage.get_study_user_attrs(study_id),
-                             self.storage.get_study_directions(study_id))
+        return self._summary(
+            study_id,
+            name,
+            self.storage.get_study_user_attrs(study_id),
+            self.storage.get_study_directions(study_id),
+        )
 
     @_database_errors
     def load(self, name: str) -> optuna.Study:
@@ -169,12 +196,17 @@ class StudyDatabase:
 def unknown_study(name: str, names: list[str], where: str) -> str:
     """One line: the closest names (a prefix of theirs counts too), and where to see all."""
     close = [n for n in names if n.startswith(name.rstrip("/") + "/")]
-    close += [n for n in difflib.get_close_matches(name, names, n=CLOSE_NAMES, cutoff=0.75)
-              if n not in close]
+    close += [
+        n
+        for n in difflib.get_close_matches(name, names, n=CLOSE_NAMES, cutoff=0.75)
+        if n not in close
+    ]
     hint = f"; did you mean {', '.join(close[:CLOSE_NAMES])}?" if close else ""
     count = f"{len(names)} {'study' if len(names) == 1 else 'studies'}"
-    return (f"no study named '{name}' in {where} ({count}){hint} "
-            "Run `autotune studies list` to see them all")
+    return (
+        f"no study named '{name}' in {where} ({count}){hint} "
+        "Run `autotune studies list` to see them all"
+    )
 
 
 def _require_existing(url: str) -> None:
@@ -190,17 +222,20 @@ def _require_existing(url: str) -> None:
         return
     path = Path(parsed.database).expanduser()
     if not path.is_file():
-        raise StorageError(f"no study database at {path}: `autotune profile` creates it; "
-                           "or point --storage (or AUTOTUNE_STORAGE) at an existing one")
+        raise StorageError(
+            f"no study database at {path}: `autotune profile` creates it; "
+            "or point --storage (or AUTOTUNE_STORAGE) at an existing one"
+        )
 
 
 # --- the profile a study fed -------------------------------------------------------------
 
+
 @dataclass
 class ProfileUse:
     path: Path
-    method: str                  # key under methods:
-    block: dict[str, Any]        # methods.<method> as written
+    method: str  # key under methods:
+    block: dict[str, Any]  # methods.<method> as written
     model: dict[str, Any]
     recommended: str | None
 
@@ -226,8 +261,13 @@ def profiles_naming(summary: StudySummary, folder: Path) -> Iterator[ProfileUse]
         for method, block in methods.items():
             if isinstance(block, dict) and _fed(summary, block):
                 model = data.get("model")
-                yield ProfileUse(path, method, block, model if isinstance(model, dict) else {},
-                                 data.get("recommended"))
+                yield ProfileUse(
+                    path,
+                    method,
+                    block,
+                    model if isinstance(model, dict) else {},
+                    data.get("recommended"),
+                )
 
 
 def _fed(summary: StudySummary, block: dict) -> bool:
@@ -254,7 +294,7 @@ MIN_TRIALS_FOR_IMPORTANCE = 2
 @dataclass
 class PlotResult:
     written: list[Path]
-    skipped: list[str]      # why a plot was not drawn, one line each
+    skipped: list[str]  # why a plot was not drawn, one line each
 
 
 def plot_study(study: optuna.Study, out: Path) -> PlotResult:
@@ -262,6 +302,7 @@ def plot_study(study: optuna.Study, out: Path) -> PlotResult:
     import warnings
 
     import matplotlib
+
     matplotlib.use("Agg")  # files only: no display needed, none opened
     import matplotlib.pyplot as plt
     from optuna.visualization import matplotlib as ovm
@@ -291,7 +332,8 @@ def plot_study(study: optuna.Study, out: Path) -> PlotResult:
             continue
         _label(axes, study.study_name)
         path = out / f"{stem}-{kind}.png"
-        figure = axes.figure
+        figure = axes.get_figure(root=True)
+        assert figure is not None  # an Axes drawn by Optuna belongs to a figure
         figure.savefig(path, dpi=120, bbox_inches="tight")
         plt.close(figure)
         written.append(path)
@@ -317,8 +359,10 @@ def _label(axes, study_name: str) -> None:
 
 def _importance_unavailable(complete: list[FrozenTrial]) -> str | None:
     if len(complete) < MIN_TRIALS_FOR_IMPORTANCE:
-        return f"it needs at least {MIN_TRIALS_FOR_IMPORTANCE} complete trials " \
-               f"(there are {len(complete)})"
+        return (
+            f"it needs at least {MIN_TRIALS_FOR_IMPORTANCE} complete trials "
+            f"(there are {len(complete)})"
+        )
     names = set().union(*(t.params for t in complete))
     varied = [n for n in names if len({repr(t.params.get(n)) for t in complete}) > 1]
     if not varied:
@@ -328,27 +372,50 @@ def _importance_unavailable(complete: list[FrozenTrial]) -> str | None:
 
 # --- rendering --------------------------------------------------------------------------
 
+
 def studies_table(summaries: list[StudySummary]):
     from rich.table import Table
 
     table = Table()
-    for header in ("study", "model", "method", "complete", "failed", "running", "best",
-                   "speedup", "last update"):
+    for header in (
+        "study",
+        "model",
+        "method",
+        "complete",
+        "failed",
+        "running",
+        "best",
+        "speedup",
+        "last update",
+    ):
         numeric = header in ("complete", "failed", "running", "best", "speedup")
-        table.add_column(header, justify="right" if numeric else "left",
-                         overflow="fold", no_wrap=header in ("last update",))
+        table.add_column(
+            header,
+            justify="right" if numeric else "left",
+            overflow="fold",
+            no_wrap=header in ("last update",),
+        )
     for s in summaries:
-        table.add_row(s.name, _text(s.user_attrs.get("model")), _text(s.user_attrs.get("method")),
-                      str(s.count("COMPLETE")), str(s.count("FAIL")), str(s.count("RUNNING")),
-                      _number(None if s.best is None else s.best.value),
-                      _number(s.speedup), _when(s.last_update))
+        table.add_row(
+            s.name,
+            _text(s.user_attrs.get("model")),
+            _text(s.user_attrs.get("method")),
+            str(s.count("COMPLETE")),
+            str(s.count("FAIL")),
+            str(s.count("RUNNING")),
+            _number(None if s.best is None else s.best.value),
+            _number(s.speedup),
+            _when(s.last_update),
+        )
     return table
 
 
 def trials_heading(summary: StudySummary, rows: list[TrialRow]) -> str:
     objective = _text(summary.user_attrs.get("objective"), "value")
-    return (f"{summary.name}: {len(rows)} of {len(summary.trials)} trials, best first "
-            f"({summary.direction} {objective})")
+    return (
+        f"{summary.name}: {len(rows)} of {len(summary.trials)} trials, best first "
+        f"({summary.direction} {objective})"
+    )
 
 
 def trials_table(rows: list[TrialRow]):
@@ -358,12 +425,21 @@ def trials_table(rows: list[TrialRow]):
     varied = varied_params(rows)
     table = Table()
     for header in ("#", "state", "value", "params", "fail reason", "seconds"):
-        table.add_column(header, justify="right" if header in ("#", "value", "seconds")
-                         else "left", overflow="fold")
+        table.add_column(
+            header,
+            justify="right" if header in ("#", "value", "seconds") else "left",
+            overflow="fold",
+        )
     for row in rows:
         params = " ".join(f"{k}={_param(row.params[k])}" for k in varied if k in row.params)
-        table.add_row(str(row.number), row.state, _number(row.value), params or "-",
-                      _text(row.fail_reason, ""), _number(row.duration_s, 1))
+        table.add_row(
+            str(row.number),
+            row.state,
+            _number(row.value),
+            params or "-",
+            _text(row.fail_reason, ""),
+            _number(row.duration_s, 1),
+        )
     return table
 
 
@@ -380,7 +456,8 @@ def constant_params_note(rows: list[TrialRow]) -> str | None:
         return f"{len(constant)} parameters are the same in every row (--json has them all)"
     first = next(r for r in rows if constant[0] in r.params)
     return "the same in every row: " + " ".join(
-        f"{k}={_param(first.params.get(k))}" for k in constant)
+        f"{k}={_param(first.params.get(k))}" for k in constant
+    )
 
 
 def varied_params(rows: list[TrialRow]) -> list[str]:
@@ -390,39 +467,50 @@ def varied_params(rows: list[TrialRow]) -> list[str]:
     return [n for n in names if len({repr(r.params.get(n)) for r in rows}) > 1]
 
 
-def show_lines(summary: StudySummary, uses: list[ProfileUse], profiles_dir: Path,
-               where: str) -> list[str]:
+def show_lines(
+    summary: StudySummary, uses: list[ProfileUse], profiles_dir: Path, where: str
+) -> list[str]:
     attrs = summary.user_attrs
-    lines = [f"study {summary.name} ({where})",
-             f"  objective: {summary.direction} {_text(attrs.get('objective'), 'value')}",
-             f"  trials: {summary.count('COMPLETE')} complete, {summary.count('FAIL')} failed, "
-             f"{summary.count('RUNNING')} running"
-             + "".join(f", {summary.count(s)} {s.lower()}" for s in ("WAITING", "PRUNED")
-                       if summary.count(s))
-             + f"; last update {_when(summary.last_update)}",
-             "study attributes:"]
+    lines = [
+        f"study {summary.name} ({where})",
+        f"  objective: {summary.direction} {_text(attrs.get('objective'), 'value')}",
+        f"  trials: {summary.count('COMPLETE')} complete, {summary.count('FAIL')} failed, "
+        f"{summary.count('RUNNING')} running"
+        + "".join(
+            f", {summary.count(s)} {s.lower()}" for s in ("WAITING", "PRUNED") if summary.count(s)
+        )
+        + f"; last update {_when(summary.last_update)}",
+        "study attributes:",
+    ]
     lines += [f"  {k}: {_param(v)}" for k, v in sorted(attrs.items())] or ["  (none)"]
     best = summary.best
     if best is None:
         lines.append("best trial: none (no trial completed)")
     else:
-        lines.append(f"best trial #{best.number}: value {_number(best.value)}"
-                     f" in {_number(best.duration_s, 1)} s")
+        lines.append(
+            f"best trial #{best.number}: value {_number(best.value)}"
+            f" in {_number(best.duration_s, 1)} s"
+        )
         lines.append("  parameters:")
         lines += [f"    {k}: {_param(v)}" for k, v in sorted(best.params.items())]
         lines.append("  measured:")
-        lines += [f"    {k}: {_param(v)}" for k, v in sorted(best.user_attrs.items())] \
-            or ["    (nothing recorded)"]
+        lines += [f"    {k}: {_param(v)}" for k, v in sorted(best.user_attrs.items())] or [
+            "    (nothing recorded)"
+        ]
     if not uses:
-        lines.append(f"profile: none in {profiles_dir}/ names this study "
-                     "(--profiles DIR looks elsewhere)")
+        lines.append(
+            f"profile: none in {profiles_dir}/ names this study (--profiles DIR looks elsewhere)"
+        )
     for use in uses:
-        lines.append(f"profile: {use.path} (methods.{use.method}; recommended "
-                     f"{_text(use.recommended)})")
+        lines.append(
+            f"profile: {use.path} (methods.{use.method}; recommended {_text(use.recommended)})"
+        )
         fingerprint = use.model.get("fingerprint")
         if attrs.get("fingerprint") and fingerprint and fingerprint != attrs["fingerprint"]:
-            lines.append(f"  note: the profile's model fingerprint {fingerprint} is not "
-                         f"the study's {attrs['fingerprint']} (last run)")
+            lines.append(
+                f"  note: the profile's model fingerprint {fingerprint} is not "
+                f"the study's {attrs['fingerprint']} (last run)"
+            )
         block = {k: v for k, v in use.block.items() if k != "search"}
         lines += ["  " + line for line in _yaml({use.method: block}).rstrip().splitlines()]
     return lines

@@ -1,5 +1,6 @@
 """Optuna's RDB storage as autotune opens it: pickled without the database password,
 and with SQLite set up for more than one writing process. Imports Optuna."""
+
 from __future__ import annotations
 
 import os
@@ -11,10 +12,10 @@ from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from autotune.studies.database import created_meanwhile, redact
 
-SQLITE_BUSY_TIMEOUT_S = 60   # SQLite takes one writer at a time: wait for the lock, don't fail
-CREATE_TRIES = 3             # two processes creating the tables of a fresh database can collide
+SQLITE_BUSY_TIMEOUT_S = 60  # SQLite takes one writer at a time: wait for the lock, don't fail
+CREATE_TRIES = 3  # two processes creating the tables of a fresh database can collide
 
-_URLS: dict[str, str] = {}   # redacted URL -> URL, for unpickling in this process only
+_URLS: dict[str, str] = {}  # redacted URL -> URL, for unpickling in this process only
 
 
 class RDBStorage(optuna.storages.RDBStorage):
@@ -35,7 +36,8 @@ class RDBStorage(optuna.storages.RDBStorage):
 
             template_trial = optuna.trial.create_trial(
                 state=optuna.trial.TrialState.RUNNING,
-                user_attrs={held.OWNER: held.this_process(), held.HEARTBEAT: time.time()})
+                user_attrs={held.OWNER: held.this_process(), held.HEARTBEAT: time.time()},
+            )
         # Optuna's cached storage, which studies wrap this in, calls this private method
         return super()._create_new_trial(study_id, template_trial)
 

@@ -9,8 +9,10 @@ be gone (same host, no such process) or its heartbeat is older than ``STALE_AFTE
 once more, so an interrupted trial is re-run rather than lost; it does not count against
 the study's trial budget. Imports Optuna, not Ray.
 """
+
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -19,21 +21,25 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
-HEARTBEAT_S = 10.0        # how often a process marks the trials it holds as alive
-STALE_AFTER_S = 120.0     # a trial of another host with no heartbeat for this long is stale
+HEARTBEAT_S = 10.0  # how often a process marks the trials it holds as alive
+STALE_AFTER_S = 120.0  # a trial of another host with no heartbeat for this long is stale
 
-OWNER = "owner"           # user attributes this module writes
+OWNER = "owner"  # user attributes this module writes
 HEARTBEAT = "heartbeat"
 FAIL_REASON = "fail_reason"
-REQUEUED = "requeued"     # failed through no fault of its own; queued again; not counted
-RETRY_OF = "retry_of"     # the number of the trial this one re-runs
+REQUEUED = "requeued"  # failed through no fault of its own; queued again; not counted
+RETRY_OF = "retry_of"  # the number of the trial this one re-runs
 
 
 def this_process() -> dict:
     """Host, process id namespace (containers on one host see different pids), process
     id and start time (a pid can be reused)."""
-    return {"host": socket.gethostname(), "pidns": _pid_namespace(), "pid": os.getpid(),
-            "started": _start_time(os.getpid())}
+    return {
+        "host": socket.gethostname(),
+        "pidns": _pid_namespace(),
+        "pid": os.getpid(),
+        "started": _start_time(os.getpid()),
+    }
 
 
 def _pid_namespace() -> int | None:
@@ -62,10 +68,8 @@ def beat(storage, trial_ids) -> None:
     """Heartbeat for the trials this process holds (those finished meanwhile are skipped)."""
     now = time.time()
     for trial_id in trial_ids:
-        try:
+        with contextlib.suppress(UpdateFinishedTrialError):
             storage.set_trial_user_attr(trial_id, HEARTBEAT, now)
-        except UpdateFinishedTrialError:
-            pass
 
 
 def stale_reason(trial: FrozenTrial, now: float | None = None) -> str | None:
@@ -79,16 +83,20 @@ def stale_reason(trial: FrozenTrial, now: float | None = None) -> str | None:
             return None
         started = _start_time(owner.get("pid"))
         if started is None or started != owner.get("started"):
-            return (f"left running by an interrupted run (process {owner.get('pid')} on "
-                    f"{owner.get('host')} is gone)")
+            return (
+                f"left running by an interrupted run (process {owner.get('pid')} on "
+                f"{owner.get('host')} is gone)"
+            )
         return None
     last = trial.user_attrs.get(HEARTBEAT)
     if last is None and trial.datetime_start is not None:
         last = trial.datetime_start.timestamp()
     age = (now or time.time()) - (last or 0.0)
     if age > STALE_AFTER_S:
-        return (f"left running by an interrupted run (no heartbeat from {owner.get('host')} "
-                f"for {age:.0f} s)")
+        return (
+            f"left running by an interrupted run (no heartbeat from {owner.get('host')} "
+            f"for {age:.0f} s)"
+        )
     return None
 
 

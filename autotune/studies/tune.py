@@ -17,9 +17,11 @@ Faults, and where each is handled:
 - the database password: the storage pickles without it (``autotune.studies.rdb``) and
   the searcher writes no checkpoint of its own (the study database is the checkpoint).
 """
+
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import socket
@@ -28,8 +30,9 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
@@ -39,64 +42,24 @@ from ray.tune.search.optuna import OptunaSearch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from autotune.studies import trials as held
-from autotune.studies.trials import fail_stale_trials  # noqa: F401  (re-exported)
+from autotune.studies.trials import fail_stale_trials
+from autotune.studies.workers import Workers, trial_resources
 
 
 @dataclass
 class StudySpec:
-    name: str                       # always explicit: OptunaSearch's default is "optuna"
+    name: str  # always explicit: OptunaSearch's default is "optuna"
     storage_url: str
-    space: dict[str, Any]           # parameter name -> optuna distribution
+    space: dict[str, Any]  # parameter name -> optuna distribution
     metric: str
-    trials: int                     # total wanted, counting trials finished in earlier runs
+    trials: int  # total wanted, counting trials finished in earlier runs
     sampler: Any = None
     seeds: list[dict] = field(default_factory=list)
     time_budget_s: float | None = None
-    timed: bool = False             # the objective measures wall-clock time
-    threads: int | None = None      # torch threads of a timed trial: the main process's, so
-                                    # trial timings compare with its own (default: cores reserved)
+    timed: bool = False  # the objective measures wall-clock time
+    threads: int | None = None  # torch threads of a timed trial: the main process's, so
+    # trial timings compare with its own (default: cores reserved)
     user_attrs: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Workers:
-    """Where trials run: ``count`` at once (at most), each reserving ``cpus_per_trial``
-    cores and ``gpus_per_trial`` GPUs, on a local Ray instance sized to this machine or
-    on the cluster at ``ray_address``. See ``trial_resources`` for the defaults."""
-
-    count: int = 1
-    cpus_per_trial: float | None = None
-    gpus_per_trial: float = 0.0
-    ray_address: str | None = None
-
-
-def trial_resources(workers: Workers, timed: bool, nodes: list[dict]) -> tuple[dict, int]:
-    """What one trial reserves, and how many trials run at once, on these Ray nodes
-    (each a resource dict: {"CPU": 8, "GPU": 1, ...}).
-
-    The rule: a trial that times wall clock on CPU reserves every core of the largest
-    node, so no two timed trials share a machine (one timed trial per machine; it runs
-    ``StudySpec.threads`` torch threads, as the main process does); with GPUs, each trial
-    has its GPUs to itself and one core. A trial that does not time (a proxy objective)
-    gets an equal share of the largest node, and as many torch threads.
-    ``--cpus-per-trial`` overrides the cores.
-    """
-    largest = max((n.get("CPU", 0.0) for n in nodes), default=1.0) or 1.0
-    gpus = workers.gpus_per_trial
-    if workers.cpus_per_trial is not None:
-        cpus = workers.cpus_per_trial
-    elif gpus:
-        cpus = 1.0
-    elif timed:
-        cpus = largest
-    else:
-        cpus = max(1.0, float(largest // max(1, workers.count)))
-    cpus = min(cpus, largest)
-    capacity = sum(int(n.get("CPU", 0.0) // cpus) for n in nodes) if cpus else workers.count
-    if gpus:
-        capacity = min(capacity, sum(int(n.get("GPU", 0.0) // gpus) for n in nodes))
-    resources = {"cpu": cpus, "gpu": gpus} if gpus else {"cpu": cpus}
-    return resources, max(1, min(workers.count, capacity))
 
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -116,11 +79,20 @@ def init_ray(address: str | None = None) -> None:
     # the next step would start); the trials it stops are queued again for the next run
     os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
     if address:
-        ray.init(address=address, log_to_driver=False, configure_logging=True,
-                 logging_level="ERROR")
+        ray.init(
+            address=address,
+            log_to_driver=False,
+            configure_logging=True,
+            logging_level=logging.ERROR,
+        )
     else:
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-                 configure_logging=True, logging_level="ERROR")
+        ray.init(
+            num_cpus=os.cpu_count(),
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=True,
+            logging_level=logging.ERROR,
+        )
 
 
 def _waiting(study) -> int:
@@ -133,8 +105,9 @@ def _nodes() -> list[dict]:
     return [n["Resources"] for n in ray.nodes() if n.get("Alive")]
 
 
-def run_study(spec: StudySpec, objective: Callable[[dict], dict], *, label: str,
-              workers: Workers = Workers()):
+def run_study(
+    spec: StudySpec, objective: Callable[[dict], dict], *, label: str, workers: Workers = Workers()
+):
     """Run until ``spec.trials`` trials have finished in the study, counting those of
     earlier runs and of runs beside this one (or until the time budget is spent);
     return the Optuna study."""
@@ -144,8 +117,9 @@ def run_study(spec: StudySpec, objective: Callable[[dict], dict], *, label: str,
     from autotune.studies.storage import open_storage
 
     storage = open_storage(spec.storage_url)
-    study = optuna.create_study(study_name=spec.name, storage=storage, direction="maximize",
-                                load_if_exists=True)
+    study = optuna.create_study(
+        study_name=spec.name, storage=storage, direction="maximize", load_if_exists=True
+    )
     for key, value in spec.user_attrs.items():
         study.set_user_attr(key, value)
     fail_stale_trials(study)
@@ -157,30 +131,45 @@ def run_study(spec: StudySpec, objective: Callable[[dict], dict], *, label: str,
     init_ray(workers.ray_address)
     resources, at_once = trial_resources(workers, spec.timed, _nodes())
     key = f"{label}:{os.getpid()}:{time.monotonic()}"
-    searcher = RecordingOptunaSearch(space=spec.space, metric=spec.metric, mode="max",
-                                     sampler=spec.sampler, study_name=spec.name,
-                                     storage=storage, budget=spec.trials, key=key)
+    searcher = RecordingOptunaSearch(
+        space=spec.space,
+        metric=spec.metric,
+        mode="max",
+        sampler=spec.sampler,
+        study_name=spec.name,
+        storage=storage,
+        budget=spec.trials,
+        key=key,
+    )
     with _progress(label, key, total=remaining) as callback, _heartbeat(searcher, study):
         try:
             tuner = tune.Tuner(
-                tune.with_resources(_reporting(objective, spec.threads if spec.timed else None),
-                                    resources),
+                tune.with_resources(
+                    _reporting(objective, spec.threads if spec.timed else None), resources
+                ),
                 # the searcher says when the budget is spent; this bound only allows for
                 # trials queued again (each at most once) and for workers at once
                 tune_config=tune.TuneConfig(
                     search_alg=ConcurrencyLimiter(searcher, max_concurrent=at_once),
                     num_samples=2 * remaining + _waiting(study) + at_once,
-                    time_budget_s=spec.time_budget_s, reuse_actors=True),
+                    time_budget_s=spec.time_budget_s,
+                    reuse_actors=True,
+                ),
                 run_config=tune.RunConfig(
-                    name=_run_name(spec.name), verbose=0, storage_path=_ray_results_dir(),
-                    callbacks=[callback], failure_config=tune.FailureConfig(max_failures=0)),
+                    name=_run_name(spec.name),
+                    verbose=0,
+                    storage_path=_ray_results_dir(),
+                    callbacks=[callback],
+                    failure_config=tune.FailureConfig(max_failures=0),
+                ),
             )
             # Ray prints its experiment summary on stdout; keep stdout for our results (--json).
             with contextlib.redirect_stdout(sys.stderr):
                 tuner.fit()
         finally:
-            searcher.release_unfinished("stopped before it finished (time budget spent, "
-                                        "or the run was interrupted)")
+            searcher.release_unfinished(
+                "stopped before it finished (time budget spent, or the run was interrupted)"
+            )
     return optuna.load_study(study_name=spec.name, storage=storage)
 
 
@@ -202,10 +191,18 @@ def _reporting(objective: Callable[[dict], dict], threads: int | None = None):
         except Exception as exc:  # recorded as a failed trial; the study goes on
             result = {"objective": math.nan, "fail_reason": _failure(exc)}
         # which worker ran it, and how often that worker has loaded the target (once)
-        result = {**result, "worker": f"{socket.gethostname()}:{os.getpid()}",
-                  "target_loads": built("target")}
-        tune.report({"objective": result.get("objective", math.nan),
-                     **{ATTR_PREFIX + k: v for k, v in result.items()}})
+        result = {
+            **result,
+            "worker": f"{socket.gethostname()}:{os.getpid()}",
+            "target_loads": built("target"),
+        }
+        tune.report(
+            {
+                "objective": result.get("objective", math.nan),
+                **{ATTR_PREFIX + k: v for k, v in result.items()},
+            }
+        )
+
     trainable.__name__ = getattr(objective, "__name__", type(objective).__name__)
     return trainable
 
@@ -232,14 +229,14 @@ def _set_threads(threads: int | None) -> None:
 
         torch.set_num_threads(threads)
         return
-    torch = sys.modules.get("torch")
-    if torch is None:
+    loaded = sys.modules.get("torch")
+    if loaded is None:
         return
     import ray
 
     cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
     if cpus:
-        torch.set_num_threads(max(1, int(cpus)))
+        loaded.set_num_threads(max(1, int(cpus)))
 
 
 class RecordingOptunaSearch(OptunaSearch):
@@ -278,7 +275,7 @@ class RecordingOptunaSearch(OptunaSearch):
         if time.monotonic() - self._checked < 1.0:
             time.sleep(0.1)  # Tune asks again at once: don't spin while waiting
             return None
-        trials = self._ot_study.get_trials(deepcopy=False)
+        trials = self._study().get_trials(deepcopy=False)
         counted = held.counted(trials)
         if counted >= self._budget:
             return Searcher.FINISHED
@@ -292,9 +289,17 @@ class RecordingOptunaSearch(OptunaSearch):
             return None
         return True
 
+    def _study(self) -> optuna.Study:
+        if self._ot_study is None:
+            raise RuntimeError("the searcher has no study yet: Tune sets it up before asking")
+        return self._ot_study
+
     def held_trial_ids(self) -> list[int]:
-        return [t._trial_id for tid, t in list(self._ot_trials.items())
-                if tid not in self._completed_trials]
+        return [
+            t._trial_id
+            for tid, t in list(self._ot_trials.items())
+            if tid not in self._completed_trials
+        ]
 
     def on_trial_complete(self, trial_id, result=None, error=False):
         ot_trial = self._ot_trials.get(trial_id)
@@ -302,33 +307,38 @@ class RecordingOptunaSearch(OptunaSearch):
             return None
         self._completed_trials.add(trial_id)
         self._checked = -math.inf
-        try:
+        # failed meanwhile as stale by another process: nothing to record
+        with contextlib.suppress(UpdateFinishedTrialError):
             self._record(trial_id, ot_trial, result, error)
-        except UpdateFinishedTrialError:  # failed meanwhile as stale by another process
-            pass
         return None
 
     def _record(self, trial_id, ot_trial, result, error) -> None:
         result = result or {}
         value = result.get("objective")
         if error or value is None:
-            reason = _worker_error(self._key, trial_id) if error else \
-                "stopped before it reported (time budget spent, or the run was interrupted)"
+            reason = (
+                _worker_error(self._key, trial_id)
+                if error
+                else "stopped before it reported (time budget spent, or the run was interrupted)"
+            )
             self._release(ot_trial, reason)
             return
         for key, attr in result.items():
-            if key.startswith(ATTR_PREFIX) and isinstance(attr, (bool, int, float, str, list, dict)):
-                ot_trial.set_user_attr(key[len(ATTR_PREFIX):], attr)
+            if key.startswith(ATTR_PREFIX) and isinstance(
+                attr, (bool, int, float, str, list, dict)
+            ):
+                ot_trial.set_user_attr(key[len(ATTR_PREFIX) :], attr)
         if not isinstance(value, (int, float)) or not math.isfinite(value):
             if not result.get(ATTR_PREFIX + "fail_reason"):
                 ot_trial.set_user_attr("fail_reason", f"objective was {value!r}")
-            self._ot_study.tell(ot_trial, None, state=optuna.trial.TrialState.FAIL)
+            self._study().tell(ot_trial, None, state=optuna.trial.TrialState.FAIL)
             return
-        self._ot_study.tell(ot_trial, float(value))
+        self._study().tell(ot_trial, float(value))
 
     def _release(self, ot_trial, reason: str) -> None:
-        frozen = self._ot_study._storage.get_trial(ot_trial._trial_id)
-        held.fail_and_requeue(self._ot_study, frozen, reason)
+        study = self._study()
+        frozen = study._storage.get_trial(ot_trial._trial_id)
+        held.fail_and_requeue(study, frozen, reason)
 
     def release_unfinished(self, reason: str) -> None:
         """Trials this run asked for and never heard of again (Tune ends a run without
@@ -358,7 +368,7 @@ def _worker_error(key: str, trial_id: str) -> str:
     # "The actor is dead because its worker process has died. Worker exit type: ..."
     errors = [line.strip() for line in text.splitlines() if line.startswith("ray.exceptions.")]
     causes = [line.strip().split(". ")[0] for line in text.splitlines() if " because " in line]
-    detail = "; ".join(dict.fromkeys((errors[-1:] + causes[-1:])))
+    detail = "; ".join(dict.fromkeys(errors[-1:] + causes[-1:]))
     # Ray's memory monitor killed it (not merely Ray's list of "common causes")
     memory = "out of memory: " if "OutOfMemoryError" in text else ""
     return (f"{memory}the Ray worker running it died" + (f" ({detail})" if detail else ""))[:400]
@@ -374,8 +384,9 @@ def _run_name(study_name: str) -> str:
 def _ray_results_dir() -> str:
     """Ray Tune's experiment folders. Nothing there is read back: resuming goes
     through the study database."""
-    path = os.environ.get("AUTOTUNE_RAY_RESULTS") or os.path.join(tempfile.gettempdir(),
-                                                                   "autotune-ray")
+    path = os.environ.get("AUTOTUNE_RAY_RESULTS") or os.path.join(
+        tempfile.gettempdir(), "autotune-ray"
+    )
     os.makedirs(path, exist_ok=True)
     return path
 
@@ -442,10 +453,16 @@ class _progress:
     def __enter__(self) -> _RunCallback:
         from autotune.progress import console
 
-        bar = Progress(TextColumn("{task.description}"), BarColumn(),
-                       TextColumn("{task.completed}/{task.total}"),
-                       TextColumn("best {task.fields[best]}"), TimeElapsedColumn(),
-                       TextColumn("eta"), TimeRemainingColumn(), console=console)
+        bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TextColumn("best {task.fields[best]}"),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=console,
+        )
         task = bar.add_task(self.label, total=self.total, best="-")
         _RUNS[self.key] = {"bar": bar, "task": task, "best": -math.inf, "trials": {}}
         bar.start()

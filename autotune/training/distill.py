@@ -1,5 +1,6 @@
 """The target's own greedy answers to calibration prompts, with the hidden states it
 produced them from: what draft heads are trained on (self-distillation)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -22,7 +23,7 @@ GENERATION_BATCH = 16
 class Answer:
     """One greedy answer and the hidden states the target produced it from."""
 
-    tokens: list[int]     # ends at the first end-of-sequence token or at the length limit
+    tokens: list[int]  # ends at the first end-of-sequence token or at the length limit
     hidden: torch.Tensor  # [len(tokens), H]: row i is the state the base head turned
     #                       into tokens[i] (row 0: the prompt's last position), after the
     #                       final norm
@@ -40,15 +41,20 @@ def eos_token_ids(model) -> set[int]:
 
 
 @contextlib.contextmanager
-def _capture_final_norm(model, store: list[torch.Tensor],
-                        on_forward: Callable[[], None] | None,
-                        prefill: list[torch.Tensor] | None = None) -> Iterator[None]:
+def _capture_final_norm(
+    model,
+    store: list[torch.Tensor],
+    on_forward: Callable[[], None] | None,
+    prefill: list[torch.Tensor] | None = None,
+) -> Iterator[None]:
     """While active, each forward appends the last position's output of the final norm;
     with ``prefill``, the first forward's whole output [B, P, H] is kept there too."""
     norm = getattr(getattr(model, "model", None), "norm", None)
     if norm is None:
-        raise AutotuneError(f"{type(model).__name__} has no model.norm: heads are trained "
-                            "on LLaMA-family models only")
+        raise AutotuneError(
+            f"{type(model).__name__} has no model.norm: heads are trained "
+            "on LLaMA-family models only"
+        )
 
     def keep(module, args, output):
         if prefill is not None and not store:
@@ -68,35 +74,62 @@ def _capture_final_norm(model, store: list[torch.Tensor],
 def _trim(tokens: list[int], eos: set[int]) -> list[int]:
     for i, token in enumerate(tokens):
         if token in eos:
-            return tokens[:i + 1]
+            return tokens[: i + 1]
     return tokens
 
 
-def _generate_batch(model, prompts: list[list[int]], max_new_tokens: int, pad: int,
-                    eos: set[int], on_forward, with_prefill: bool) -> list[Answer]:
+def _generate_batch(
+    model,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    pad: int,
+    eos: set[int],
+    on_forward,
+    with_prefill: bool,
+) -> list[Answer]:
     from transformers import GenerationConfig
 
     width = max(map(len, prompts))
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])     # [B, P], left-padded
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # [B, P], left-padded
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
-                              pad_token_id=pad, eos_token_id=sorted(eos) or None)
+    config = GenerationConfig(
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=pad,
+        eos_token_id=sorted(eos) or None,
+    )
     store: list[torch.Tensor] = []
     prefill: list[torch.Tensor] | None = [] if with_prefill else None
     with _capture_final_norm(model, store, on_forward, prefill), torch.inference_mode():
         out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
-    hidden = torch.stack(store, dim=1)                                      # [B, steps, H]
+    hidden = torch.stack(store, dim=1)  # [B, steps, H]
     answers = []
     for row, prompt in enumerate(prompts):
         tokens = _trim(out[row, width:].tolist(), eos)
         # the prompt's positions but its last (that one is hidden[row, 0]), padding left out
-        before = prefill[0][row, width - len(prompt):width - 1] if prefill else None
-        answers.append(Answer(tokens, hidden[row, :len(tokens)], before))
+        before = prefill[0][row, width - len(prompt) : width - 1] if prefill else None
+        answers.append(Answer(tokens, hidden[row, : len(tokens)], before))
     return answers
 
 
-def generate_answers(model, prompts: list[list[int]], max_new_tokens: int,
-                     batch_size: int = GENERATION_BATCH, prefill: bool = False) -> list[Answer]:
+class _Counter:
+    """Counts calls, advancing a progress bar with each."""
+
+    def __init__(self, advance: Callable[..., None]):
+        self.advance, self.count = advance, 0
+
+    def __call__(self) -> None:
+        self.count += 1
+        self.advance()
+
+
+def generate_answers(
+    model,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    batch_size: int = GENERATION_BATCH,
+    prefill: bool = False,
+) -> list[Answer]:
     """The target's greedy answers to ``prompts`` (token ids, chat template applied) and
     their hidden states, captured from the same forwards: no second pass over the text.
     ``prefill``: keep the states of every prompt position too (``Answer.prefill``).
@@ -106,19 +139,15 @@ def generate_answers(model, prompts: list[list[int]], max_new_tokens: int,
     pad = pad if pad is not None else (min(eos) if eos else 0)  # masked out: any id will do
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     count = math.ceil(len(order) / batch_size)  # batches of near-equal size
-    batches = [order[len(order) * b // count:len(order) * (b + 1) // count] for b in range(count)]
+    batches = [order[len(order) * b // count : len(order) * (b + 1) // count] for b in range(count)]
     answers: dict[int, Answer] = {}
     with step("greedy answers + hidden states", len(batches) * max_new_tokens) as advance:
         for batch in batches:
-            done = [0]
-
-            def forward_done():
-                done[0] += 1
-                advance()
-
-            got = _generate_batch(model, [prompts[i] for i in batch], max_new_tokens, pad, eos,
-                                  forward_done, prefill)
-            advance(max_new_tokens - done[0])  # the batch stopped early: all rows ended
+            forwards = _Counter(advance)
+            got = _generate_batch(
+                model, [prompts[i] for i in batch], max_new_tokens, pad, eos, forwards, prefill
+            )
+            advance(max_new_tokens - forwards.count)  # the batch stopped early: all rows ended
             answers.update(zip(batch, got))
     return [answers[i] for i in range(len(prompts))]
 
@@ -126,10 +155,15 @@ def generate_answers(model, prompts: list[list[int]], max_new_tokens: int,
 Pair = tuple[list[int], Answer]  # a prompt's token ids and the target's answer to it
 
 
-def answer_prompts(target, search: list[list[int]], held_back: list[list[int]],
-                   max_new_tokens: int, batch_size: int,
-                   followups: list[tuple[str, str]] | None = None,
-                   prefill: bool = False) -> tuple[list[Pair], list[Pair]]:
+def answer_prompts(
+    target,
+    search: list[list[int]],
+    held_back: list[list[int]],
+    max_new_tokens: int,
+    batch_size: int,
+    followups: list[tuple[str, str]] | None = None,
+    prefill: bool = False,
+) -> tuple[list[Pair], list[Pair]]:
     """The target's answers: (prompt, answer) pairs to train on, and held-back ones.
 
     ``followups`` (first turn, second turn), one per search prompt with a second turn (in
@@ -138,10 +172,14 @@ def answer_prompts(target, search: list[list[int]], held_back: list[list[int]],
     model = target.model
     # one pool: batches of similar-length prompts, whichever split they belong to
     answers = generate_answers(model, search + held_back, max_new_tokens, batch_size, prefill)
-    train = list(zip(search, answers[:len(search)]))
+    train = list(zip(search, answers[: len(search)]))
     if followups:
-        conversations = [target.encode_conversation([first, target.decode(answer.tokens), second])
-                         for (first, second), (_, answer) in zip(followups, train)]
-        train += zip(conversations, generate_answers(model, conversations, max_new_tokens,
-                                                     batch_size, prefill))
-    return train, list(zip(held_back, answers[len(search):]))
+        conversations = [
+            target.encode_conversation([first, target.decode(answer.tokens), second])
+            for (first, second), (_, answer) in zip(followups, train)
+        ]
+        train += zip(
+            conversations,
+            generate_answers(model, conversations, max_new_tokens, batch_size, prefill),
+        )
+    return train, list(zip(held_back, answers[len(search) :]))

@@ -13,13 +13,14 @@ drafting does from depth 2 on), teach it to cope with its own errors.
 
 Only fc and the decoder layer are trained; the embedding and lm_head stay the target's.
 """
+
 from __future__ import annotations
 
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -47,21 +48,21 @@ class EagleOptions:
     #                                the target's pre-norm one, not the features')
     # The unrolled step trades some depth-1 accuracy for much better deeper drafts, which
     # is what a draft tree lives on.
-    max_new_tokens: int = 256      # answer length (tokens) per calibration prompt
-    epochs: int = 40               # an upper bound: the time budget ends training first
+    max_new_tokens: int = 256  # answer length (tokens) per calibration prompt
+    epochs: int = 40  # an upper bound: the time budget ends training first
     # Seconds for answer generation and training together (the held-back report and
     # saving come after, 15-60 s on SmolLM2-135M); training ends early to keep it.
     time_budget_s: float | None = 870.0
-    sequences_per_step: int = 2    # prompt + answer sequences per minibatch
+    sequences_per_step: int = 2  # prompt + answer sequences per minibatch
     lr: float = 1e-3
     weight_decay: float = 0.0
-    feature_weight: float = 1.0    # EAGLE-1's weights: SmoothL1 on features 1.0,
-    token_weight: float = 0.1      # cross-entropy of the next-next token 0.1
-    noise: float = 0.1             # std of the input features' noise, in features' RMS
-    unroll: int = 2                # steps trained per position (2: also from its own output)
-    init: str = "random"           # see ``new_head``
-    depth: int = 5                 # draft depths in the held-back report
-    loss_dtype: str = "auto"       # of the vocabulary product; see ``training.loss.loss_dtype``
+    feature_weight: float = 1.0  # EAGLE-1's weights: SmoothL1 on features 1.0,
+    token_weight: float = 0.1  # cross-entropy of the next-next token 0.1
+    noise: float = 0.1  # std of the input features' noise, in features' RMS
+    unroll: int = 2  # steps trained per position (2: also from its own output)
+    init: str = "random"  # see ``new_head``
+    depth: int = 5  # draft depths in the held-back report
+    loss_dtype: str = "auto"  # of the vocabulary product; see ``training.loss.loss_dtype``
     generation_batch: int = GENERATION_BATCH
     seed: int = 0
 
@@ -74,19 +75,22 @@ class EagleOptions:
 
 # --- data ----------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class EagleSequence:
     """A prompt and the target's answer, with the target's features of all positions."""
 
-    tokens: torch.Tensor     # [n] int64: the prompt, then the answer
-    features: torch.Tensor   # [n - 1, H] f_0 .. f_{n-2} (the last token's is never needed)
-    answer_start: int        # index of the answer's first token: the prompt's length
+    tokens: torch.Tensor  # [n] int64: the prompt, then the answer
+    features: torch.Tensor  # [n - 1, H] f_0 .. f_{n-2} (the last token's is never needed)
+    answer_start: int  # index of the answer's first token: the prompt's length
 
     @classmethod
-    def of(cls, prompt: list[int], answer: Answer) -> "EagleSequence":
+    def of(cls, prompt: list[int], answer: Answer) -> EagleSequence:
         if answer.prefill is None:
-            raise ValueError("EAGLE needs every prompt position's features: generate the "
-                             "answers with prefill=True")
+            raise ValueError(
+                "EAGLE needs every prompt position's features: generate the "
+                "answers with prefill=True"
+            )
         features = torch.cat([answer.prefill, answer.hidden]).float()
         return cls(torch.tensor(prompt + answer.tokens), features, len(prompt))
 
@@ -101,24 +105,30 @@ class EagleSequence:
 class Batch:
     """Sequences padded to one length: S pair rows each, room for ``steps`` unrolled steps."""
 
-    features: torch.Tensor   # [B, S + unroll, H] f_t, zero past a sequence's end
-    tokens: torch.Tensor     # [B, S + unroll + 1] x_t, zero past the end
-    lengths: torch.Tensor    # [B] n: each sequence's token count
+    features: torch.Tensor  # [B, S + unroll, H] f_t, zero past a sequence's end
+    tokens: torch.Tensor  # [B, S + unroll + 1] x_t, zero past the end
+    lengths: torch.Tensor  # [B] n: each sequence's token count
     answer_start: torch.Tensor  # [B]
-    size: int                # S: the longest sequence's pair rows (n - 1)
-    steps: int               # steps trained per pair row (``EagleOptions.unroll``)
+    size: int  # S: the longest sequence's pair rows (n - 1)
+    steps: int  # steps trained per pair row (``EagleOptions.unroll``)
 
     @classmethod
-    def of(cls, sequences: list[EagleSequence], unroll: int) -> "Batch":
+    def of(cls, sequences: list[EagleSequence], unroll: int) -> Batch:
         size = max(len(s.tokens) for s in sequences) - 1
         hidden = sequences[0].features.shape[1]
         features = sequences[0].features.new_zeros(len(sequences), size + unroll, hidden)
         tokens = torch.zeros(len(sequences), size + unroll + 1, dtype=torch.long)
         for row, seq in enumerate(sequences):
-            features[row, :len(seq.features)] = seq.features
-            tokens[row, :len(seq.tokens)] = seq.tokens
-        return cls(features, tokens, torch.tensor([len(s.tokens) for s in sequences]),
-                   torch.tensor([s.answer_start for s in sequences]), size, unroll)
+            features[row, : len(seq.features)] = seq.features
+            tokens[row, : len(seq.tokens)] = seq.tokens
+        return cls(
+            features,
+            tokens,
+            torch.tensor([len(s.tokens) for s in sequences]),
+            torch.tensor([s.answer_start for s in sequences]),
+            size,
+            unroll,
+        )
 
     def step(self, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Step k's (1-based) rows t = 0 .. S - 1, rooted at pair t: the token it reads
@@ -126,13 +136,13 @@ class Batch:
         (IGNORE unless x_{t+k+1} exists and lies in the answer). Step 1 reads f_t; step
         k > 1 reads step k - 1's output."""
         rows = torch.arange(self.size)
-        read = self.tokens[:, k:k + self.size]                                # [B, S]
-        truth = self.tokens[:, k + 1:k + 1 + self.size].clone()
-        at = rows[None] + k + 1                                               # truth's index
+        read = self.tokens[:, k : k + self.size]  # [B, S]
+        truth = self.tokens[:, k + 1 : k + 1 + self.size].clone()
+        at = rows[None] + k + 1  # truth's index
         counted = (at < self.lengths[:, None]) & (at >= self.answer_start[:, None])
         truth[~counted] = IGNORE
         positions = (rows + k - 1).expand(len(self.lengths), -1)
-        return read, positions, self.features[:, k:k + self.size], truth
+        return read, positions, self.features[:, k : k + self.size], truth
 
 
 def unrolled_mask(size: int, steps: int, lengths: torch.Tensor, dtype) -> torch.Tensor:
@@ -144,10 +154,10 @@ def unrolled_mask(size: int, steps: int, lengths: torch.Tensor, dtype) -> torch.
     causal = rows[None] <= rows[:, None]
     allowed = torch.zeros(steps * size, steps * size, dtype=torch.bool)
     for k in range(steps):
-        allowed[k * size:(k + 1) * size, :size] = causal
+        allowed[k * size : (k + 1) * size, :size] = causal
         for j in range(1, k + 1):
             allowed[k * size + rows, j * size + rows] = True
-    valid = (rows[None] < (lengths[:, None] - 1)).repeat(1, steps)            # [B, steps*S]
+    valid = (rows[None] < (lengths[:, None] - 1)).repeat(1, steps)  # [B, steps*S]
     allowed = allowed[None] & valid[:, None, :]
     allowed |= torch.eye(steps * size, dtype=torch.bool)[None]  # a padded row sees itself
     mask = torch.zeros(allowed.shape, dtype=dtype)
@@ -156,6 +166,7 @@ def unrolled_mask(size: int, steps: int, lengths: torch.Tensor, dtype) -> torch.
 
 
 # --- the head ------------------------------------------------------------------------
+
 
 def new_head(model, init: str = "random") -> EagleHead:
     """A head for ``model`` (float32, on its device).
@@ -172,7 +183,7 @@ def new_head(model, init: str = "random") -> EagleHead:
         # fc reads cat(embedding, feature): keep its default weights on the embedding half
         head.fc.weight[:, hidden:] = torch.eye(hidden)
         head.fc.bias.zero_()
-        layer = head.layers[0]
+        layer: Any = head.layers[0]  # a transformers decoder layer
         if init == "last-layer":
             source = model.model.layers[-1]
             for name in ("self_attn", "mlp", "post_attention_layernorm"):
@@ -185,9 +196,16 @@ def new_head(model, init: str = "random") -> EagleHead:
 
 # --- loss and training ---------------------------------------------------------------
 
-def eagle_loss(head: EagleHead, embed, batch: Batch, weight: torch.Tensor,
-               options: EagleOptions, scale: float,
-               generator: torch.Generator | None = None) -> torch.Tensor:
+
+def eagle_loss(
+    head: EagleHead,
+    embed,
+    batch: Batch,
+    weight: torch.Tensor,
+    options: EagleOptions,
+    scale: float,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """Sum over the batch's unrolled steps of feature_weight * SmoothL1(output / scale, f / scale)
     + token_weight * CE(lm_head(output), x), each a mean over the step's counted rows.
 
@@ -207,20 +225,25 @@ def eagle_loss(head: EagleHead, embed, batch: Batch, weight: torch.Tensor,
         mask = unrolled_mask(size, k, batch.lengths, features.dtype).to(features.device)
         last = k == steps
         with torch.set_grad_enabled(last and torch.is_grad_enabled()):
-            out = head(torch.cat(read_features, 1), torch.cat(embeds[:k], 1),
-                       torch.cat(positions[:k], 1), mask=mask)
+            out = head(
+                torch.cat(read_features, 1),
+                torch.cat(embeds[:k], 1),
+                torch.cat(positions[:k], 1),
+                mask=mask,
+            )
         if not last:
-            read_features.append(out[:, (k - 1) * size:].detach())
+            read_features.append(out[:, (k - 1) * size :].detach())
     total = out.new_zeros(())
     for k, (_, _, target, truth) in enumerate(inputs):
         counted = truth != IGNORE
         count = int(counted.sum())
         if count == 0:
             continue
-        rows = out[:, k * size:(k + 1) * size][counted]
+        rows = out[:, k * size : (k + 1) * size][counted]
         feature_loss = F.smooth_l1_loss(rows / scale, target.to(rows.device)[counted] / scale)
-        token_loss = FrozenProjectionCE.apply(rows, weight, truth[counted].to(rows.device),
-                                               rows.new_full((count,), 1.0 / count))
+        token_loss = FrozenProjectionCE.apply(
+            rows, weight, truth[counted].to(rows.device), rows.new_full((count,), 1.0 / count)
+        )
         total = total + options.feature_weight * feature_loss + options.token_weight * token_loss
     return total
 
@@ -231,14 +254,21 @@ def feature_scale(sequences: list[EagleSequence]) -> float:
     return (squares / sum(s.features.numel() for s in sequences)) ** 0.5
 
 
-def train_eagle_head(head: EagleHead, model, sequences: list[EagleSequence],
-                     options: EagleOptions, seconds: float | None = None) -> TrainStats:
+def train_eagle_head(
+    head: EagleHead,
+    model,
+    sequences: list[EagleSequence],
+    options: EagleOptions,
+    seconds: float | None = None,
+) -> TrainStats:
     """AdamW on fc and the decoder layer, minibatches of whole sequences (see
     ``training.loop.train_loop``); the target's embedding and lm_head stay frozen."""
     sequences = [s for s in sequences if s.counted > 0]
     if not sequences:
-        raise AutotuneError("the target's answers are too short to train an EAGLE head on "
-                            "(every answer ended after one token): use other prompts")
+        raise AutotuneError(
+            "the target's answers are too short to train an EAGLE head on "
+            "(every answer ended after one token): use other prompts"
+        )
     weight = model.lm_head.weight.detach().to(loss_dtype(options.loss_dtype))
     embed = model.get_input_embeddings()
     scale = feature_scale(sequences)
@@ -251,13 +281,15 @@ def train_eagle_head(head: EagleHead, model, sequences: list[EagleSequence],
 
     head.train()
     try:
-        return train_loop(params, options, len(sequences), options.sequences_per_step,
-                          seconds, loss_of)
+        return train_loop(
+            params, options, len(sequences), options.sequences_per_step, seconds, loss_of
+        )
     finally:
         head.eval()
 
 
 # --- report --------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class DepthScore:
@@ -267,15 +299,16 @@ class DepthScore:
     UNIT: ClassVar[str] = "depth"  # the first column of ``training.report.accuracy_table``
 
     depth: int
-    offset: int       # tokens ahead of the feature f_t it starts from (d + 1)
+    offset: int  # tokens ahead of the feature f_t it starts from (d + 1)
     top1: float
     top5: float
-    positions: int    # draft roots it was measured on
+    positions: int  # draft roots it was measured on
 
 
 @torch.inference_mode()
-def eagle_accuracy(head: EagleHead, model, sequences: list[EagleSequence],
-                   depth: int) -> list[DepthScore]:
+def eagle_accuracy(
+    head: EagleHead, model, sequences: list[EagleSequence], depth: int
+) -> list[DepthScore]:
     """Per-depth top-1 / top-5 along each answer, from the features captured with it
     (``measure.eagle_accuracy.extrapolation_ranks``; the same figures as
     ``measure_eagle_accuracy`` without a second pass of the target)."""
@@ -283,29 +316,35 @@ def eagle_accuracy(head: EagleHead, model, sequences: list[EagleSequence],
     from autotune.measure.eagle_accuracy import tally_extrapolation
     from autotune.measure.head_accuracy import RankTally
 
-    runner = Runner(model)   # only its embedding and lm_head
+    runner = Runner(model)  # only its embedding and lm_head
     tally = RankTally(depth, max_rank=5)
     for seq in sequences:
-        n, first = len(seq.tokens), seq.answer_start - 1   # root whose next token is answer[0]
+        n, first = len(seq.tokens), seq.answer_start - 1  # root whose next token is answer[0]
         if n - 1 <= first:
             continue
-        tally_extrapolation(tally, head, runner, seq.features.to(runner.device),
-                            seq.tokens.tolist(), first)
+        tally_extrapolation(
+            tally, head, runner, seq.features.to(runner.device), seq.tokens.tolist(), first
+        )
     accuracy = tally.accuracy()
-    return [DepthScore(d + 1, d + 2, accuracy.top1[d], accuracy.top5[d], accuracy.positions[d])
-            for d in range(depth)]
+    return [
+        DepthScore(d + 1, d + 2, accuracy.top1[d], accuracy.top5[d], accuracy.positions[d])
+        for d in range(depth)
+    ]
 
 
 # --- the job -------------------------------------------------------------------------
 
+
 @dataclass
 class EagleTrainResult:
-    METHOD: ClassVar[str] = ("EAGLE-1/2 self-distillation: frozen target, embedding and "
-                             "lm_head; fc and one decoder layer trained")
+    METHOD: ClassVar[str] = (
+        "EAGLE-1/2 self-distillation: frozen target, embedding and "
+        "lm_head; fc and one decoder layer trained"
+    )
     LOSS: ClassVar[str] = "final_loss"
 
     head: EagleHead
-    accuracy: list[DepthScore]   # on the held-back prompts' answers
+    accuracy: list[DepthScore]  # on the held-back prompts' answers
     stats: TrainStats
     train_tokens: int
     held_back_tokens: int
@@ -316,34 +355,58 @@ class EagleTrainResult:
     token_counts: dict[int, int] = field(default_factory=dict)
 
     def save(self, folder: Path, target, base_model: str, extra: dict) -> Path:
-        saved = save_eagle_head(self.head, folder, target.model.get_input_embeddings().weight,
-                                base_model, extra)
+        saved = save_eagle_head(
+            self.head, folder, target.model.get_input_embeddings().weight, base_model, extra
+        )
         save_draft_vocab(saved, self.token_counts)
         return saved
 
 
-def train_eagle(target, search: list[list[int]], held_back: list[list[int]],
-                options: EagleOptions, started: float | None = None,
-                followups: list[tuple[str, str]] | None = None) -> EagleTrainResult:
+def train_eagle(
+    target,
+    search: list[list[int]],
+    held_back: list[list[int]],
+    options: EagleOptions,
+    started: float | None = None,
+    followups: list[tuple[str, str]] | None = None,
+) -> EagleTrainResult:
     """Generate answers, train a head on the search prompts' answers, report per-depth
     accuracy on the held-back ones; as ``training.medusa.train_medusa`` (same arguments)."""
     began = time.perf_counter()
     started = began if started is None else started
     model = target.model
     torch.manual_seed(options.seed)
-    train_pairs, held_pairs = answer_prompts(target, search, held_back, options.max_new_tokens,
-                                             options.generation_batch, followups, prefill=True)
+    train_pairs, held_pairs = answer_prompts(
+        target,
+        search,
+        held_back,
+        options.max_new_tokens,
+        options.generation_batch,
+        followups,
+        prefill=True,
+    )
     train = [EagleSequence.of(prompt, answer) for prompt, answer in train_pairs]
     held = [EagleSequence.of(prompt, answer) for prompt, answer in held_pairs]
     generated = time.perf_counter()
     head = new_head(model, options.init)
-    stats = train_eagle_head(head, model, train, options,
-                             training_time(options.time_budget_s, started, generated))
+    stats = train_eagle_head(
+        head, model, train, options, training_time(options.time_budget_s, started, generated)
+    )
     trained = time.perf_counter()
     accuracy = eagle_accuracy(head, model, held, options.depth)
     done = time.perf_counter()
     counts = Counter(token for _, answer in train_pairs for token in answer.tokens)
-    return EagleTrainResult(head, accuracy, stats, sum(len(a.tokens) for _, a in train_pairs),
-                       sum(len(a.tokens) for _, a in held_pairs),
-                       {"generation": generated - began, "training": trained - generated,
-                        "report": done - trained, "total": done - started}, dict(counts))
+    return EagleTrainResult(
+        head,
+        accuracy,
+        stats,
+        sum(len(a.tokens) for _, a in train_pairs),
+        sum(len(a.tokens) for _, a in held_pairs),
+        {
+            "generation": generated - began,
+            "training": trained - generated,
+            "report": done - trained,
+            "total": done - started,
+        },
+        dict(counts),
+    )

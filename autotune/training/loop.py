@@ -1,5 +1,6 @@
 """The training loop every head kind shares: AdamW, warmup then cosine decay, bounded by
 epochs or seconds."""
+
 from __future__ import annotations
 
 import math
@@ -19,7 +20,7 @@ WARMUP_STEPS = 10
 @dataclass
 class TrainStats:
     steps: int = 0
-    epochs: float = 0.0           # epochs done (a fraction when time ran out)
+    epochs: float = 0.0  # epochs done (a fraction when time ran out)
     seconds: float = 0.0
     losses: list[float] = field(default_factory=list)  # per step: sum of the heads' means
     stopped_by_time: bool = False
@@ -30,8 +31,14 @@ def _lr_factor(step_index: int, progress: float) -> float:
     return warmup * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
 
 
-def train_loop(params, options, count: int, per_step: int, seconds: float | None,
-               loss_of: Callable[[torch.Tensor], torch.Tensor]) -> TrainStats:
+def train_loop(
+    params,
+    options,
+    count: int,
+    per_step: int,
+    seconds: float | None,
+    loss_of: Callable[[torch.Tensor], torch.Tensor],
+) -> TrainStats:
     """AdamW on ``params`` over minibatches of ``per_step`` of ``count`` items (a new order
     each epoch; ``loss_of`` maps their indices to the loss), warmup then cosine decay over
     ``options.epochs`` epochs or ``seconds``, whichever ends first (the schedule follows
@@ -55,7 +62,7 @@ def train_loop(params, options, count: int, per_step: int, seconds: float | None
                     break
                 for group in optimizer.param_groups:
                     group["lr"] = options.lr * _lr_factor(stats.steps, progress)
-                loss = loss_of(order[start:start + per_step])
+                loss = loss_of(order[start : start + per_step])
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()

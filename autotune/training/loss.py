@@ -1,5 +1,6 @@
 """Losses through the target's frozen lm_head: cross-entropy over the vocabulary without
 holding every logit, and the dtype its product runs in."""
+
 from __future__ import annotations
 
 import torch
@@ -23,12 +24,12 @@ class FrozenProjectionCE(torch.autograd.Function):
         grad = torch.empty_like(rows)
         for start in range(0, rows.shape[0], LOSS_CHUNK_ROWS):
             part = slice(start, start + LOSS_CHUNK_ROWS)
-            logits = (rows[part].to(weight.dtype) @ weight.T).float()      # [c, V]
+            logits = (rows[part].to(weight.dtype) @ weight.T).float()  # [c, V]
             target = targets[part, None]
             lse = logits.logsumexp(-1, keepdim=True)
             w = row_weights[part]
             total += ((lse - logits.gather(1, target))[:, 0] * w).sum()
-            probs = logits.sub_(lse).exp_()                                  # softmax, in place
+            probs = logits.sub_(lse).exp_()  # softmax, in place
             probs.scatter_add_(1, target, probs.new_full(target.shape, -1.0))
             probs.mul_(w[:, None])
             grad[part] = (probs.to(weight.dtype) @ weight).to(rows.dtype)

@@ -10,6 +10,7 @@ target's frozen lm_head, shared (``MedusaHeads.share_vocab_projection``): on CPU
 then cost one matrix product with one weight at inference, instead of one vocabulary-
 sized weight each, and training never updates a vocabulary-sized matrix.
 """
+
 from __future__ import annotations
 
 import time
@@ -33,7 +34,7 @@ EVAL_CHUNK_POSITIONS = 96
 class MedusaOptions:
     num_heads: int = 5
     num_layers: int = 1
-    max_new_tokens: int = 256      # answer length (tokens) per calibration prompt
+    max_new_tokens: int = 256  # answer length (tokens) per calibration prompt
     # Measured on SmolLM2-135M (60 MT-bench answers, held-back top-1 of head 0): 3 epochs
     # 0.195, 6 epochs 0.217, 10 epochs 0.216; more answers helped more (30 prompts: 0.153).
     epochs: int = 6
@@ -56,11 +57,11 @@ class HeadData:
     """Training or test pairs: each hidden state with the token every head should give."""
 
     features: torch.Tensor  # [N, H] float32
-    labels: torch.Tensor    # [N, K] int64; labels[:, k] = token k + 2 ahead, or IGNORE
-    tokens: int             # answer tokens these came from
+    labels: torch.Tensor  # [N, K] int64; labels[:, k] = token k + 2 ahead, or IGNORE
+    tokens: int  # answer tokens these came from
 
     @classmethod
-    def from_answers(cls, answers: list[Answer], num_heads: int) -> "HeadData":
+    def from_answers(cls, answers: list[Answer], num_heads: int) -> HeadData:
         features, labels = [], []
         for answer in answers:
             count = len(answer.tokens) - 1  # the last token's state predicts nothing here
@@ -72,10 +73,15 @@ class HeadData:
             features.append(answer.hidden[:count])
             labels.append(tokens[index])
         if not features:
-            raise AutotuneError("the target's answers are too short to train heads on "
-                                "(every answer ended after one token): use other prompts")
-        return cls(torch.cat(features).float().clone(), torch.cat(labels),
-                   sum(len(a.tokens) for a in answers))
+            raise AutotuneError(
+                "the target's answers are too short to train heads on "
+                "(every answer ended after one token): use other prompts"
+            )
+        return cls(
+            torch.cat(features).float().clone(),
+            torch.cat(labels),
+            sum(len(a.tokens) for a in answers),
+        )
 
     @property
     def num_heads(self) -> int:
@@ -92,29 +98,32 @@ def heads_loss(feats: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor) 
     feats: [K, B, H] the heads' inputs to the projection; labels: [B, K] (IGNORE allowed);
     weight: [V, H] the shared projection, in the dtype the product should run in. All
     heads' rows go through one matrix product with the one weight."""
-    targets = labels.T                                                      # [K, B]
+    targets = labels.T  # [K, B]
     valid = targets != IGNORE
-    counts = valid.sum(1).clamp(min=1)                                      # [K]
+    counts = valid.sum(1).clamp(min=1)  # [K]
     row_weights = (1.0 / counts.float())[:, None].expand_as(targets)[valid]
     return FrozenProjectionCE.apply(feats[valid], weight, targets[valid], row_weights)
 
 
-def train_heads(heads: MedusaHeads, data: HeadData, options: MedusaOptions,
-                seconds: float | None = None) -> TrainStats:
+def train_heads(
+    heads: MedusaHeads, data: HeadData, options: MedusaOptions, seconds: float | None = None
+) -> TrainStats:
     """AdamW on the residual blocks, minibatches of positions (see ``train_loop``)."""
     if not heads.shares_vocab_projection:
-        raise ValueError("train_heads needs heads sharing the frozen lm_head "
-                         "(call share_vocab_projection first)")
+        raise ValueError(
+            "train_heads needs heads sharing the frozen lm_head (call share_vocab_projection first)"
+        )
     weight = heads.vocab_weights()[0].detach().to(loss_dtype(options.loss_dtype))
-    blocks = [p for head in heads.heads for p in head[:-1].parameters()]
+    blocks = [p for k in range(heads.num_heads) for p in heads.blocks(k).parameters()]
 
     def loss_of(batch: torch.Tensor) -> torch.Tensor:
         return heads_loss(heads.features(data.features[batch]), data.labels[batch], weight)
 
     heads.train()
     try:
-        return train_loop(blocks, options, data.features.shape[0], options.positions_per_step,
-                          seconds, loss_of)
+        return train_loop(
+            blocks, options, data.features.shape[0], options.positions_per_step, seconds, loss_of
+        )
     finally:
         heads.eval()
 
@@ -126,10 +135,10 @@ class HeadScore:
     UNIT: ClassVar[str] = "head"  # what the first column of ``accuracy_table`` counts
 
     head: int
-    offset: int       # tokens ahead of the hidden state it reads (k + 2)
+    offset: int  # tokens ahead of the hidden state it reads (k + 2)
     top1: float
     top5: float
-    positions: int    # pairs it was measured on
+    positions: int  # pairs it was measured on
 
 
 @torch.inference_mode()
@@ -140,14 +149,16 @@ def head_accuracy(heads: MedusaHeads, data: HeadData) -> list[HeadScore]:
     hits5 = torch.zeros(num_heads, dtype=torch.long)
     for start in range(0, data.features.shape[0], EVAL_CHUNK_POSITIONS):
         part = slice(start, start + EVAL_CHUNK_POSITIONS)
-        logits = heads(data.features[part], num_heads)                      # [K, c, V]
-        top = logits.topk(5, dim=-1).indices                                # [K, c, 5]
-        target = data.labels[part, :num_heads].T[..., None]                 # [K, c, 1]
+        logits = heads(data.features[part], num_heads)  # [K, c, V]
+        top = logits.topk(5, dim=-1).indices  # [K, c, 5]
+        target = data.labels[part, :num_heads].T[..., None]  # [K, c, 1]
         hits1 += (top[..., :1] == target).any(-1).sum(-1)
         hits5 += (top == target).any(-1).sum(-1)
     positions = data.positions()[:num_heads]
-    return [HeadScore(k, k + 2, hits1[k].item() / max(n, 1), hits5[k].item() / max(n, 1), n)
-            for k, n in enumerate(positions)]
+    return [
+        HeadScore(k, k + 2, hits1[k].item() / max(n, 1), hits5[k].item() / max(n, 1), n)
+        for k, n in enumerate(positions)
+    ]
 
 
 @dataclass
@@ -156,7 +167,7 @@ class MedusaTrainResult:
     LOSS: ClassVar[str] = "final_loss_sum_over_heads"  # what stats.losses hold
 
     heads: MedusaHeads
-    accuracy: list[HeadScore]   # on the held-back prompts' answers
+    accuracy: list[HeadScore]  # on the held-back prompts' answers
     stats: TrainStats
     train_tokens: int
     held_back_tokens: int
@@ -166,9 +177,14 @@ class MedusaTrainResult:
         return save_medusa_heads(self.heads, folder, base_model=base_model, extra=extra)
 
 
-def train_medusa(target, search: list[list[int]], held_back: list[list[int]],
-                 options: MedusaOptions, started: float | None = None,
-                 followups: list[tuple[str, str]] | None = None) -> MedusaTrainResult:
+def train_medusa(
+    target,
+    search: list[list[int]],
+    held_back: list[list[int]],
+    options: MedusaOptions,
+    started: float | None = None,
+    followups: list[tuple[str, str]] | None = None,
+) -> MedusaTrainResult:
     """Generate answers, train heads on the search prompts' answers, report accuracy on
     the held-back prompts' answers. ``started`` (perf_counter) is when the job began: the
     time budget counts from there. ``followups`` (first turn, second turn), one per search
@@ -178,21 +194,34 @@ def train_medusa(target, search: list[list[int]], held_back: list[list[int]],
     started = began if started is None else started
     model = target.model
     torch.manual_seed(options.seed)
-    train_pairs, held_pairs = answer_prompts(target, search, held_back, options.max_new_tokens,
-                                             options.generation_batch, followups)
+    train_pairs, held_pairs = answer_prompts(
+        target, search, held_back, options.max_new_tokens, options.generation_batch, followups
+    )
     train = HeadData.from_answers([answer for _, answer in train_pairs], options.num_heads)
     held = HeadData.from_answers([answer for _, answer in held_pairs], options.num_heads)
     generated = time.perf_counter()
-    heads = MedusaHeads(model.config.hidden_size, model.config.vocab_size, options.num_heads,
-                        options.num_layers)
+    heads = MedusaHeads(
+        model.config.hidden_size, model.config.vocab_size, options.num_heads, options.num_layers
+    )
     # Train only the residual blocks: the projection stays the frozen base lm_head, shared
     # by every head, so at inference all heads cost one product with one weight on CPU.
     heads.share_vocab_projection(model.lm_head.weight)
-    stats = train_heads(heads, train, options,
-                        training_time(options.time_budget_s, started, generated))
+    stats = train_heads(
+        heads, train, options, training_time(options.time_budget_s, started, generated)
+    )
     trained = time.perf_counter()
     accuracy = head_accuracy(heads, held)
     done = time.perf_counter()
-    return MedusaTrainResult(heads, accuracy, stats, train.tokens, held.tokens,
-                       {"generation": generated - began, "training": trained - generated,
-                        "report": done - trained, "total": done - started})
+    return MedusaTrainResult(
+        heads,
+        accuracy,
+        stats,
+        train.tokens,
+        held.tokens,
+        {
+            "generation": generated - began,
+            "training": trained - generated,
+            "report": done - trained,
+            "total": done - started,
+        },
+    )

@@ -1,5 +1,7 @@
 """Held-back accuracy of trained heads, as a table."""
+
 from __future__ import annotations
+
 
 def accuracy_table(accuracy: list, title: str):
     """Rows of ``HeadScore`` (Medusa: one per head) or of a score type with another
@@ -11,6 +13,11 @@ def accuracy_table(accuracy: list, title: str):
     for name in (unit, "predicts", "top-1", "top-5", "positions"):
         table.add_column(name, justify="right")
     for row in accuracy:
-        table.add_row(str(getattr(row, unit)), f"t+{row.offset}", f"{row.top1:.3f}",
-                      f"{row.top5:.3f}", str(row.positions))
+        table.add_row(
+            str(getattr(row, unit)),
+            f"t+{row.offset}",
+            f"{row.top1:.3f}",
+            f"{row.top5:.3f}",
+            str(row.positions),
+        )
     return table

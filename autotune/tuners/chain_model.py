@@ -3,11 +3,13 @@
 Costs are in units of one single-token target forward, so the estimate is directly a
 speedup over plain greedy decoding.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
+from autotune.engine.decoding import tokens_per_step
 from autotune.measure.costs import LatencyCurve
 from autotune.measure.draft_trace import DraftTrace
 
@@ -20,8 +22,13 @@ class ChainEstimate:
     exit_threshold: float
 
 
-def replay(traces: Sequence[DraftTrace], max_tokens: int, exit_threshold: float,
-           draft_ratio: float, verify_relative: Sequence[float]) -> ChainEstimate:
+def replay(
+    traces: Sequence[DraftTrace],
+    max_tokens: int,
+    exit_threshold: float,
+    draft_ratio: float,
+    verify_relative: Sequence[float],
+) -> ChainEstimate:
     """Replay a static draft-exit policy along each trace.
 
     draft_ratio: cost of one draft forward; verify_relative[n - 1]: cost of verifying
@@ -49,17 +56,24 @@ def replay(traces: Sequence[DraftTrace], max_tokens: int, exit_threshold: float,
             cost += forwards * draft_ratio + verify(drafted + 1)
             t += produced
     speedup = tokens / cost if cost else 0.0
-    return ChainEstimate(speedup, tokens / max(steps, 1), max_tokens, exit_threshold)
+    # the traces hold no prefill token: every token counted came from a step
+    return ChainEstimate(
+        speedup, tokens_per_step(tokens, steps, sequences=0), max_tokens, exit_threshold
+    )
 
 
-def best_static_policy(traces: Sequence[DraftTrace], draft_ratio: float,
-                       verify_relative: Sequence[float], max_tokens_choices: Sequence[int],
-                       threshold_choices: Sequence[float]) -> ChainEstimate:
+def best_static_policy(
+    traces: Sequence[DraftTrace],
+    draft_ratio: float,
+    verify_relative: Sequence[float],
+    max_tokens_choices: Sequence[int],
+    threshold_choices: Sequence[float],
+) -> ChainEstimate:
     """The fastest (max_tokens, exit_threshold) pair on the grid."""
-    best = None
-    for max_tokens in max_tokens_choices:
-        for threshold in (threshold_choices if max_tokens > 1 else [0.0]):
-            estimate = replay(traces, max_tokens, threshold, draft_ratio, verify_relative)
-            if best is None or estimate.speedup > best.speedup:
-                best = estimate
-    return best
+    estimates = [
+        replay(traces, max_tokens, threshold, draft_ratio, verify_relative)
+        for max_tokens in max_tokens_choices
+        for threshold in (threshold_choices if max_tokens > 1 else [0.0])
+    ]
+    # the first of equals wins, as the grid is ordered
+    return max(estimates, key=lambda e: e.speedup)

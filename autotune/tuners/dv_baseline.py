@@ -1,10 +1,11 @@
 """The published way of searching a skip mask (Draft & Verify), for comparison only:
 UCB Bayesian optimisation over 2L continuous variables rounded at 0.5, objective the
 raw draft-and-verify tokens/s on 8 prompts x 32 tokens, with its default draft exit."""
+
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from autotune.drafters.self_spec import DV_DEFAULT_POLICY, LayerSkipDrafter
 from autotune.engine.decoding import decode_speculative
@@ -13,8 +14,8 @@ from autotune.engine.skip import SkipMask
 
 DV_PROMPTS = 8
 DV_TOKENS = 32
-DV_GP_NOISE = 1e-2      # the GP noise its search sets
-DV_UCB_KAPPA = 2.576    # bayes_opt's default UCB exploration weight
+DV_GP_NOISE = 1e-2  # the GP noise its search sets
+DV_UCB_KAPPA = 2.576  # bayes_opt's default UCB exploration weight
 
 
 def tokens_per_second(runner: Runner, skip: SkipMask, prompts: list[list[int]]) -> float:
@@ -27,12 +28,17 @@ def tokens_per_second(runner: Runner, skip: SkipMask, prompts: list[list[int]]) 
     return tokens / (time.perf_counter() - start)
 
 
-def dv_search(runner: Runner, prompts: list[list[int]], trials: int, seed: int = 0,
-              on_trial: Callable[[float], None] | None = None) -> tuple[SkipMask, list[float]]:
+def dv_search(
+    runner: Runner,
+    prompts: list[list[int]],
+    trials: int,
+    seed: int = 0,
+    on_trial: Callable[[float], None] | None = None,
+) -> tuple[SkipMask, list[float]]:
     """Returns the best mask found and the objective of every trial."""
     import skopt
-    from skopt.learning.gaussian_process.kernels import Matern, WhiteKernel
     from skopt.learning import GaussianProcessRegressor
+    from skopt.learning.gaussian_process.kernels import Matern, WhiteKernel
 
     layers = runner.num_layers
     prompts = prompts[:DV_PROMPTS]
@@ -40,8 +46,11 @@ def dv_search(runner: Runner, prompts: list[list[int]], trials: int, seed: int =
     optimizer = skopt.Optimizer(
         [skopt.space.Real(0.0, 1.0)] * (2 * layers),
         base_estimator=GaussianProcessRegressor(kernel=kernel, normalize_y=True),
-        acq_func="LCB", acq_func_kwargs={"kappa": DV_UCB_KAPPA},
-        n_initial_points=min(5, trials), random_state=seed)
+        acq_func="LCB",
+        acq_func_kwargs={"kappa": DV_UCB_KAPPA},
+        n_initial_points=min(5, trials),
+        random_state=seed,
+    )
     best, best_value, values = SkipMask(), -1.0, []
     for _ in range(trials):
         point = optimizer.ask()

@@ -10,66 +10,129 @@ path_accuracy[path] is the measured probability that the whole path is right. Si
 disjoint events (distinct tokens), so a tree's expected number of accepted draft tokens per
 verify step is the sum of path_accuracy over its nodes; one bonus token comes on top.
 """
+
 from __future__ import annotations
 
 import heapq
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence, Union
 
 import numpy as np
 
 from autotune.engine.tree import canonical_order
 
 Path = tuple[int, ...]
-VerifySeconds = Callable[[int], float]          # n_tokens -> seconds of one target forward
-DraftSeconds = Union[float, Callable[[int], float]]  # constant, or tree depth -> seconds
+VerifySeconds = Callable[[int], float]  # n_tokens -> seconds of one target forward
+DraftSeconds = float | Callable[[int], float]  # constant, or tree depth -> seconds
 
 # Medusa's published 63-node tree for Vicuna-7B (`mc_sim_7b_63` in FasterDecoding/Medusa,
 # medusa/model/medusa_choices.py), in its published order.
 MC_SIM_7B_63: tuple[Path, ...] = (
-    (0,), (0, 0), (1,), (0, 1), (2,), (0, 0, 0), (1, 0), (0, 2), (3,), (0, 3), (4,),
-    (0, 4), (2, 0), (0, 5), (0, 0, 1), (5,), (0, 6), (6,), (0, 7), (0, 1, 0), (1, 1),
-    (7,), (0, 8), (0, 0, 2), (3, 0), (0, 9), (8,), (9,), (1, 0, 0), (0, 2, 0), (1, 2),
-    (0, 0, 3), (4, 0), (2, 1), (0, 0, 4), (0, 0, 5), (0, 0, 0, 0), (0, 1, 1), (0, 0, 6),
-    (0, 3, 0), (5, 0), (1, 3), (0, 0, 7), (0, 0, 8), (0, 0, 9), (6, 0), (0, 4, 0), (1, 4),
-    (7, 0), (0, 1, 2), (2, 0, 0), (3, 1), (2, 2), (8, 0), (0, 5, 0), (1, 5), (1, 0, 1),
-    (0, 2, 1), (9, 0), (0, 6, 0), (0, 0, 0, 1), (1, 6), (0, 7, 0),
+    (0,),
+    (0, 0),
+    (1,),
+    (0, 1),
+    (2,),
+    (0, 0, 0),
+    (1, 0),
+    (0, 2),
+    (3,),
+    (0, 3),
+    (4,),
+    (0, 4),
+    (2, 0),
+    (0, 5),
+    (0, 0, 1),
+    (5,),
+    (0, 6),
+    (6,),
+    (0, 7),
+    (0, 1, 0),
+    (1, 1),
+    (7,),
+    (0, 8),
+    (0, 0, 2),
+    (3, 0),
+    (0, 9),
+    (8,),
+    (9,),
+    (1, 0, 0),
+    (0, 2, 0),
+    (1, 2),
+    (0, 0, 3),
+    (4, 0),
+    (2, 1),
+    (0, 0, 4),
+    (0, 0, 5),
+    (0, 0, 0, 0),
+    (0, 1, 1),
+    (0, 0, 6),
+    (0, 3, 0),
+    (5, 0),
+    (1, 3),
+    (0, 0, 7),
+    (0, 0, 8),
+    (0, 0, 9),
+    (6, 0),
+    (0, 4, 0),
+    (1, 4),
+    (7, 0),
+    (0, 1, 2),
+    (2, 0, 0),
+    (3, 1),
+    (2, 2),
+    (8, 0),
+    (0, 5, 0),
+    (1, 5),
+    (1, 0, 1),
+    (0, 2, 1),
+    (9, 0),
+    (0, 6, 0),
+    (0, 0, 0, 1),
+    (1, 6),
+    (0, 7, 0),
 )
 
 
 # ---------------------------------------------------------------------------- tree shape
 
+
 def tree_depth(choices: Iterable[Sequence[int]]) -> int:
     return max((len(path) for path in choices), default=0)
 
 
-def clip_tree(choices: Iterable[Sequence[int]], max_depth: int,
-              max_rank: int | None = None) -> list[Path]:
+def clip_tree(
+    choices: Iterable[Sequence[int]], max_depth: int, max_rank: int | None = None
+) -> list[Path]:
     """Drop paths deeper than max_depth or using a rank >= max_rank; keep the order.
 
     A path is also dropped when one of its prefixes is, so the result is prefix-closed.
     """
     paths = [tuple(path) for path in choices]
     candidates = {
-        path for path in paths
+        path
+        for path in paths
         if len(path) <= max_depth and (max_rank is None or max(path) < max_rank)
     }
-    return [path for path in paths
-            if path in candidates
-            and all(path[:d] in candidates for d in range(1, len(path)))]
+    return [
+        path
+        for path in paths
+        if path in candidates and all(path[:d] in candidates for d in range(1, len(path)))
+    ]
 
 
 # ----------------------------------------------------------------------- Medusa greedy
 
-def expected_accepted(choices: Iterable[Sequence[int]],
-                      path_accuracy: Mapping[Path, float]) -> float:
+
+def expected_accepted(
+    choices: Iterable[Sequence[int]], path_accuracy: Mapping[Path, float]
+) -> float:
     """Expected accepted draft tokens per verify step (the bonus token not counted)."""
     return float(sum(path_accuracy.get(tuple(path), 0.0) for path in choices))
 
 
-def grow_tree(path_accuracy: Mapping[Path, float], max_nodes: int,
-              max_depth: int) -> list[Path]:
+def grow_tree(path_accuracy: Mapping[Path, float], max_nodes: int, max_depth: int) -> list[Path]:
     """Greedy best-first tree; nodes in the order added, so order[:n] is the size-n tree.
 
     Each step adds the most accurate node whose parent is already in the tree. When
@@ -106,8 +169,8 @@ class SizeChoice:
 
     nodes: int
     depth: int
-    expected_tokens_per_step: float   # 1 (bonus) + expected accepted draft tokens
-    seconds_per_step: float           # draft + verify over nodes + 1 tokens
+    expected_tokens_per_step: float  # 1 (bonus) + expected accepted draft tokens
+    seconds_per_step: float  # draft + verify over nodes + 1 tokens
     tokens_per_second: float
     choices: tuple[Path, ...]
 
@@ -116,8 +179,12 @@ def _draft_cost(draft_seconds: DraftSeconds, depth: int) -> float:
     return float(draft_seconds(depth)) if callable(draft_seconds) else float(draft_seconds)
 
 
-def _size_choice(tree: Sequence[Path], accepted: float, verify_seconds: VerifySeconds,
-                 draft_seconds: DraftSeconds) -> SizeChoice:
+def _size_choice(
+    tree: Sequence[Path],
+    accepted: float,
+    verify_seconds: VerifySeconds,
+    draft_seconds: DraftSeconds,
+) -> SizeChoice:
     depth = tree_depth(tree)
     seconds = float(verify_seconds(len(tree) + 1)) + _draft_cost(draft_seconds, depth)
     tokens = 1.0 + accepted
@@ -129,21 +196,34 @@ def _best_first(choices: list[SizeChoice]) -> list[SizeChoice]:
     return sorted(choices, key=lambda c: (-c.tokens_per_second, c.nodes, c.depth))
 
 
-def rank_tree_sizes(order: Sequence[Path], path_accuracy: Mapping[Path, float],
-                    verify_seconds: VerifySeconds, draft_seconds: DraftSeconds = 0.0,
-                    min_nodes: int = 1) -> list[SizeChoice]:
+def rank_tree_sizes(
+    order: Sequence[Path],
+    path_accuracy: Mapping[Path, float],
+    verify_seconds: VerifySeconds,
+    draft_seconds: DraftSeconds = 0.0,
+    min_nodes: int = 1,
+) -> list[SizeChoice]:
     """Every prefix order[:n] (n >= min_nodes) as a SizeChoice, fastest first.
 
     draft_seconds is a constant or a function of the tree depth: heads beyond the tree's
     depth need not be evaluated.
     """
-    return rank_prefixes(order, path_accuracy, verify_seconds,
-                         lambda tree: _draft_cost(draft_seconds, tree_depth(tree)), min_nodes)
+    return rank_prefixes(
+        order,
+        path_accuracy,
+        verify_seconds,
+        lambda tree: _draft_cost(draft_seconds, tree_depth(tree)),
+        min_nodes,
+    )
 
 
-def rank_prefixes(order: Sequence[Path], path_accuracy: Mapping[Path, float],
-                  verify_seconds: VerifySeconds, tree_seconds: Callable[[Sequence[Path]], float],
-                  min_nodes: int = 1) -> list[SizeChoice]:
+def rank_prefixes(
+    order: Sequence[Path],
+    path_accuracy: Mapping[Path, float],
+    verify_seconds: VerifySeconds,
+    tree_seconds: Callable[[Sequence[Path]], float],
+    min_nodes: int = 1,
+) -> list[SizeChoice]:
     """As ``rank_tree_sizes``, with the drafting cost a function of the whole tree."""
     choices = []
     accepted = 0.0
@@ -156,6 +236,7 @@ def rank_prefixes(order: Sequence[Path], path_accuracy: Mapping[Path, float],
 
 
 # ----------------------------------------------------------------------------- Sequoia
+
 
 def positional_acceptance(path_accuracy: Mapping[Path, float], max_rank: int) -> list[float]:
     """acceptance[r]: probability that a node's rank-r child is right, given the node is.
@@ -202,11 +283,12 @@ class _SequoiaTable:
 
     def __init__(self, acceptance: Sequence[float], max_nodes: int, max_depth: int):
         # ranks that can never be accepted would only spend budget
-        self.ranks = sorted((r for r, a in enumerate(acceptance) if a > 0),
-                            key=lambda r: (-acceptance[r], r))
+        self.ranks = sorted(
+            (r for r, a in enumerate(acceptance) if a > 0), key=lambda r: (-acceptance[r], r)
+        )
         accept = [float(acceptance[r]) for r in self.ranks]
         budget = np.arange(max_nodes + 1)
-        remainder = budget[:, None] - budget[None, :]       # [n, s] -> n - s
+        remainder = budget[:, None] - budget[None, :]  # [n, s] -> n - s
         feasible = remainder >= 0
         remainder = np.where(feasible, remainder, 0)
 
@@ -214,7 +296,7 @@ class _SequoiaTable:
         self.take: list[list[np.ndarray]] = [[]]
         for _ in range(max_depth):
             below = self.best[-1]
-            later = np.zeros(max_nodes + 1)   # no more children: the budget may stay unused
+            later = np.zeros(max_nodes + 1)  # no more children: the budget may stay unused
             takes = []
             for a in reversed(accept):
                 # subtree[s]: value of a child subtree of s nodes (the child included)
@@ -252,9 +334,14 @@ def sequoia_tree(acceptance: Sequence[float], max_nodes: int, max_depth: int) ->
     return _SequoiaTable(acceptance, max_nodes, max_depth).tree(max_nodes, max_depth)
 
 
-def sequoia_sizes(acceptance: Sequence[float], max_nodes: int, max_depth: int,
-                  verify_seconds: VerifySeconds, draft_seconds: DraftSeconds = 0.0,
-                  path_accuracy: Mapping[Path, float] | None = None) -> list[SizeChoice]:
+def sequoia_sizes(
+    acceptance: Sequence[float],
+    max_nodes: int,
+    max_depth: int,
+    verify_seconds: VerifySeconds,
+    draft_seconds: DraftSeconds = 0.0,
+    path_accuracy: Mapping[Path, float] | None = None,
+) -> list[SizeChoice]:
     """Sequoia's optimal tree for every size and depth limit, fastest first.
 
     Seconds per step = draft_seconds(depth) + verify_seconds(nodes + 1), as Sequoia picks

@@ -1,0 +1,58 @@
+"""The EAGLE block of a profile, and its conversion to the drafter's tree."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from autotune.drafters.eagle import DynamicTree, StaticTree
+from autotune.methods.cape.settings import CapeSettings
+from autotune.profile.blocks import Block, MethodSettings, canonical_tree
+
+
+class StaticEagleTree(Block):
+    kind: Literal["static"] = "static"
+    choices: list[list[int]]  # paths of ranks, one rank per drafting step
+
+    @field_validator("choices")
+    @classmethod
+    def _tree_is_a_tree(cls, choices):
+        return canonical_tree(choices)
+
+
+class DynamicEagleTree(Block):
+    """EAGLE-2's expansion: verified tokens (root included), expansions, children."""
+
+    kind: Literal["dynamic"] = "dynamic"
+    total_tokens: int = Field(ge=2)
+    depth: int = Field(ge=0)
+    top_k: int = Field(ge=1)
+
+
+TreeBlock = StaticEagleTree | DynamicEagleTree
+
+
+def tree_block(tree: StaticTree | DynamicTree) -> TreeBlock:
+    if isinstance(tree, StaticTree):
+        return StaticEagleTree(choices=[list(p) for p in tree.choices])
+    return DynamicEagleTree(total_tokens=tree.total_tokens, depth=tree.depth, top_k=tree.top_k)
+
+
+def drafting_tree(block: TreeBlock) -> StaticTree | DynamicTree:
+    if isinstance(block, StaticEagleTree):
+        return StaticTree(tuple(tuple(p) for p in block.choices))
+    return DynamicTree(block.total_tokens, block.depth, block.top_k)
+
+
+class EagleSettings(MethodSettings):
+    head: str  # the head folder (upstream EAGLE-1/2 layout)
+    tree: TreeBlock = Field(discriminator="kind")
+    # the draft's lm_head covers the head folder's N most frequent tokens (0: all of them)
+    draft_vocab: int = Field(0, ge=0)
+    cape: CapeSettings | None = None
+    # both tree kinds' winners and their search-split measurements (the faster is `tree`)
+    alternatives: dict = Field(default_factory=dict)
+
+    def drafting_tree(self) -> StaticTree | DynamicTree:
+        return drafting_tree(self.tree)

@@ -1,0 +1,69 @@
+"""Medusa: K extra heads read the target's last hidden state and guess the tokens 2..K+1
+ahead; their top-k guesses fill a token tree verified in one forward. Tuned: the tree
+(which ranks at which depth), its size for this device, the head count, and typical
+acceptance for sampling."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar, cast
+
+from autotune.errors import AutotuneError
+from autotune.methods.base import DraftEnv, Method, TuneContext
+from autotune.methods.medusa.export import CANNOT, EXPORTERS
+from autotune.methods.medusa.settings import MedusaSettings
+from autotune.methods.medusa.space import MedusaSpace
+
+
+class Medusa(Method):
+    name = "medusa"
+    title = "Medusa heads"
+    summary = "extra heads on the target's last hidden state fill a token tree"
+    settings_model: ClassVar = MedusaSettings
+    space_model: ClassVar = MedusaSpace
+    heads = "medusa"
+    exporters: ClassVar = EXPORTERS
+    cannot_export: ClassVar = CANNOT
+
+    def check_heads(self, folder: Path) -> None:
+        if not folder.is_dir() or not any(folder.glob("medusa_lm_head.*")):
+            raise AutotuneError(
+                f"Medusa heads {folder}: no medusa_lm_head.safetensors or .pt "
+                "there; train heads with `autotune heads train --kind medusa`"
+            )
+
+    def tune(self, ctx: TuneContext) -> MedusaSettings:
+        from autotune.methods.medusa.tune import tune
+
+        return tune(ctx)
+
+    def drafter(self, settings: MedusaSettings, env: DraftEnv):
+        from autotune.drafters.medusa import MedusaDrafter
+        from autotune.methods.medusa.trials import load_heads_for
+
+        heads = load_heads_for(env.ref, env.resolve(settings.heads))
+        tree = settings.choices()
+        return lambda: MedusaDrafter(heads, tree)
+
+    def examples(self, model: Any, folder: Path) -> dict[str, MedusaSettings]:
+        import torch
+
+        from autotune.heads.medusa import MedusaHeads, ResBlock, save_medusa_heads
+
+        config = model.config
+        heads = MedusaHeads(config.hidden_size, config.vocab_size, num_heads=3)
+        generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for k in range(heads.num_heads):
+                for block in heads.blocks(k):
+                    cast(ResBlock, block).linear.weight.normal_(std=0.2, generator=generator)
+        heads.share_vocab_projection(model.lm_head.weight)
+        saved = save_medusa_heads(heads, folder / "medusa", "example")
+        tree = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+        return {
+            "tree": MedusaSettings(heads=str(saved), num_heads=3, tree=tree),
+            "chain": MedusaSettings(heads=str(saved), num_heads=2, tree=[[0], [0, 0]]),
+        }
+
+
+ENTRY = Medusa()

@@ -1,0 +1,58 @@
+"""How a method runs one of its studies: named after the model, labelled with what it
+measures, bound to the run's study database, workers and time budget."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from autotune.methods.base import TuneContext
+
+
+def run_method_study(
+    ctx: TuneContext,
+    name: str,
+    space: dict,
+    objective: Callable[[dict], dict],
+    *,
+    trials: int,
+    label: str,
+    objective_text: str,
+    seeds: Sequence[dict] = (),
+    sampler: Any = None,
+    budget: float | None = None,
+    timed: bool = True,
+    attrs: dict | None = None,
+):
+    """Run study ``<model>/<name>`` until it holds ``trials`` finished trials or ``budget``
+    seconds are spent; return the Optuna study."""
+    from autotune.studies.tune import StudySpec, run_study
+
+    ws = ctx.workspace
+    method = name.split("/")[0]
+    spec = StudySpec(
+        name=f"{ws.target.name}/{name}",
+        storage_url=ws.storage,
+        space=space,
+        metric="objective",
+        trials=trials,
+        sampler=sampler,
+        seeds=list(seeds),
+        time_budget_s=budget,
+        timed=timed,
+        threads=ws.hardware["threads"],
+        user_attrs={
+            "model": ws.target.name,
+            "fingerprint": ws.target.fingerprint,
+            "method": method,
+            "objective": objective_text,
+            **(attrs or {}),
+        },
+    )
+    return run_study(spec, objective, label=label, workers=ctx.workers)
+
+
+def completed(study) -> list:
+    import optuna
+
+    return study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
