@@ -30,7 +30,7 @@ def bench_profile(
     encoded = ws.encode(chosen)
     env = DraftEnv(ws.ref, ws.runner, Path(path).resolve().parent)
     makers = {
-        name: registry.method(name).deployed_drafter(block, env)
+        name: registry.method(name).variant(block, env)
         for name, block in profile.method_blocks().items()
     }
     with step("bench: every method against plain greedy", len(encoded) * len(makers)) as advance:

@@ -205,8 +205,8 @@ def faster_with_expansion(
         update={"cape": settings.cape.model_copy(update={"enabled": False})}
     )
     makers = {
-        "without": method.deployed_drafter(plain, env),
-        "with": method.deployed_drafter(settings, env),
+        "without": method.variant(plain, env),
+        "with": method.variant(settings, env),
     }
     prompts = ws.encode(ws.search_prompts()[-space.selection.prompts :])
     with step(
@@ -228,7 +228,7 @@ def measure_held_back(
 
     env = DraftEnv(ws.ref, ws.runner)
     makers = {
-        name: registry.method(name).deployed_drafter(settings, env)
+        name: registry.method(name).variant(settings, env)
         for name, settings in tuned.items()
     }
     if not makers:

@@ -10,6 +10,7 @@ from pathlib import Path
 from autotune import hardware
 from autotune.engine.runner import Runner
 from autotune.measure.costs import LatencyCurve, SublayerCosts
+from autotune.measure.timing import EncodedPrompt
 from autotune.models.loading import Target
 from autotune.models.ref import TargetRef
 from autotune.progress import say, step
@@ -65,8 +66,8 @@ class Workspace:
         """Measured once, for the final choices: the figures reported."""
         return split_prompts(self.prompts)[1]
 
-    def encode(self, prompts: list[Prompt]) -> list[tuple[str, list[int]]]:
-        return [(p.id, self.target.encode_chat(p.text)) for p in prompts]
+    def encode(self, prompts: list[Prompt]) -> list[EncodedPrompt]:
+        return [EncodedPrompt(p.id, self.target.encode_chat(p.text), p.category) for p in prompts]
 
     # Measurements reused between runs: same model, same device, same inputs.
     def cached_measurement(self, kind: str, key: str, build, device_bound: bool = True):
@@ -84,21 +85,21 @@ class Workspace:
             self._cache.put(kind, self.target.fingerprint, hw, key, value)
         return value
 
-    def continuations(self, prompts: list[tuple[str, list[int]]], tokens: int):
+    def continuations(self, prompts: list[EncodedPrompt], tokens: int):
         """The target's greedy continuations: what a drafter must predict."""
         from autotune.engine.decoding import decode_plain
 
         def build():
             out = []
             with step("calibration: greedy continuations", len(prompts)) as advance:
-                for _, ids in prompts:
+                for ids in (p.ids for p in prompts):
                     out.append(decode_plain(self.runner, ids, tokens).tokens)
                     advance()
             return out
 
-        key = _digest([ids for _, ids in prompts], tokens)
+        key = _digest([p.ids for p in prompts], tokens)
         continuations = self.cached_measurement("continuations", key, build, device_bound=False)
-        return [(ids, cont) for (_, ids), cont in zip(prompts, continuations) if len(cont) > 1]
+        return [(p.ids, cont) for p, cont in zip(prompts, continuations) if len(cont) > 1]
 
     def device_costs(self, max_tokens: int = 16) -> tuple[LatencyCurve, SublayerCosts]:
         from autotune.measure.costs import measure_latency_curve, measure_sublayer_costs

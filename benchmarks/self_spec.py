@@ -38,7 +38,7 @@ def main() -> int:
     search_split = ws.encode(ws.search_prompts())
     with step(f"dv_baseline search ({budget} trials)", budget) as advance:
         dv_mask, dv_values = dv_search(
-            ws.runner, [ids for _, ids in search_split], budget, on_trial=lambda _: advance()
+            ws.runner, [p.ids for p in search_split], budget, on_trial=lambda _: advance()
         )
 
     variants = {

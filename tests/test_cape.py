@@ -253,7 +253,7 @@ def test_variants_are_measured_against_one_plain_decoding_per_prompt(
 ):
     """The CAPE benchmark's measurement: every variant shares each prompt's plain run,
     and each variant's own output is checked against it."""
-    from autotune.measure.timing import measure_variants
+    from autotune.measure.timing import EncodedPrompt, measure_variants
 
     runner = Runner(tiny_llama)
     make = dict(drafters(tiny_llama, random_eagle_head))["eagle"]
@@ -261,7 +261,7 @@ def test_variants_are_measured_against_one_plain_decoding_per_prompt(
         "none": lambda: CapeDrafter(make(), NO_EXPANSION),
         "wide": lambda: CapeDrafter(make(), WIDE),
     }
-    prompts = [(str(i), p) for i, p in enumerate(PROMPTS * 2)]
+    prompts = [EncodedPrompt(str(i), p) for i, p in enumerate(PROMPTS * 2)]
     measured = measure_variants(runner, makers, prompts, 12)
     assert set(measured) == {"none", "wide"}
     for a, b in zip(measured["none"].prompts, measured["wide"].prompts):

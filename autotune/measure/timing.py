@@ -1,21 +1,50 @@
-"""Side-by-side wall-clock measurement of a method against plain greedy decoding.
+"""Side-by-side wall-clock measurement of methods against plain greedy decoding.
 
-Both run in this process on the same prompts, interleaved prompt by prompt (the order
-alternates so that neither always runs on a warmer cache), after a warm-up.
+All run in this process on the same prompts, interleaved prompt by prompt: each prompt
+is decoded plainly once and by every method, the order rotating from one prompt to the
+next (with one method: plain then method, then method then plain, ...), so that a drift
+of the machine's speed falls on all of them alike. Every figure reported comes with a
+95% interval from a paired bootstrap over prompts (``measure.stats``), and, when prompts
+carry categories, per category.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from autotune.engine.decoding import DecodeResult, decode_plain, decode_speculative, tokens_per_step
+from autotune.engine.decoding import (
+    DecodeResult,
+    decode_plain,
+    decode_speculative,
+    tokens_per_step,
+)
 from autotune.engine.proposal import Drafter
 from autotune.engine.runner import Runner
 from autotune.engine.sampling import GREEDY, SamplingConfig
+from autotune.measure.stats import CONFIDENCE, Interval, Pairs, bootstrap_interval, look_confidence
 
 WARMUP_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class EncodedPrompt:
+    """A prompt as the model reads it: its id, its token ids (chat template applied) and
+    its workload category, if the prompts file gave one."""
+
+    id: str
+    ids: list[int]
+    category: str | None = None
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A setting to measure: its drafter and, where the setting differs by workload
+    category, another drafter for the prompts of that category."""
+
+    make: Callable[[], Drafter]
+    by_category: Mapping[str, Callable[[], Drafter]] = field(default_factory=dict)
 
 
 @dataclass
@@ -29,11 +58,13 @@ class PromptMeasurement:
     drafted: int
     accepted: int
     lossless: bool | None  # None when sampling: outputs are not expected to match
+    category: str | None = None
 
 
 @dataclass
 class Measurement:
     prompts: list[PromptMeasurement] = field(default_factory=list)
+    looks: int = 1  # planned looks of a sequential measurement: the interval allows for them
 
     def _total(self, name: str) -> float:
         return sum(getattr(p, name) for p in self.prompts)
@@ -65,21 +96,53 @@ class Measurement:
         flags = [p.lossless for p in self.prompts if p.lossless is not None]
         return all(flags) if flags else None
 
-    def summary(self) -> dict:
-        return {
+    def pairs(self) -> Pairs:
+        return Pairs.of(
+            (p.method_seconds, p.method_tokens, p.baseline_seconds, p.baseline_tokens)
+            for p in self.prompts
+        )
+
+    def interval(self, confidence: float = CONFIDENCE) -> Interval:
+        """The speedup's interval at ``confidence``, allowing for the planned looks."""
+        return bootstrap_interval(self.pairs(), look_confidence(confidence, self.looks))
+
+    def categories(self) -> dict[str, Measurement]:
+        """The prompts of each category (only when prompts carry more than one)."""
+        groups: dict[str, list[PromptMeasurement]] = {}
+        for p in self.prompts:
+            if p.category is not None:
+                groups.setdefault(p.category, []).append(p)
+        if len(groups) < 2:
+            return {}
+        return {name: Measurement(rows, self.looks) for name, rows in sorted(groups.items())}
+
+    def summary(self, with_categories: bool = True) -> dict:
+        interval = self.interval() if self.prompts else None
+        out: dict[str, object] = {
             "speedup": round(self.speedup, 4),
+            "speedup_interval": interval.as_list() if interval else None,
+            "interval_confidence": CONFIDENCE,
+            "looks": self.looks,
             "tokens_per_step": round(self.tokens_per_step, 4),
             "acceptance_rate": round(self.acceptance_rate, 4),
             "tokens_per_s": round(self.tokens_per_s, 3),
             "baseline_tokens_per_s": round(self.baseline_tokens_per_s, 3),
             "lossless": self.lossless,
             "prompts": len(self.prompts),
+            "tokens": int(self._total("method_tokens")),
         }
+        categories = self.categories() if with_categories else {}
+        if categories:
+            out["by_category"] = {
+                name: m.summary(with_categories=False) for name, m in categories.items()
+            }
+        return out
 
     def per_prompt(self) -> list[dict]:
         return [
             {
                 "prompt": p.prompt_id,
+                "category": p.category,
                 "tokens_per_s": round(p.method_tokens / max(p.method_seconds, 1e-9), 3),
                 "baseline_tokens_per_s": round(
                     p.baseline_tokens / max(p.baseline_seconds, 1e-9), 3
@@ -92,11 +155,19 @@ class Measurement:
         ]
 
 
+def interval_text(measured: Measurement | dict) -> str:
+    """``1.123x [1.051, 1.194]``: a speedup and its interval, for people."""
+    row = measured.summary(with_categories=False) if isinstance(measured, Measurement) else measured
+    interval = row.get("speedup_interval")
+    bounds = f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else ""
+    return f"{row['speedup']:.3f}x{bounds}"
+
+
 def measure_with_progress(
     label: str,
     runner: Runner,
     make_drafter: Callable[[], Drafter],
-    prompts: list[tuple[str, list[int]]],
+    prompts: Sequence[EncodedPrompt],
     max_new_tokens: int,
     sampling: SamplingConfig = GREEDY,
 ) -> Measurement:
@@ -109,21 +180,15 @@ def measure_with_progress(
         )
 
 
-def _timed(decode: Callable[..., DecodeResult], *args) -> tuple[DecodeResult, float]:
-    start = time.perf_counter()
-    result = decode(*args)
-    return result, time.perf_counter() - start
-
-
 def measure_side_by_side(
     runner: Runner,
     make_drafter: Callable[[], Drafter],
-    prompts: list[tuple[str, list[int]]],
+    prompts: Sequence[EncodedPrompt],
     max_new_tokens: int,
     sampling: SamplingConfig = GREEDY,
     on_prompt: Callable[[PromptMeasurement], None] | None = None,
 ) -> Measurement:
-    """prompts: (id, token ids) pairs, already templated."""
+    """One method against plain greedy decoding."""
     return measure_variants(
         runner, {"method": make_drafter}, prompts, max_new_tokens, sampling, on_prompt
     )["method"]
@@ -131,48 +196,106 @@ def measure_side_by_side(
 
 def measure_variants(
     runner: Runner,
-    makers: Mapping[str, Callable[[], Drafter]],
-    prompts: list[tuple[str, list[int]]],
+    variants: Mapping[str, Variant | Callable[[], Drafter]],
+    prompts: Sequence[EncodedPrompt],
     max_new_tokens: int,
     sampling: SamplingConfig = GREEDY,
     on_prompt: Callable[[PromptMeasurement], None] | None = None,
 ) -> dict[str, Measurement]:
-    """Several methods against plain greedy, interleaved prompt by prompt: each prompt is
-    decoded plainly once and by every method, the order rotating from prompt to prompt,
-    so that a change in the machine's speed falls on all of them alike."""
-    drafters = {name: make() for name, make in makers.items()}
-    warm_ids = prompts[0][1]
-    decode_plain(runner, warm_ids, WARMUP_TOKENS, sampling)
-    for drafter in drafters.values():
-        decode_speculative(runner, drafter, warm_ids, WARMUP_TOKENS, sampling)
-    measurements = {name: Measurement() for name in drafters}
-    names: list[str | None] = [None, *drafters]  # None: plain greedy
-    for index, (prompt_id, ids) in enumerate(prompts):
-        shift = index % len(names)
-        order = names[shift:] + names[:shift]
-        runs: dict[str | None, tuple[DecodeResult, float]] = {}
-        for name in order:
-            if name is None:
-                runs[name] = _timed(decode_plain, runner, ids, max_new_tokens, sampling)
-            else:
-                runs[name] = _timed(
-                    decode_speculative, runner, drafters[name], ids, max_new_tokens, sampling
-                )
-        plain, plain_s = runs[None]
-        for name in drafters:
-            method, method_s = runs[name]
-            row = PromptMeasurement(
-                prompt_id=prompt_id,
-                baseline_tokens=len(plain.tokens),
-                baseline_seconds=plain_s,
-                method_tokens=len(method.tokens),
-                method_seconds=method_s,
-                steps=method.steps,
-                drafted=method.drafted,
-                accepted=method.accepted,
-                lossless=(method.tokens == plain.tokens) if sampling.greedy else None,
+    """Several methods against one plain greedy decoding per prompt, interleaved."""
+    session = SideBySide(runner, variants, max_new_tokens, sampling)
+    session.measure(prompts, on_prompt)
+    return session.measurements
+
+
+class SideBySide:
+    """A measurement that can go on in batches (a sequential measurement looks at the
+    figures between them): the drafters are built and warmed up once, and the order of
+    decoding keeps rotating from batch to batch."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        variants: Mapping[str, Variant | Callable[[], Drafter]],
+        max_new_tokens: int,
+        sampling: SamplingConfig = GREEDY,
+    ):
+        self.runner, self.max_new_tokens, self.sampling = runner, max_new_tokens, sampling
+        self.variants = {
+            name: v if isinstance(v, Variant) else Variant(v) for name, v in variants.items()
+        }
+        self._drafters: dict[tuple[str, str | None], Drafter] = {}
+        self.measurements = {name: Measurement() for name in self.variants}
+        self._measured = 0
+        self._warm = False
+
+    def drafter(self, name: str, category: str | None) -> Drafter:
+        variant = self.variants[name]
+        key = (name, category if category in variant.by_category else None)
+        if key not in self._drafters:
+            make = variant.by_category.get(category or "", variant.make)
+            self._drafters[key] = make()
+        return self._drafters[key]
+
+    def warm_up(self, prompt: EncodedPrompt) -> None:
+        decode_plain(self.runner, prompt.ids, WARMUP_TOKENS, self.sampling)
+        for name in self.variants:
+            decode_speculative(
+                self.runner,
+                self.drafter(name, prompt.category),
+                prompt.ids,
+                WARMUP_TOKENS,
+                self.sampling,
             )
-            measurements[name].prompts.append(row)
-            if on_prompt:
-                on_prompt(row)
-    return measurements
+        self._warm = True
+
+    def measure(
+        self,
+        prompts: Sequence[EncodedPrompt],
+        on_prompt: Callable[[PromptMeasurement], None] | None = None,
+    ) -> None:
+        if prompts and not self._warm:
+            self.warm_up(prompts[0])
+        names: list[str | None] = [None, *self.variants]  # None: plain greedy
+        for prompt in prompts:
+            shift = self._measured % len(names)
+            self._measured += 1
+            runs: dict[str | None, tuple[DecodeResult, float]] = {}
+            for name in names[shift:] + names[:shift]:
+                if name is None:
+                    runs[name] = _timed(
+                        decode_plain, self.runner, prompt.ids, self.max_new_tokens, self.sampling
+                    )
+                else:
+                    runs[name] = _timed(
+                        decode_speculative,
+                        self.runner,
+                        self.drafter(name, prompt.category),
+                        prompt.ids,
+                        self.max_new_tokens,
+                        self.sampling,
+                    )
+            plain, plain_s = runs[None]
+            for name in self.variants:
+                method, method_s = runs[name]
+                row = PromptMeasurement(
+                    prompt_id=prompt.id,
+                    baseline_tokens=len(plain.tokens),
+                    baseline_seconds=plain_s,
+                    method_tokens=len(method.tokens),
+                    method_seconds=method_s,
+                    steps=method.steps,
+                    drafted=method.drafted,
+                    accepted=method.accepted,
+                    lossless=(method.tokens == plain.tokens) if self.sampling.greedy else None,
+                    category=prompt.category,
+                )
+                self.measurements[name].prompts.append(row)
+                if on_prompt:
+                    on_prompt(row)
+
+
+def _timed(decode: Callable[..., DecodeResult], *args) -> tuple[DecodeResult, float]:
+    start = time.perf_counter()
+    result = decode(*args)
+    return result, time.perf_counter() - start

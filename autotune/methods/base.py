@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from autotune.engine.proposal import ChainDrafter, Drafter
     from autotune.engine.runner import Runner
     from autotune.export.base import Exporter
+    from autotune.measure.timing import Variant
     from autotune.models.ref import TargetRef
     from autotune.profile.blocks import MethodSettings
     from autotune.studies.workers import Workers
@@ -121,6 +122,13 @@ class Method(Entry):
         policy = cape.policy()
         base = self.chain_drafter(settings, env, max(policy.expansion), cape.chain_depth)
         return lambda: CapeDrafter(base(), policy)
+
+    def variant(self, settings: Any, env: DraftEnv) -> Variant:
+        """What measuring the settings decodes with: the deployed drafter and, for settings
+        that differ by workload category, one per category (override to give those)."""
+        from autotune.measure.timing import Variant
+
+        return Variant(self.deployed_drafter(settings, env))
 
     def chain_drafter(
         self, settings: Any, env: DraftEnv, ranked_width: int, depth: int | None = None

@@ -9,6 +9,7 @@ from pathlib import Path
 from autotune.drafters.eagle import DynamicTree, EagleDrafter, StaticTree
 from autotune.heads.eagle import DraftProjection, load_draft_vocab
 from autotune.measure.eagle_accuracy import level_seconds
+from autotune.measure.timing import EncodedPrompt
 from autotune.methods.eagle.settings import tree_block
 from autotune.models.ref import TargetRef
 from autotune.process_cache import cached
@@ -82,7 +83,7 @@ class EagleTreeObjective:
     head_dir: str
     kind: str
     path_accuracy: dict  # draft-vocabulary size -> path accuracy
-    prompts: list[tuple[str, list[int]]]
+    prompts: list[EncodedPrompt]
     max_new_tokens: int
 
     def __call__(self, config: dict) -> dict:

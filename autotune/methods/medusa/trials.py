@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.drafters.medusa import MedusaDrafter
+from autotune.measure.timing import EncodedPrompt
 from autotune.models.ref import TargetRef
 from autotune.process_cache import cached
 from autotune.tuners.medusa_tree import grow_tree, positional_acceptance, sequoia_tree
@@ -55,7 +56,7 @@ class MedusaTreeObjective:
     heads_dir: str
     path_accuracy: dict
     max_rank: int
-    prompts: list[tuple[str, list[int]]]
+    prompts: list[EncodedPrompt]
     max_new_tokens: int
 
     def __call__(self, config: dict) -> dict:

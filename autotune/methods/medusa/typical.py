@@ -44,7 +44,8 @@ def typical_statistics(
         emitted[0] += len(path) + 1
 
     steps = produced = 0
-    for _, ids in prompts:
+    for prompt in prompts:
+        ids = prompt.ids
         result = decode_speculative(
             ws.runner,
             MedusaDrafter(heads, tree),

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from autotune.drafters.self_spec import AdaptiveExit, DraftExitPolicy, LayerSkipDrafter
 from autotune.engine.skip import SkipMask
 from autotune.measure.costs import SublayerCosts
+from autotune.measure.timing import EncodedPrompt
 from autotune.methods.self_spec.space import DraftExitSpace, SkipMaskSpace
 from autotune.models.ref import TargetRef
 from autotune.process_cache import cached
@@ -149,7 +150,7 @@ class DraftExitObjective:
 
     target: TargetRef
     skip: SkipMask
-    prompts: list[tuple[str, list[int]]]
+    prompts: list[EncodedPrompt]
     max_new_tokens: int
 
     def __call__(self, config: dict) -> dict:

@@ -1,0 +1,72 @@
+"""Side-by-side measurement: interleaving, per-category drafters, batches, the figures."""
+from __future__ import annotations
+
+import pytest
+
+from autotune.drafters.self_spec import DraftExitPolicy, LayerSkipDrafter
+from autotune.engine.runner import Runner
+from autotune.engine.skip import SkipMask
+from autotune.measure import timing
+from autotune.measure.timing import EncodedPrompt, SideBySide, Variant, measure_variants
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PROMPTS = [EncodedPrompt(f"p{i}", [1, 5 + i, 9, 33], category="ab"[i % 2]) for i in range(8)]
+
+
+def drafter():
+    return LayerSkipDrafter(SkipMask.of(mlp=[3]), DraftExitPolicy(3, 0.0, None))
+
+
+def test_order_alternates_prompt_by_prompt(tiny_llama, monkeypatch):
+    order = []
+    plain, speculative = timing.decode_plain, timing.decode_speculative
+    monkeypatch.setattr(timing, "decode_plain",
+                        lambda *a: order.append("plain") or plain(*a))
+    monkeypatch.setattr(timing, "decode_speculative",
+                        lambda *a: order.append("method") or speculative(*a))
+    session = SideBySide(Runner(tiny_llama), {"m": drafter}, 6)
+    session.measure(PROMPTS[:2])
+    session.measure(PROMPTS[2:4])                 # a second batch goes on rotating
+    timed = order[2:]                             # after the warm-up's two decodes
+    assert timed == ["plain", "method", "method", "plain"] * 2
+    assert len(session.measurements["m"].prompts) == 4
+
+
+def test_each_category_gets_its_own_drafter(tiny_llama):
+    made = []
+
+    def maker(label):
+        def make():
+            made.append(label)
+            return drafter()
+        return make
+
+    variant = Variant(maker("default"), by_category={"b": maker("for b")})
+    measured = measure_variants(Runner(tiny_llama), {"m": variant}, PROMPTS, 6)["m"]
+    assert sorted(made) == ["default", "for b"]   # built once each, reused across prompts
+    assert measured.lossless is True and len(measured.prompts) == len(PROMPTS)
+
+
+def test_summary_carries_the_interval_and_the_categories(tiny_llama):
+    measured = measure_variants(Runner(tiny_llama), {"m": drafter}, PROMPTS, 8)["m"]
+    row = measured.summary()
+    low, high = row["speedup_interval"]
+    assert low <= row["speedup"] <= high
+    assert row["interval_confidence"] == 0.95 and row["looks"] == 1
+    assert row["tokens"] == 8 * len(PROMPTS) and row["prompts"] == 8
+    assert set(row["by_category"]) == {"a", "b"}
+    for name, part in row["by_category"].items():
+        assert part["prompts"] == 4 and "by_category" not in part, name
+    # one category only: no breakdown
+    single = measure_variants(Runner(tiny_llama), {"m": drafter},
+                              [EncodedPrompt(p.id, p.ids, "a") for p in PROMPTS[:3]], 4)["m"]
+    assert "by_category" not in single.summary()
+
+
+def test_more_looks_widen_the_interval(tiny_llama):
+    measured = measure_variants(Runner(tiny_llama), {"m": drafter}, PROMPTS, 8)["m"]
+    one = measured.interval()
+    measured.looks = 6
+    six = measured.interval()
+    assert six.low <= one.low and six.high >= one.high
