@@ -106,6 +106,25 @@ class StudySummary:
         """The best trial's measured speedup (a proxy study's objective is no speedup)."""
         return None if self.best is None else self.best.user_attrs.get("speedup")
 
+    def as_dict(self) -> dict[str, Any]:
+        """What `studies list` shows of it, for programs (`-f json|yaml`)."""
+        best = self.best
+        return {
+            "study": self.name,
+            "model": self.user_attrs.get("model"),
+            "method": self.user_attrs.get("method"),
+            "objective": self.user_attrs.get("objective"),
+            "direction": self.direction,
+            "trials": {
+                state.lower(): self.count(state)
+                for state in ("COMPLETE", "FAIL", "RUNNING", "WAITING", "PRUNED")
+            },
+            "best_value": None if best is None else best.value,
+            "best_trial": None if best is None else best.number,
+            "speedup": self.speedup,
+            "last_update": _iso(self.last_update),
+        }
+
 
 def ranked(trials: list[FrozenTrial], direction: str) -> list[TrialRow]:
     """Trials with a value, best first; then the others by number."""
@@ -514,6 +533,27 @@ def show_lines(
         block = {k: v for k, v in use.block.items() if k != "search"}
         lines += ["  " + line for line in _yaml({use.method: block}).rstrip().splitlines()]
     return lines
+
+
+def show_data(summary: StudySummary, uses: list[ProfileUse], where: str) -> dict[str, Any]:
+    """What `studies show` prints, for programs (`-f json|yaml`)."""
+    best = summary.best
+    return {
+        **summary.as_dict(),
+        "storage": where,
+        "user_attrs": summary.user_attrs,
+        "best": None if best is None else best.as_dict(),
+        "profiles": [
+            {
+                "path": str(use.path),
+                "method": use.method,
+                "recommended": use.recommended,
+                "fingerprint": use.model.get("fingerprint"),
+                "settings": {k: v for k, v in use.block.items() if k != "search"},
+            }
+            for use in uses
+        ],
+    }
 
 
 def _yaml(data: dict) -> str:

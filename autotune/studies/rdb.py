@@ -1,15 +1,21 @@
-"""Optuna's RDB storage as autotune opens it: pickled without the database password,
-and with SQLite set up for more than one writing process. Imports Optuna."""
+"""Optuna's RDB storage as autotune opens it: with Optuna's heartbeat for stale trials
+(``autotune.studies.trials``), pickled without the database password, and with SQLite
+set up for more than one writing process. Imports Optuna."""
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import os
 import time
+import warnings
+from typing import Any
 
 import optuna
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
+from autotune.studies import trials as held
 from autotune.studies.database import created_meanwhile, redact
 
 SQLITE_BUSY_TIMEOUT_S = 60  # SQLite takes one writer at a time: wait for the lock, don't fail
@@ -32,24 +38,46 @@ class RDBStorage(optuna.storages.RDBStorage):
         may take seconds (a GP over many parameters) before ask() returns, and a stale-trial
         scan meanwhile must not take it for one a dead process left behind."""
         if template_trial is None:
-            from autotune.studies import trials as held
-
             template_trial = optuna.trial.create_trial(
                 state=optuna.trial.TrialState.RUNNING,
-                user_attrs={held.OWNER: held.this_process(), held.HEARTBEAT: time.time()},
+                user_attrs={held.OWNER: held.this_process()},
             )
         # Optuna's cached storage, which studies wrap this in, calls this private method
-        return super()._create_new_trial(study_id, template_trial)
+        frozen = super()._create_new_trial(study_id, template_trial)
+        if frozen.state == optuna.trial.TrialState.RUNNING and self.heartbeat_interval:
+            self.record_heartbeat(frozen._trial_id)
+        return frozen
 
     def set_trial_state_values(self, trial_id: int, state, values=None) -> bool:
-        """An enqueued trial taken up here (WAITING -> RUNNING) is owned at once too."""
+        """An enqueued trial taken up here (WAITING -> RUNNING) is owned at once too. Its
+        heartbeat comes first, so that it is never RUNNING without one (a heartbeat of a
+        trial another process takes up instead does no harm)."""
+        running = state == optuna.trial.TrialState.RUNNING
+        if running and self.heartbeat_interval:
+            self.record_heartbeat(trial_id)
         changed = super().set_trial_state_values(trial_id, state, values)
-        if changed and state == optuna.trial.TrialState.RUNNING:
-            from autotune.studies import trials as held
-
+        if changed and running:
             self.set_trial_user_attr(trial_id, held.OWNER, held.this_process())
-            self.set_trial_user_attr(trial_id, held.HEARTBEAT, time.time())
         return changed
+
+    def adopt_unbeaten(self, trial_ids: list[int]) -> None:
+        """A heartbeat now for each of these trials that has never had one (left RUNNING
+        by an older autotune or by another tool): from here on the grace period decides,
+        and a live owner that beats keeps it."""
+        import sqlalchemy as sa
+        from optuna.storages._rdb import models
+
+        if not trial_ids or not self.heartbeat_interval:
+            return
+        beats = models.TrialHeartbeatModel
+        with self.engine.connect() as conn:
+            query = sa.select(beats.trial_id).where(beats.trial_id.in_(trial_ids))
+            have = set(conn.execute(query).scalars())
+        for trial_id in trial_ids:
+            if trial_id not in have:
+                # another process adopting it at the same moment: its row is as good
+                with contextlib.suppress(IntegrityError, optuna.exceptions.StorageInternalError):
+                    self.record_heartbeat(trial_id)
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()
@@ -74,20 +102,41 @@ def _password_back(hidden: str) -> str:
     return hidden
 
 
-def connect(url: str) -> RDBStorage:
-    """Open (and on first use create) the Optuna tables behind ``url``."""
+def connect(
+    url: str, heartbeat_s: int = held.HEARTBEAT_S, grace_s: int = held.GRACE_S
+) -> RDBStorage:
+    """Open (and on first use create) the Optuna tables behind ``url``, with Optuna's
+    heartbeat: ``heartbeat_s`` between beats, ``grace_s`` before a silent trial is stale."""
     kwargs = {}
     if make_url(url).get_backend_name() == "sqlite":
         kwargs = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}}
         _sqlite_wal(url)
+    heartbeat: dict[str, Any] = {
+        "heartbeat_interval": heartbeat_s,
+        "grace_period": grace_s,
+        _CALLBACK_ARGUMENT: held.requeue_stale,
+    }
     for attempt in range(CREATE_TRIES):
         try:
-            return RDBStorage(url, engine_kwargs=kwargs, skip_compatibility_check=False)
+            with warnings.catch_warnings():
+                # the heartbeat arguments are "experimental" to Optuna: not the user's concern
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return RDBStorage(
+                    url, engine_kwargs=kwargs, skip_compatibility_check=False, **heartbeat
+                )
         except (IntegrityError, ProgrammingError, OperationalError) as exc:
             if attempt == CREATE_TRIES - 1 or not created_meanwhile(exc):
                 raise
             time.sleep(0.5 * (attempt + 1))  # and look again
     raise AssertionError("unreachable")
+
+
+# Optuna 4.9 renamed the failed-trial callback; the older name warns from then on
+_CALLBACK_ARGUMENT = (
+    "heartbeat_stale_trial_callback"
+    if "heartbeat_stale_trial_callback" in inspect.signature(optuna.storages.RDBStorage).parameters
+    else "failed_trial_callback"
+)
 
 
 def _sqlite_wal(url: str) -> None:

@@ -93,5 +93,29 @@ class Eagle(Method):
             ),
         }
 
+    def problems(self, settings: EagleSettings, model: Any) -> list[str]:
+        from autotune.methods.eagle.settings import StaticEagleTree
+
+        vocab = model.vocab_size
+        if settings.draft_vocab > vocab:
+            return [
+                f"draft_vocab: {settings.draft_vocab} tokens exceed the model's vocabulary "
+                f"of {vocab}"
+            ]
+        # the head drafts from the draft vocabulary: its ranks and widths live there
+        drafted = settings.draft_vocab or vocab
+        what = "draft vocabulary" if settings.draft_vocab else "vocabulary"
+        tree = settings.tree
+        if isinstance(tree, StaticEagleTree):
+            widest = max(max(path) for path in tree.choices)
+            if widest >= drafted:
+                return [
+                    f"tree.choices: rank {widest} needs a top-{widest + 1} token, but the "
+                    f"{what} has {drafted} tokens"
+                ]
+        elif tree.top_k > drafted:
+            return [f"tree.top_k: {tree.top_k} exceeds the {what} of {drafted} tokens"]
+        return []
+
 
 ENTRY = Eagle()

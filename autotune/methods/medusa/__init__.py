@@ -65,5 +65,15 @@ class Medusa(Method):
             "chain": MedusaSettings(heads=str(saved), num_heads=2, tree=[[0], [0, 0]]),
         }
 
+    def problems(self, settings: MedusaSettings, model: Any) -> list[str]:
+        # depth within num_heads is the schema's check; a rank is a place in the vocabulary
+        widest = max(max(path) for path in settings.tree)
+        if widest >= model.vocab_size:
+            return [
+                f"tree: rank {widest} needs a top-{widest + 1} token, but the model's "
+                f"vocabulary has {model.vocab_size} tokens"
+            ]
+        return []
+
 
 ENTRY = Medusa()
