@@ -4,23 +4,39 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from autotune.errors import ModelNotFoundError
 from autotune.measure.timing import measure_variants
 from autotune.methods import registry
 from autotune.methods.base import DraftEnv
 from autotune.models.ref import TargetRef
+from autotune.profile.blocks import ModelInfo
 from autotune.profile.io import read_profile
 from autotune.progress import say, step
 from autotune.workspace import Workspace
 
 
 def bench_profile(
-    path: Path, prompts: str | None, max_new_tokens: int, model_path: str | None = None
+    path: Path,
+    prompts: str | None,
+    max_new_tokens: int,
+    model_path: str | None = None,
+    dtype: str = "auto",
+    device: str = "auto",
 ) -> dict:
     """Every method of the profile (as deployed: with CAPE where it is enabled) against one
-    plain greedy decoding per prompt, interleaved; keyed by method."""
+    plain greedy decoding per prompt, interleaved; keyed by method, with ``recommended``
+    (the profile's) and ``recommended_holds`` (its interval here clears the profile's
+    margin). ``dtype`` auto: the profile's own."""
+    from autotune.models.loading import placement
+
     profile = read_profile(Path(path))
-    ref = TargetRef.for_user(profile.model.name, model_path or profile.model.path)
-    ws = Workspace.open(ref, prompts or profile.workload.prompts, storage=None, need_storage=False)
+    dtype, device = placement(profile.model.dtype if dtype == "auto" else dtype, device)
+    if model_path is not None:
+        ref = TargetRef.for_user(profile.model.name, model_path, dtype, device)
+    else:
+        ref = TargetRef.for_user(find_model(profile.model), None, dtype, device)
+    prompts_file = prompts or workload_prompts(profile.workload.prompts)
+    ws = Workspace.open(ref, prompts_file, storage=None, need_storage=False)
     if ws.target.fingerprint != profile.model.fingerprint:
         say(
             f"[yellow]warning: model fingerprint {ws.target.fingerprint} differs from the "
@@ -37,4 +53,48 @@ def bench_profile(
         measured = measure_variants(
             ws.runner, makers, encoded, max_new_tokens, on_prompt=lambda _: advance()
         )
-    return {name: {**m.summary(), "per_prompt": m.per_prompt()} for name, m in measured.items()}
+    results: dict[str, object] = {
+        name: {**m.summary(), "per_prompt": m.per_prompt()} for name, m in measured.items()
+    }
+    margin = profile.verdict.margin if profile.verdict is not None else 0.0
+    top = measured.get(profile.recommended)
+    results["recommended"] = profile.recommended
+    results["recommended_holds"] = top is not None and top.interval().above(1.0 + margin)
+    return results
+
+
+def find_model(info: ModelInfo) -> str:
+    """The profile's model on this machine, as a model spec: the first of its alias, its
+    repo id (in the local hub cache) and the path it had when profiled that is here with
+    the profile's fingerprint; else the first that is here at all (bench then warns that
+    the fingerprint differs)."""
+    from autotune.models import fingerprint, resolve_model
+
+    tried = list(dict.fromkeys(s for s in (info.name, info.repo, info.path) if s))
+    present = []
+    for spec in tried:
+        try:
+            resolved = resolve_model(spec)
+        except ModelNotFoundError:
+            continue
+        if fingerprint(resolved) == info.fingerprint:
+            return spec
+        present.append(spec)
+    if present:
+        return present[0]
+    raise ModelNotFoundError(
+        f"the profile's model {info.name} (fingerprint {info.fingerprint}) is not on this "
+        f"machine (looked for {', '.join(tried)}): pass --model-path with its local folder "
+        "or .gguf file"
+    )
+
+
+def workload_prompts(recorded: str) -> str:
+    """The profile's prompts file, or the same file of this installation's autotune when
+    the profile used a packaged one (its recorded path is the profiling machine's)."""
+    from autotune.prompts import packaged_prompt_files
+
+    if Path(recorded).is_file():
+        return recorded
+    same = [f for f in packaged_prompt_files() if f.name == Path(recorded).name]
+    return str(same[0]) if same else recorded

@@ -18,9 +18,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # A decode-sized input (at most this many rows) takes ``_small_linear`` on CPU.
 SMALL_ROWS = 64
+_HALF = (torch.float16, torch.bfloat16)
 
 # How a block multiplies by a weight: ``linear`` (the default) or ``plain_linear``.
 Product = Callable[[torch.Tensor, torch.nn.Linear], torch.Tensor]
@@ -104,7 +106,15 @@ def attend(
     if groups > 1:
         keys = keys.repeat_interleave(groups, dim=1)
         values = values.repeat_interleave(groups, dim=1)
-    out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale)
+    if query.device.type == "cpu" and query.dtype in _HALF:
+        # torch's fused CPU kernel blocks the keys by their count, so in half precision a
+        # token's output can differ in its last bit between a verify pass and a one-token
+        # step, enough to flip a greedy choice: the math kernel (float32 inside) gives
+        # each query the same value either way, so speculative output stays exact
+        with sdpa_kernel(SDPBackend.MATH):
+            out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale)
+    else:
+        out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale)
     batch, _, seq, _ = out.shape
     return out.transpose(1, 2).reshape(batch, seq, -1)
 

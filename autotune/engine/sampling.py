@@ -38,4 +38,6 @@ def probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
-    return int(torch.multinomial(probs, 1, generator=generator))
+    """One token drawn from ``probs`` [V] by ``generator``, on the generator's device (the
+    CPU's: the same seed then draws the same tokens whichever device the model is on)."""
+    return int(torch.multinomial(probs.to(generator.device), 1, generator=generator))

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from autotune.engine.sampling import sample
 from autotune.engine.tree import TreeShape
 
 
@@ -45,9 +46,9 @@ def accept_sampled(
         total = residual.sum()
         # a zero residual means the two distributions agree; then the target's own is exact
         dist = residual / total if total > 0 else target_probs[i]
-        return i, int(torch.multinomial(dist, 1, generator=generator))
+        return i, sample(dist, generator)
     last = len(draft_tokens)
-    return last, int(torch.multinomial(target_probs[last], 1, generator=generator))
+    return last, sample(target_probs[last], generator)
 
 
 # Trees: row 0 of the target's logits/probabilities is the root (the last committed
@@ -103,7 +104,7 @@ def accept_tree_sampled(
             # zero residual: the draft covered the target entirely; keep the target's own
             p = residual / total if total > 0 else p
         else:
-            return path, int(torch.multinomial(p, 1, generator=generator))
+            return path, sample(p, generator)
 
 
 @dataclass(frozen=True)
@@ -142,4 +143,4 @@ def accept_tree_typical(
             if ok[child]:
                 stack.append((child + 1, path + [child]))
     last_row = best[-1] + 1 if best else 0
-    return best, int(torch.multinomial(target_probs[last_row], 1, generator=generator))
+    return best, sample(target_probs[last_row], generator)

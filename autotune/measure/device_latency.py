@@ -16,8 +16,8 @@ class LatencyRequest:
     model_path: str | None = None
     random_weights: bool = False
     max_tokens: int = 16
-    dtype: str = "float32"
-    device: str = "cpu"
+    dtype: str = "auto"  # auto, float32, bfloat16, float16 (autotune.hardware)
+    device: str = "auto"  # auto, cpu, cuda, cuda:N
     repeats: int = DEFAULT_REPEATS
 
 
@@ -44,21 +44,23 @@ def measure_device_latency(request: LatencyRequest) -> DeviceLatency:
     from autotune import hardware
     from autotune.engine.runner import Runner
     from autotune.measure.costs import CONTEXT_TOKENS, measure_latency_curve
+    from autotune.models.loading import placement
     from autotune.progress import step
 
-    _check_device(request.device)
+    dtype, device = placement(request.dtype, request.device)
+    tokens = CONTEXT_TOKENS + request.max_tokens  # the KV cache one curve fills
     if request.random_weights:
         from autotune.models import random_weights_model
 
         if request.model_path is not None:
             raise AutotuneError("--random-weights reads no weights: leave --model-path out")
-        model, name = random_weights_model(request.model, request.dtype, request.device)
+        model, name = random_weights_model(request.model, dtype, device, tokens)
         runner = Runner(model)
     else:
-        from autotune.models.ref import TargetRef
+        from autotune.models import load_target
 
-        ref = TargetRef.for_user(request.model, request.model_path, request.dtype, request.device)
-        name, runner = ref.load().name, ref.runner()
+        target = load_target(request.model, request.model_path, dtype, device, tokens)
+        name, runner = target.name, Runner(target.model)
     label = f"latency: verify curve n = 1..{request.max_tokens}"
     with step(label, request.repeats + 1) as advance:
         curve = measure_latency_curve(runner, request.max_tokens, request.repeats, progress=advance)
@@ -68,22 +70,10 @@ def measure_device_latency(request: LatencyRequest) -> DeviceLatency:
         num_layers=runner.num_layers,
         hidden_size=runner.config.hidden_size,
         dtype=str(runner.dtype).removeprefix("torch."),
-        hardware=hardware.describe(request.device),
+        hardware=hardware.describe(device),
         context_tokens=CONTEXT_TOKENS,
         seconds=curve.seconds,
     )
-
-
-def _check_device(device: str) -> None:
-    import torch
-
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise AutotuneError(
-            f"--device {device}: torch {torch.__version__} sees no CUDA device "
-            "here; use --device cpu, or a CUDA build of torch on a GPU machine"
-        )
-    if not device.startswith(("cpu", "cuda")):
-        raise AutotuneError(f"unknown device '{device}': use cpu or cuda")
 
 
 def latency_heading(result: DeviceLatency) -> str:

@@ -6,7 +6,6 @@ import hashlib
 import importlib.util
 import json
 import logging
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -14,11 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from autotune import hardware
 from autotune.errors import AutotuneError
+from autotune.models import memory
 from autotune.models.chat import encode_chat, encode_conversation, is_vicuna
 from autotune.models.registry import ResolvedModel, fingerprint, resolve_model
+from autotune.paths import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +29,6 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
 }
-_DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
 
 # Config keys that say how a model was saved or loaded, not what it computes.
 _VOLATILE_CONFIG_KEYS = {"transformers_version", "dtype", "torch_dtype"}
@@ -55,10 +56,6 @@ class Target:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("AUTOTUNE_CACHE") or "~/.cache/autotune").expanduser()
-
-
 def converted_gguf_dir(model_fingerprint: str) -> Path:
     """Where the safetensors conversion of a GGUF with this fingerprint is cached: one per
     transformers major release (a tokenizer saved by transformers 5 names a class that 4
@@ -69,12 +66,11 @@ def converted_gguf_dir(model_fingerprint: str) -> Path:
     return cache_root() / "models" / f"{model_fingerprint}-transformers{major}"
 
 
-def _dtype_name(dtype: str | torch.dtype) -> str:
-    name = str(dtype).removeprefix("torch.")
-    name = _DTYPE_ALIASES.get(name, name)
-    if name not in DTYPES:
-        raise AutotuneError(f"unknown dtype '{dtype}': use one of {', '.join(DTYPES)}")
-    return name
+def placement(dtype: str | torch.dtype, device: str) -> tuple[str, str]:
+    """(dtype, device) resolved: ``auto`` chosen for this machine, spellings normalised,
+    a GPU asked for and absent refused (``autotune.hardware``)."""
+    device = hardware.resolve_device(device)
+    return hardware.resolve_dtype(str(dtype), device), device
 
 
 def _drop_quantizer(model: Any) -> None:
@@ -134,11 +130,27 @@ def _architecture(model: Any) -> str:
     return archs[0] if archs else type(model).__name__
 
 
+def quiet_transformers() -> None:
+    """autotune shows one progress display of its own: transformers' loading bars and
+    advice (meant for its own users) would come between its lines."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
 def load_target(
-    spec: str, model_path: str | None = None, dtype: str = "float32", device: str = "cpu"
+    spec: str,
+    model_path: str | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    tokens: int | None = None,
 ) -> Target:
-    """Resolve `spec`, load its weights and tokenizer locally (never downloads)."""
-    dtype_name = _dtype_name(dtype)
+    """Resolve `spec`, check it fits on the device (its KV cache sized for ``tokens``),
+    load its weights and tokenizer locally (never downloads). ``dtype`` and ``device``
+    may be ``auto``."""
+    quiet_transformers()
+    dtype_name, device = placement(dtype, device)
     resolved = resolve_model(spec, model_path)
     model_fingerprint = fingerprint(resolved)
     folder = resolved.path
@@ -146,8 +158,15 @@ def load_target(
         folder = _convert_gguf(resolved, model_fingerprint)
     model: Any
     try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+        memory.check_fits(resolved.name, config, dtype_name, device, tokens)
         model = AutoModelForCausalLM.from_pretrained(
-            folder, dtype=DTYPES[dtype_name], attn_implementation="sdpa", local_files_only=True
+            folder,
+            dtype=DTYPES[dtype_name],
+            attn_implementation="sdpa",
+            local_files_only=True,
+            # straight onto the GPU, tensor by tensor: the whole model never sits in RAM
+            device_map=device if device.startswith("cuda") else None,
         )
         tokenizer = _load_tokenizer(folder)
     except (OSError, ValueError) as e:
@@ -198,15 +217,18 @@ def target_from_model(model: Any, tokenizer: Any, name: str) -> Target:
     )
 
 
-def random_weights_model(spec: str, dtype: str = "float32", device: str = "cpu") -> tuple[Any, str]:
+def random_weights_model(
+    spec: str, dtype: str = "float32", device: str = "cpu", tokens: int | None = None
+) -> tuple[Any, str]:
     """(model, name): the architecture of ``spec`` with random weights and no tokenizer, for
     timing a device before the weights are on it. ``spec`` is an alias with registered
-    shapes, or a model folder of which only config.json is read."""
-    from transformers import AutoConfig, LlamaConfig
+    shapes, or a model folder of which only config.json is read. Checked to fit first,
+    its KV cache sized for ``tokens``."""
+    from transformers import LlamaConfig
 
     from autotune.models.registry import ARCHITECTURES
 
-    dtype_name = _dtype_name(dtype)
+    dtype_name, device = placement(dtype, device)
     if spec in ARCHITECTURES:
         config, name = LlamaConfig(**ARCHITECTURES[spec].llama_config()), spec
     elif (Path(spec).expanduser() / "config.json").is_file():
@@ -224,6 +246,7 @@ def random_weights_model(spec: str, dtype: str = "float32", device: str = "cpu")
             f"--random-weights needs an alias whose shapes are known "
             f"({', '.join(ARCHITECTURES)}) or a model folder with config.json; '{spec}' is neither"
         )
+    memory.check_fits(name, config, dtype_name, device, tokens)
     # Built in place on the device, in the dtype: a 13B model never exists in float32 on the CPU.
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(

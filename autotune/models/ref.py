@@ -18,21 +18,28 @@ class TargetRef:
 
     @classmethod
     def for_user(
-        cls, spec: str, model_path: str | None = None, dtype: str = "float32", device: str = "cpu"
+        cls, spec: str, model_path: str | None = None, dtype: str = "auto", device: str = "auto"
     ) -> TargetRef:
-        """Paths made absolute: Ray runs each trial in a working folder of its own."""
+        """Paths made absolute: Ray runs each trial in a working folder of its own. Device
+        and dtype resolved here, once, in the main process (``auto`` chosen for this
+        machine, a missing GPU refused): every worker then loads the same dtype."""
+        from autotune.models.loading import placement
 
         def absolute(path: str | None) -> str | None:
             return os.path.abspath(path) if path and os.path.exists(path) else path
 
+        dtype, device = placement(dtype, device)
         return cls(absolute(spec) or spec, absolute(model_path), dtype, device)
 
     def load(self):
+        from autotune.hardware import process_device
         from autotune.models import load_target
 
+        # a Ray trial loads on the GPU it reserved, not the main process's index
+        device = process_device(self.device)
         return cached(
             ("target", self),
-            lambda: load_target(self.spec, self.model_path, self.dtype, self.device),
+            lambda: load_target(self.spec, self.model_path, self.dtype, device),
         )
 
     def runner(self):

@@ -1,7 +1,8 @@
-"""Turn a model spec (alias, folder, .gguf) into a local path, and fingerprint it.
+"""Turn a model spec (alias, folder, .gguf, Hugging Face repo id) into a local path, and
+fingerprint it.
 
-Nothing here loads weights or touches the network: an alias whose weights are not on
-this machine is an error that says where we looked and how to point at the weights.
+Nothing here loads weights or touches the network: an alias or repo id whose weights are
+not on this machine is an error that says where we looked and how to fetch them.
 """
 
 from __future__ import annotations
@@ -9,12 +10,12 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from autotune.errors import ModelNotFoundError
+from autotune.models.hub import download_hint, hub_cache, is_repo_id, repo_folder, snapshot_in
 
 ALIASES: dict[str, str] = {
     "vicuna-7b": "lmsys/vicuna-7b-v1.3",
@@ -80,7 +81,7 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 @dataclass(frozen=True)
 class ResolvedModel:
-    name: str  # alias or lowercased folder/file stem; used in profile file names
+    name: str  # alias or lowercased folder/file/repo name; used in profile file names
     source: str  # Hugging Face repo id, or the path as given
     path: Path  # folder with config.json + weights, or a .gguf file
     kind: ModelKind
@@ -88,36 +89,20 @@ class ResolvedModel:
 
 def hf_hub_cache() -> Path:
     """The Hugging Face hub cache, read from the environment at call time (tests patch it)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    return Path.home() / ".cache" / "huggingface" / "hub"
+    return hub_cache()
 
 
-def _snapshot_in(repo_dir: Path) -> Path | None:
-    """The snapshot folder of a hub-cache repo: the `refs/main` revision, else the newest."""
-    snapshots = repo_dir / "snapshots"
-    ref = repo_dir / "refs" / "main"
-    if ref.is_file():
-        candidate = snapshots / ref.read_text().strip()
-        if (candidate / "config.json").is_file():
-            return candidate
-    if not snapshots.is_dir():
-        return None
-    found = [d for d in snapshots.iterdir() if (d / "config.json").is_file()]
-    return max(found, key=lambda d: d.stat().st_mtime) if found else None
-
-
-def _from_hub_cache(alias: str, repo_id: str) -> ResolvedModel:
-    repo_dir = hf_hub_cache() / ("models--" + repo_id.replace("/", "--"))
-    snapshot = _snapshot_in(repo_dir)
+def _from_hub_cache(name: str, repo_id: str) -> ResolvedModel:
+    snapshot = snapshot_in(repo_folder(repo_id))
     if snapshot is None:
+        alias = name in ALIASES
         raise ModelNotFoundError(
-            f"weights of '{alias}' ({repo_id}) not found in {repo_dir}: "
-            f"download them there, or pass --model-path DIR (a local model folder)"
+            f"{f'{name!r} ({repo_id})' if alias else repo_id} is not downloaded: no snapshot "
+            f"with config.json in {repo_folder(repo_id)}; autotune never downloads: fetch it "
+            f"with {download_hint(repo_id)}, or "
+            + ("pass --model-path DIR (a local model folder)" if alias else "name a local folder")
         )
-    return ResolvedModel(alias, repo_id, snapshot, "folder")
+    return ResolvedModel(name, repo_id, snapshot, "folder")
 
 
 def _embedded() -> ResolvedModel:
@@ -146,14 +131,15 @@ def _local(path: Path, as_given: str, name: str | None = None) -> ResolvedModel 
     if path.is_file() and path.suffix.lower() == ".gguf":
         return ResolvedModel(name or _local_name(path), as_given, path.resolve(), "gguf")
     if path.is_dir():
-        folder = path if (path / "config.json").is_file() else _snapshot_in(path)
+        folder = path if (path / "config.json").is_file() else snapshot_in(path)
         if folder is not None:
             return ResolvedModel(name or _local_name(folder), as_given, folder.resolve(), "folder")
     return None
 
 
 def resolve_model(spec: str, model_path: str | None = None) -> ResolvedModel:
-    """Find the local weights for `spec` (an alias, model folder or .gguf file); loads nothing."""
+    """Find the local weights for `spec` (an alias, model folder, .gguf file or a Hugging
+    Face repo id in the local hub cache); loads nothing, downloads nothing."""
     if model_path is not None:
         name = spec if spec in ALIASES else None
         found = _local(Path(model_path), model_path, name)
@@ -173,9 +159,11 @@ def resolve_model(spec: str, model_path: str | None = None) -> ResolvedModel:
         return _embedded()
     if spec in ALIASES:
         return _from_hub_cache(spec, ALIASES[spec])
+    if is_repo_id(spec):
+        return _from_hub_cache(spec.split("/")[1].lower(), spec)
     raise ModelNotFoundError(
-        f"unknown model '{spec}': use one of {', '.join(ALIASES)}, "
-        f"a local model folder or a .gguf file"
+        f"unknown model '{spec}': use one of {', '.join(ALIASES)}, a local model folder, "
+        f"a .gguf file or a Hugging Face repo id (org/name) downloaded to {hub_cache()}"
     )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autotune.errors import AutotuneError
+
 
 @dataclass(frozen=True)
 class Workers:
@@ -41,6 +43,31 @@ def trial_resources(workers: Workers, timed: bool, nodes: list[dict]) -> tuple[d
     cpus = min(cpus, largest)
     capacity = sum(int(n.get("CPU", 0.0) // cpus) for n in nodes) if cpus else workers.count
     if gpus:
-        capacity = min(capacity, sum(int(n.get("GPU", 0.0) // gpus) for n in nodes))
+        on_gpus = sum(int(n.get("GPU", 0.0) // gpus) for n in nodes)
+        capacity = min(capacity, on_gpus)
+        if on_gpus == 0:  # Ray would wait for a GPU that never comes
+            most = max((n.get("GPU", 0.0) for n in nodes), default=0.0)
+            raise AutotuneError(
+                f"--gpus-per-trial {gpus:g}: no node of the Ray cluster has that many GPUs "
+                f"(the most on one node: {most:g}); ask for fewer, or join a cluster with GPUs"
+            )
     resources = {"cpu": cpus, "gpu": gpus} if gpus else {"cpu": cpus}
     return resources, max(1, min(workers.count, capacity))
+
+
+def check_trial_gpus(gpus_per_trial: float, device: str) -> None:
+    """Fail at once when trials would reserve GPUs the model does not run on: on a machine
+    without one, a local Ray instance would otherwise wait for them for minutes."""
+    if gpus_per_trial <= 0 or device.startswith("cuda"):
+        return
+    from autotune.hardware import cuda_count
+
+    if cuda_count() == 0:
+        raise AutotuneError(
+            f"--gpus-per-trial {gpus_per_trial:g}: torch sees no CUDA GPU on this machine; "
+            "leave --gpus-per-trial out (trials then run on the CPU), or run on a GPU machine"
+        )
+    raise AutotuneError(
+        f"--gpus-per-trial {gpus_per_trial:g} reserves GPUs that --device {device} does not "
+        "use: pass --device cuda (or auto), or leave --gpus-per-trial out"
+    )
