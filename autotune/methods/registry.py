@@ -22,6 +22,8 @@ BUILTIN = (
     "self_spec",
     "medusa",
     "eagle",
+    "ngram",
+    "glide",
     "cape",
 )
 

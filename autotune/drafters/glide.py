@@ -1,0 +1,133 @@
+"""GLIDE drafting: a small decoder that reads the target's KV cache drafts a chain.
+
+The target's cache at a proposal holds every committed token but the root (the last
+token, the bonus of the last verification): the draft reads it as it stands, a little
+stale, and never waits for the root's keys. Each proposal first runs the draft over the
+tokens committed since the last one (its own KV cache then holds every committed token,
+the root included), then drafts one token a step, each step reading the same target
+cache. Drafting ends after ``max_tokens`` or at the first later step whose confidence (top-1
+probability) is below the exit threshold, as the layer-skip drafter's rule does (that
+step's forward is spent).
+
+Which target positions a draft row sees is one rule, so that a proposal depends only on
+the committed tokens: row i sees the target's positions below min(i, p) for a root at p
+(and always position 0). Measurement (``measure.glide_accuracy``) replays exactly this.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from autotune.drafters.self_spec import DraftExitPolicy, ExitThreshold
+from autotune.engine.kvcache import KVCache
+from autotune.engine.proposal import ChainDrafter, Draft, DraftContext, VerifyResult
+from autotune.engine.sampling import probabilities, sample
+from autotune.heads.eagle import DraftProjection
+from autotune.heads.glide import GlideDraft, stale_visibility
+
+
+class GlideDrafter(ChainDrafter):
+    """``projection``: the lm_head over a draft vocabulary (default: the draft's whole
+    lm_head, the target's when shared). ``ranked_width`` > 0: drafts carry each step's
+    top tokens and probabilities (for CAPE)."""
+
+    def __init__(
+        self,
+        draft: GlideDraft,
+        policy: DraftExitPolicy,
+        projection: DraftProjection | None = None,
+        ranked_width: int = 0,
+    ):
+        self.draft, self.policy, self.projection = draft, policy, projection
+        self.ranked_width = ranked_width
+        self.max_draft_tokens = policy.max_tokens
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache: KVCache | None = None
+        self.committed = 0  # positions in the draft's cache that the target confirmed
+        self.exit = ExitThreshold(self.policy)
+        self._hit_max = False
+
+    def propose(self, context: DraftContext) -> Draft:
+        runner = context.runner
+        embed, lm_head = self.draft.vocabulary(runner)
+        if self.projection is None:
+            self.projection = DraftProjection(lm_head)
+        limit = max(1, min(self.policy.max_tokens, context.max_tokens - 1))
+        with torch.inference_mode():
+            target_kv = self.draft.read_target(context.cache, context.position)
+            hidden = self._commit(context, embed, target_kv)
+            tokens: list[int] = []
+            dists: list[torch.Tensor] = []
+            for step in range(limit):
+                if step > 0:  # the previous token, one position on, same target cache
+                    position = torch.tensor([[context.position + step]], device=runner.device)
+                    ids = torch.tensor([[tokens[-1]]], device=runner.device)
+                    hidden = self.draft(embed(ids), position, target_kv, None, self.cache)[0]
+                token, probs = self._pick(hidden[-1], context)
+                if step > 0 and float(probs.max()) < self.exit.value:
+                    break
+                tokens.append(token)
+                dists.append(probs)
+        self._hit_max = len(tokens) == limit
+        return self._draft(tokens, dists, context)
+
+    def observe(self, result: VerifyResult) -> None:
+        self.exit.update(result.num_drafted, result.num_accepted, self._hit_max)
+
+    def _commit(self, context: DraftContext, embed, target_kv) -> torch.Tensor:
+        """Run the draft over the tokens committed since the last proposal, root last;
+        return its hidden states (the last row drafts the first token)."""
+        device, position = context.runner.device, context.position
+        if self.cache is None or self.committed > position:
+            self.cache = self.draft.new_cache(capacity=position + context.max_tokens + 64)
+            self.committed = 0
+        self.cache.crop(self.committed)  # drafted entries of the last proposal
+        new = context.history[self.committed : position + 1]
+        if len(new) != position + 1 - self.committed:
+            raise RuntimeError("GLIDE drafting needs the whole token history")
+        positions = torch.arange(self.committed, position + 1, device=device)
+        cross = stale_visibility(positions.clamp(max=position), position)
+        hidden = self.draft(
+            embed(torch.tensor([new], device=device)),
+            positions[None],
+            target_kv,
+            cross[None, None],
+            self.cache,
+        )[0]
+        self.committed = position + 1
+        return hidden
+
+    def _pick(self, hidden: torch.Tensor, context: DraftContext) -> tuple[int, torch.Tensor]:
+        """The step's token and its distribution over the draft vocabulary."""
+        assert self.projection is not None
+        logits = self.projection(hidden[None])[0].float()
+        if context.sampling.greedy:
+            probs = logits.softmax(-1)
+            index = int(probs.argmax())
+        else:
+            probs = probabilities(logits, context.sampling)
+            index = sample(probs, context.generator)
+        return int(self.projection.tokens(torch.tensor(index))), probs
+
+    def _draft(self, tokens: list[int], dists: list[torch.Tensor], context: DraftContext) -> Draft:
+        assert self.projection is not None
+        stacked = torch.stack(dists)
+        draft = Draft(tokens=tokens)
+        if not context.sampling.greedy:
+            draft.draft_probs = self._full_vocabulary(stacked, context)
+        if self.ranked_width:
+            ranked = stacked.topk(min(self.ranked_width, stacked.shape[-1]), dim=-1)
+            draft.ranked_tokens = self.projection.tokens(ranked.indices)
+            draft.ranked_probs = ranked.values
+        return draft
+
+    def _full_vocabulary(self, probs: torch.Tensor, context: DraftContext) -> torch.Tensor:
+        """[k, V] over the target's vocabulary: what speculative sampling compares."""
+        assert self.projection is not None
+        if self.projection.ids is None:
+            return probs
+        full = probs.new_zeros(len(probs), context.runner.config.vocab_size)
+        full[:, self.projection.ids] = probs
+        return full

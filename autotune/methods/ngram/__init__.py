@@ -1,0 +1,90 @@
+"""Draft-free speculation: the draft is copied from the prompt and the output so far
+(prompt lookup, several matches merged into a token tree; or suffix decoding, a
+frequency-weighted tree after the longest match). Tuned on measured speed: the kind,
+the match lengths, the draft depth, the number of candidates and the tree size, and,
+where it measures clearly faster, a setting of its own per workload category."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, ClassVar
+
+from autotune.methods.base import DraftEnv, Method, TuneContext
+from autotune.methods.ngram.export import CANNOT, EXPORTERS
+from autotune.methods.ngram.settings import NgramLookup, NgramSettings, SuffixLookup
+from autotune.methods.ngram.space import NgramSpace
+
+
+class Ngram(Method):
+    name = "ngram"
+    title = "n-gram lookup (draft-free)"
+    summary = (
+        "drafts by copying what followed earlier occurrences of the last tokens (prompt "
+        "lookup trees, suffix decoding); needs no trained weights"
+    )
+    settings_model: ClassVar = NgramSettings
+    space_model: ClassVar = NgramSpace
+    chain = False
+    exporters: ClassVar = EXPORTERS
+    cannot_export: ClassVar = CANNOT
+
+    def tune(self, ctx: TuneContext) -> NgramSettings:
+        from autotune.methods.ngram.tune import tune
+
+        return tune(ctx)
+
+    def drafter(self, settings: NgramSettings, env: DraftEnv):
+        from autotune.drafters.ngram import NgramDrafter
+
+        return functools.partial(NgramDrafter, settings.config())
+
+    def variant(self, settings: NgramSettings, env: DraftEnv):
+        """The global setting, and each category's own where the profile keeps one."""
+        from autotune.drafters.ngram import NgramDrafter
+        from autotune.measure.timing import Variant
+
+        return Variant(
+            self.drafter(settings, env),
+            {
+                category: functools.partial(NgramDrafter, config)
+                for category, config in settings.category_configs().items()
+            },
+        )
+
+    def examples(self, model: Any, folder: Path) -> dict[str, NgramSettings]:
+        tree = NgramLookup(
+            min_match=1,
+            max_match=3,
+            draft_tokens=5,
+            candidates=3,
+            branch_tokens=2,
+            max_tree_tokens=9,
+            prefer="recent",
+        )
+        chain = NgramLookup(
+            min_match=2,
+            max_match=2,
+            draft_tokens=4,
+            candidates=1,
+            branch_tokens=1,
+            max_tree_tokens=4,
+            prefer="first",
+        )
+        suffix = SuffixLookup(
+            min_match=1,
+            max_match=4,
+            draft_tokens=6,
+            max_tree_tokens=8,
+            tokens_per_match=2.0,
+            min_probability=0.1,
+        )
+        return {
+            "lookup_tree": NgramSettings(draft=tree),
+            "lookup_chain": NgramSettings(draft=chain),
+            "suffix": NgramSettings(draft=suffix),
+            "by_category": NgramSettings(draft=tree, by_category={"copy": suffix}),
+        }
+
+
+ENTRY = Ngram()

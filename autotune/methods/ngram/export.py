@@ -1,0 +1,358 @@
+"""Exports of an n-gram profile to the engines that draft without weights. Option names
+as their sources have them (checked by ``tests/test_ngram_export.py``):
+
+- ``vllm``: ``speculative_config`` of the V1 engine (``vllm/config/speculative.py``):
+  ``method: ngram`` with ``prompt_lookup_min``, ``prompt_lookup_max`` (both 5 when
+  omitted) and ``num_speculative_tokens``; or ``method: suffix`` (needs
+  ``arctic-inference``) with ``suffix_decoding_max_tree_depth`` (the match and the draft
+  together), ``suffix_decoding_max_spec_factor``, ``suffix_decoding_min_token_prob`` and
+  ``suffix_decoding_max_cached_requests``. vLLM verifies one path per step.
+- ``sglang``: ``--speculative-algorithm NGRAM`` with ``--speculative-num-draft-tokens``
+  (the root included), ``--speculative-ngram-{min,max}-match-window-size``,
+  ``--speculative-ngram-{min,max}-bfs-breadth``, ``--speculative-ngram-match-type BFS|PROB``
+  and ``--speculative-ngram-branch-length`` (renamed ``--speculative-ngram-max-trie-depth``
+  in later releases): its cache is a trie of earlier tokens, drafted breadth first.
+- ``hf``: transformers' ``prompt_lookup_num_tokens`` and ``max_matching_ngram_size``
+  (``PromptLookupCandidateGenerator``: sizes from the maximum down to 1, the earliest
+  match, a chain); arguments of ``generate()`` or keys of ``generation_config.json``.
+- ``llamacpp``: ``--spec-type ngram-simple`` (the most recent match of exactly n tokens,
+  m tokens drafted), in both dialects: ``--spec-ngram-size-n/-m`` with ``--draft-max``
+  (docs/speculative.md at commit 067318e), and the per-type
+  ``--spec-ngram-simple-size-n/-m`` of newer builds (llama.cpp PR #22397).
+- ``trtllm``: the LLM API's ``NGramDecodingConfig`` (``decoding_type: NGram``,
+  ``max_draft_len``, ``max_matching_ngram_size``, ``is_keep_all``, ``is_use_oldest``,
+  ``is_public_pool``), PyTorch backend; a chain.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from autotune.drafters.ngram import LookupConfig
+from autotune.drafters.suffix import SuffixConfig
+from autotune.export.base import (
+    JSON_META_KEY,
+    Exporter,
+    Rendered,
+    comment_lines,
+    json_meta,
+    json_text,
+    speculative_config,
+)
+from autotune.methods.ngram.settings import Config, NgramSettings, describe
+from autotune.profile.schema import ProfileBase
+
+
+def _spec(profile: ProfileBase, method: str) -> NgramSettings:
+    return getattr(profile.methods, method)
+
+
+def per_category_warning(title: str, spec: NgramSettings) -> list[str]:
+    """Engines take one setting per server: the per-category ones are said, not dropped."""
+    if not spec.by_category:
+        return []
+    own = "; ".join(f"{c}: {describe(s)}" for c, s in spec.category_configs().items())
+    return [
+        f"{title} takes one setting for every request: the per-category settings of the "
+        f"profile ({own}) are not expressible; this file holds the global setting (serve "
+        f"each of those workloads from a server of its own, exported from its setting, "
+        f"to use them)"
+    ]
+
+
+def chain_warning(title: str, config: Config, length: int) -> list[str]:
+    """What is lost when an engine drafts one continuation where the profile drafts a
+    tree."""
+    if isinstance(config, LookupConfig) and config.candidates == 1:
+        return []
+    what = (
+        f"tree of {config.candidates} continuations"
+        if isinstance(config, LookupConfig)
+        else "a frequency-weighted tree"
+    )
+    return [
+        f"{title} drafts one continuation per step: the profile's {what} (up to "
+        f"{config.max_tree_tokens} tokens) becomes a chain of {length} tokens, so fewer "
+        f"tokens are accepted per step than were measured"
+    ]
+
+
+def suffix_warning(title: str, config: Config, instead: str) -> list[str]:
+    if not isinstance(config, SuffixConfig):
+        return []
+    return [
+        f"{title} has no suffix decoding: the profile's ({describe(config)}) is "
+        f"approximated by {instead}"
+    ]
+
+
+def chain_length(config: Config) -> int:
+    return min(config.draft_tokens, config.max_tree_tokens)
+
+
+# --- vLLM ----------------------------------------------------------------------------------
+
+
+def render_vllm(profile: ProfileBase, method: str) -> Rendered:
+    spec = _spec(profile, method)
+    config = spec.config()
+    if isinstance(config, SuffixConfig):
+        body, warnings, notes = _vllm_suffix(config)
+    else:
+        body, warnings, notes = _vllm_ngram(config)
+    warnings += per_category_warning("vLLM", spec)
+    return speculative_config(VLLM, profile, method, body, warnings, notes, command_line=True)
+
+
+def _vllm_ngram(config: LookupConfig) -> tuple[dict, list[str], list[str]]:
+    warnings = chain_warning("vLLM", config, config.draft_tokens)
+    if config.prefer == "recent":
+        warnings.append(
+            "vLLM drafts after the earliest of the longest matches; the profile prefers "
+            "the most recent one, so vLLM's drafts differ where a match recurs"
+        )
+    body = {
+        "method": "ngram",
+        "num_speculative_tokens": config.draft_tokens,
+        "prompt_lookup_min": config.min_match,
+        "prompt_lookup_max": config.max_match,
+    }
+    return body, warnings, [_no_match_note("vLLM")]
+
+
+def _vllm_suffix(config: SuffixConfig) -> tuple[dict, list[str], list[str]]:
+    warnings = chain_warning("vLLM", config, chain_length(config))
+    if config.min_match > 1:
+        warnings.append(
+            f"vLLM's suffix decoding drafts after matches of any length: min_match "
+            f"{config.min_match} is not expressible"
+        )
+    body = {
+        "method": "suffix",
+        "num_speculative_tokens": chain_length(config),
+        "suffix_decoding_max_tree_depth": config.max_match + config.draft_tokens,
+        "suffix_decoding_max_spec_factor": config.tokens_per_match,
+        "suffix_decoding_min_token_prob": config.min_probability,
+        "suffix_decoding_max_cached_requests": 0,
+    }
+    notes = [
+        "needs Arctic Inference (pip install arctic-inference)",
+        "suffix_decoding_max_cached_requests 0 drafts from each request's own prompt and "
+        "output, as measured; a positive value adds a tree of earlier responses",
+        _no_match_note("vLLM"),
+    ]
+    return body, warnings, notes
+
+
+def _no_match_note(title: str) -> str:
+    return (
+        f"{title} drafts nothing when no match is found (autotune's drafter proposes one "
+        f"guessed token then)"
+    )
+
+
+# --- SGLang --------------------------------------------------------------------------------
+
+
+def render_sglang(profile: ProfileBase, method: str) -> Rendered:
+    spec = _spec(profile, method)
+    config = spec.config()
+    if isinstance(config, LookupConfig):
+        breadth, match_type = config.candidates, "BFS"
+    else:
+        # PROB ranks every branch by frequency: no breadth cap beyond the tree's size
+        breadth, match_type = config.max_tree_tokens, "PROB"
+    flags = [
+        ("--speculative-algorithm", "NGRAM"),
+        ("--speculative-num-draft-tokens", config.max_tree_tokens + 1),
+        ("--speculative-ngram-min-match-window-size", config.min_match),
+        ("--speculative-ngram-max-match-window-size", config.max_match),
+        ("--speculative-ngram-min-bfs-breadth", 1),
+        ("--speculative-ngram-max-bfs-breadth", breadth),
+        ("--speculative-ngram-match-type", match_type),
+        ("--speculative-ngram-branch-length", config.max_match + config.draft_tokens),
+    ]
+    warnings = [
+        "SGLang drafts from a trie of the tokens its requests produced (a cache shared "
+        "across requests), breadth first, with a breadth that narrows as the match grows: "
+        "the profile's tree shape is approximated by its size, match window, breadth and "
+        "depth"
+    ]
+    if isinstance(config, SuffixConfig):
+        warnings.append(
+            f"SGLang's PROB match type ranks branches by frequency like suffix decoding, "
+            f"but has no tree size per matched token (tokens_per_match "
+            f"{config.tokens_per_match}) nor probability floor (min_probability "
+            f"{config.min_probability}); its breadth is the tree's size"
+        )
+    warnings += per_category_warning("SGLang", spec)
+    notes = [
+        "append these flags to: python -m sglang.launch_server --model-path MODEL",
+        "--speculative-num-draft-tokens counts the last verified token too",
+        "later releases renamed --speculative-ngram-branch-length to "
+        "--speculative-ngram-max-trie-depth",
+    ]
+    lines = comment_lines(SGLANG, profile, method, warnings, notes)
+    body = [f"{flag} {shlex.quote(str(value))}" for flag, value in flags]
+    lines += [line + " \\" for line in body[:-1]] + body[-1:]
+    return Rendered("\n".join(lines) + "\n", warnings)
+
+
+# --- transformers --------------------------------------------------------------------------
+
+
+def hf_settings(config: Config) -> dict:
+    """transformers' prompt-lookup keys for a setting."""
+    return {
+        "prompt_lookup_num_tokens": chain_length(config),
+        "max_matching_ngram_size": config.max_match,
+    }
+
+
+def render_hf(profile: ProfileBase, method: str) -> Rendered:
+    spec = _spec(profile, method)
+    config = spec.config()
+    length = chain_length(config)
+    warnings = suffix_warning(
+        "transformers",
+        config,
+        f"prompt lookup of {length} tokens after n-grams of up to {config.max_match}",
+    )
+    warnings += chain_warning("transformers", config, length)
+    if config.min_match > 1:
+        warnings.append(
+            f"transformers tries n-gram sizes from max_matching_ngram_size down to 1: "
+            f"min_match {config.min_match} is not expressible (it also drafts after "
+            f"shorter matches)"
+        )
+    if isinstance(config, LookupConfig) and config.prefer == "recent":
+        warnings.append(
+            "transformers drafts after the earliest match; the profile prefers the most "
+            "recent one, so its drafts differ where a match recurs"
+        )
+    warnings += per_category_warning("transformers", spec)
+    notes = [
+        "pass these keys to generate() (model.generate(ids, **settings)), or merge them "
+        "into the model folder's generation_config.json",
+        "transformers stops a draft at the end of the text and drafts nothing without a "
+        "match (autotune's drafter continues a repeating span, and guesses one token)",
+    ]
+    fragment = {
+        **hf_settings(config),
+        JSON_META_KEY: json_meta(HF, profile, method, warnings, notes),
+    }
+    return Rendered(json_text(fragment), warnings)
+
+
+# --- llama.cpp -----------------------------------------------------------------------------
+
+SHARED_FLAGS = ("--spec-ngram-size-n", "--spec-ngram-size-m")
+PER_TYPE_FLAGS = ("--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m")
+
+
+def render_llamacpp(profile: ProfileBase, method: str) -> Rendered:
+    spec = _spec(profile, method)
+    config = spec.config()
+    size_n, size_m = config.max_match, chain_length(config)
+    warnings = suffix_warning(
+        "llama.cpp", config, f"ngram-simple: the most recent match of {size_n} tokens"
+    )
+    warnings += chain_warning("llama.cpp", config, size_m)
+    if config.min_match < config.max_match:
+        warnings.append(
+            f"ngram-simple matches exactly n tokens: n is the profile's max_match "
+            f"({size_n}); after shorter matches (down to min_match {config.min_match}) it "
+            f"drafts nothing"
+        )
+    if isinstance(config, LookupConfig) and config.prefer == "first":
+        warnings.append(
+            "ngram-simple drafts after the most recent match; the profile prefers the "
+            "earliest one, so its drafts differ where a match recurs"
+        )
+    warnings += per_category_warning("llama.cpp", spec)
+    lines = comment_lines(LLAMACPP, profile, method, warnings, [_no_match_note("llama.cpp")])
+    lines.append("# builds with the shared n-gram flags (docs/speculative.md at 067318e):")
+    lines.append(
+        f"--spec-type ngram-simple {SHARED_FLAGS[0]} {size_n} {SHARED_FLAGS[1]} {size_m} "
+        f"--draft-max {size_m}"
+    )
+    lines.append("# builds with per-type n-gram flags (llama.cpp PR #22397):")
+    lines.append(
+        f"--spec-type ngram-simple {PER_TYPE_FLAGS[0]} {size_n} {PER_TYPE_FLAGS[1]} {size_m}"
+    )
+    return Rendered("\n".join(lines) + "\n", warnings)
+
+
+# --- TensorRT-LLM --------------------------------------------------------------------------
+
+
+def render_trtllm(profile: ProfileBase, method: str) -> Rendered:
+    spec = _spec(profile, method)
+    config = spec.config()
+    length = chain_length(config)
+    prefer_first = not isinstance(config, LookupConfig) or config.prefer == "first"
+    warnings = suffix_warning(
+        "TensorRT-LLM",
+        config,
+        f"its NGram drafter ({length} tokens after n-grams of up to {config.max_match})",
+    )
+    warnings += chain_warning("TensorRT-LLM", config, length)
+    if config.min_match > 1:
+        warnings.append(
+            f"TensorRT-LLM matches n-grams of every size up to max_matching_ngram_size: "
+            f"min_match {config.min_match} is not expressible"
+        )
+    warnings += per_category_warning("TensorRT-LLM", spec)
+    body = {
+        "decoding_type": "NGram",
+        "max_draft_len": length,
+        "max_matching_ngram_size": config.max_match,
+        "is_keep_all": True,
+        "is_use_oldest": prefer_first,
+        "is_public_pool": False,
+    }
+    notes = [
+        "is_public_pool false drafts from each request's own tokens, as measured; true "
+        "shares one pool across requests",
+        "the PyTorch backend serves NGram; pass this file with --extra_llm_api_options",
+    ]
+    return speculative_config(TRTLLM, profile, method, body, warnings, notes)
+
+
+VLLM = Exporter(
+    engine="vllm",
+    engine_version="vLLM V1 engine, releases with method 'suffix' (0.14 and later; "
+    "checked against vllm/config/speculative.py on main)",
+    filename="vllm_speculative_config.yaml",
+    render=render_vllm,
+)
+SGLANG = Exporter(
+    engine="sglang",
+    engine_version="SGLang 0.5 series NGRAM server flags (python -m sglang.launch_server "
+    "--speculative-ngram-*)",
+    filename="sglang_flags.txt",
+    render=render_sglang,
+)
+HF = Exporter(
+    engine="hf",
+    engine_version="transformers GenerationConfig prompt lookup (prompt_lookup_num_tokens, "
+    "max_matching_ngram_size); checked with transformers 5.23",
+    filename="generation_config.json",
+    render=render_hf,
+)
+LLAMACPP = Exporter(
+    engine="llamacpp",
+    engine_version="llama.cpp llama-server --spec-type ngram-simple: --spec-ngram-size-n/-m "
+    "builds and the per-type --spec-ngram-simple-size-n/-m of newer builds",
+    filename="llamacpp_flags.txt",
+    render=render_llamacpp,
+)
+TRTLLM = Exporter(
+    engine="trtllm",
+    engine_version="TensorRT-LLM 1.x LLM API NGramDecodingConfig (PyTorch backend)",
+    filename="trtllm_extra_llm_api_options.yaml",
+    render=render_trtllm,
+)
+
+EXPORTERS = {e.engine: e for e in (VLLM, SGLANG, HF, LLAMACPP, TRTLLM)}
+CANNOT = {"dv": "Draft & Verify drafts only with the target's own layers skipped"}

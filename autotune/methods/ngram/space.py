@@ -1,0 +1,95 @@
+"""The n-gram method's search space (defaults: ``space.yaml`` beside this)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from autotune.methods.spaces import Calibration, Strict, Trials
+
+
+def _check_grids(space: Strict) -> None:
+    for name, values in space:
+        if isinstance(values, list) and not values:
+            raise ValueError(f"{name}: the grid is empty")
+    if min(space.min_match) > max(space.max_match):  # type: ignore[attr-defined]
+        raise ValueError("no min_match of the grid is <= a max_match of it")
+
+
+class NgramStart(Strict):
+    min_match: int = Field(ge=1)
+    max_match: int = Field(ge=1)
+    draft_tokens: int = Field(ge=1)
+    candidates: int = Field(ge=1)
+    branch_tokens: int = Field(ge=1)
+    max_tree_tokens: int = Field(ge=1)
+    prefer: Literal["recent", "first"]
+
+
+class NgramGrid(Strict):
+    """Prompt lookup: the values the search may choose, and where it starts."""
+
+    min_match: list[int]
+    max_match: list[int]
+    draft_tokens: list[int]
+    candidates: list[int]
+    branch_tokens: list[int]
+    max_tree_tokens: list[int]
+    prefer: list[Literal["recent", "first"]]
+    start: NgramStart
+
+    @model_validator(mode="after")
+    def _check(self):
+        _check_grids(self)
+        return self
+
+
+class SuffixStart(Strict):
+    min_match: int = Field(ge=1)
+    max_match: int = Field(ge=1)
+    draft_tokens: int = Field(ge=1)
+    max_tree_tokens: int = Field(ge=1)
+    tokens_per_match: float = Field(gt=0)
+    min_probability: float = Field(ge=0, le=1)
+
+
+class SuffixGrid(Strict):
+    """Suffix decoding: the values the search may choose, and where it starts."""
+
+    min_match: list[int]
+    max_match: list[int]
+    draft_tokens: list[int]
+    max_tree_tokens: list[int]
+    tokens_per_match: list[float]
+    min_probability: list[float]
+    start: SuffixStart
+
+    @model_validator(mode="after")
+    def _check(self):
+        _check_grids(self)
+        return self
+
+
+class SearchSpace(Strict):
+    passes: int = Field(ge=1)  # coordinate-ascent sweeps over every setting
+    finalists: int = Field(ge=1)  # best distinct proxy settings of each kind measured
+
+
+class StudySpace(Strict):
+    trials: int = Field(ge=0)  # measured trials (0: the proxy's finalists are measured alone)
+
+
+class PerCategory(Strict):
+    min_gain: float = Field(ge=0)  # a category's own setting must be this much faster ...
+    confidence: float = Field(gt=0, lt=1)  # ... and its interval's low end above 1.0
+
+
+class NgramSpace(Strict):
+    calibration: Calibration
+    ngram: NgramGrid
+    suffix: SuffixGrid
+    search: SearchSpace
+    study: StudySpace
+    per_category: PerCategory
+    trials: Trials

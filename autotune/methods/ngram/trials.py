@@ -1,0 +1,82 @@
+"""The n-gram study's trials (run by Ray Tune workers): one flat parameter space over
+both kinds (``kind`` picks which parameters count), and real decoding."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.drafters.ngram import LookupConfig, NgramDrafter
+from autotune.drafters.suffix import SuffixConfig
+from autotune.measure.timing import EncodedPrompt
+from autotune.methods.ngram.settings import Config, block_of
+from autotune.methods.ngram.space import NgramSpace
+from autotune.models.ref import TargetRef
+
+SHARED = ("min_match", "max_match", "draft_tokens", "max_tree_tokens")
+LOOKUP_ONLY = ("candidates", "branch_tokens", "prefer")
+SUFFIX_ONLY = ("tokens_per_match", "min_probability")
+
+
+def distributions(space: NgramSpace) -> dict:
+    """Every parameter as a categorical over its grids and start values (both kinds' for
+    the shared ones), so that every seed lies inside it."""
+    from optuna.distributions import CategoricalDistribution
+
+    def grid(name: str) -> list:
+        values: set = set()
+        for kind in (space.ngram, space.suffix):
+            values.update(getattr(kind, name, []))
+            if hasattr(kind.start, name):
+                values.add(getattr(kind.start, name))
+        return sorted(values, key=str) if name == "prefer" else sorted(values)
+
+    names = SHARED + LOOKUP_ONLY + SUFFIX_ONLY
+    return {
+        "kind": CategoricalDistribution(["ngram", "suffix"]),
+        **{name: CategoricalDistribution(grid(name)) for name in names},
+    }
+
+
+def config_from_params(params: dict) -> Config:
+    """The drafter settings a trial's parameters name (min_match clipped to max_match)."""
+    shared = {name: params[name] for name in SHARED}
+    shared["min_match"] = min(shared["min_match"], shared["max_match"])
+    if params["kind"] == "ngram":
+        return LookupConfig(**shared, **{name: params[name] for name in LOOKUP_ONLY})
+    return SuffixConfig(**shared, **{name: params[name] for name in SUFFIX_ONLY})
+
+
+def params_from_config(config: Config, space: NgramSpace) -> dict:
+    """A trial's parameters for ``config``; the other kind's take their start values."""
+    values = {
+        **space.ngram.start.model_dump(),
+        **space.suffix.start.model_dump(),
+        **{k: v for k, v in block_of(config).model_dump().items() if k != "kind"},
+    }
+    kind = "ngram" if isinstance(config, LookupConfig) else "suffix"
+    return {"kind": kind, **{name: values[name] for name in SHARED + LOOKUP_ONLY + SUFFIX_ONLY}}
+
+
+@dataclass
+class NgramObjective:
+    """A trial: measured speedup of the setting a config names. Times wall clock, so
+    trials must not share the machine's cores."""
+
+    target: TargetRef
+    prompts: list[EncodedPrompt]
+    max_new_tokens: int
+
+    def __call__(self, config: dict) -> dict:
+        from autotune.measure.timing import measure_side_by_side
+
+        setting = config_from_params(config)
+        measured = measure_side_by_side(
+            self.target.runner(), lambda: NgramDrafter(setting), self.prompts, self.max_new_tokens
+        )
+        if measured.lossless is False:
+            raise RuntimeError("n-gram output differed from plain greedy output")
+        return {
+            "objective": measured.speedup,
+            "draft": block_of(setting).model_dump(),
+            **measured.summary(),
+        }

@@ -1,0 +1,374 @@
+"""Tuning the n-gram method on the search split.
+
+1. *Calibration*: the target's greedy continuations of search prompts spread over the
+   workload categories; this device's verify-latency curve; what one proposal costs.
+2. *Proxy search*: for each kind (prompt lookup, suffix decoding) coordinate ascent over
+   its grids, scored by the exact replay of drafting along the continuations
+   (``replay``), from the engines' defaults; then the same from each kind's winner on
+   each category's continuations alone.
+3. *Measured study*: the proxy's finalists of both kinds decoded for real on other search
+   prompts (Ray Tune + Optuna), with a few more trials around them; each kind's fastest.
+4. *Side by side* (fresh timings, same prompts): the two kinds' winners, the default the
+   search started from, and every category with its own setting. The fastest is the
+   setting; a category keeps its own only where, on its prompts, it beat that setting
+   clearly (``per_category``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+from dataclasses import dataclass, field
+
+from autotune.drafters.ngram import LookupConfig, NgramDrafter
+from autotune.drafters.suffix import SuffixConfig
+from autotune.errors import AutotuneError
+from autotune.measure.costs import LatencyCurve
+from autotune.measure.stats import Pairs, bootstrap_interval
+from autotune.measure.timing import EncodedPrompt, Measurement, Variant, measure_variants
+from autotune.methods.base import TuneContext
+from autotune.methods.ngram.replay import Continuation, Costs, Replayer, time_drafting
+from autotune.methods.ngram.search import Scored, ascend
+from autotune.methods.ngram.settings import Config, NgramSettings, block_of, describe
+from autotune.methods.ngram.space import NgramSpace, PerCategory
+from autotune.methods.studies import completed, run_method_study
+from autotune.progress import say, step
+
+KINDS = ("ngram", "suffix")
+# Shares of what is left of the budget: the proxy search, then the measured study.
+PROXY_SHARE = 0.4
+STUDY_SHARE = 0.6
+# Continuations whose replay times one proposal of each kind.
+TIMED_SEQUENCES = 4
+
+
+@dataclass
+class Proxy:
+    """What the proxy search found."""
+
+    best: dict[str, Config]  # kind -> best on every calibration continuation
+    predicted: dict[str, float]  # kind -> its predicted speedup
+    finalists: list[Config]  # each kind's best distinct settings, the kinds in turn
+    by_category: dict[str, Config] = field(default_factory=dict)  # category -> its best
+    rows: dict[str, dict] = field(default_factory=dict)  # category -> what it predicted
+
+
+def tune(ctx: TuneContext) -> NgramSettings:
+    space: NgramSpace = ctx.space
+    confirm, sequences = split_search(ctx)
+    curve = ctx.workspace.verify_curve(largest_tree(space) + 1)
+    replayer, draft_seconds = make_replayer(ctx, sequences, curve)
+    proxy = proxy_search(ctx, replayer)
+    winners, study, trials = measured_study(ctx, proxy, confirm)
+    candidates = with_default(space, winners)
+    chosen, selection, verdicts = side_by_side(ctx, candidates, proxy.by_category, confirm)
+    if chosen == "default":
+        ctx.note(
+            "on the search prompts transformers' default prompt lookup measured faster than "
+            "both tuned kinds: it is the setting"
+        )
+    kept = {c: proxy.by_category[c] for c, row in verdicts.items() if row["kept"]}
+    return NgramSettings(
+        draft=block_of(candidates[chosen]),
+        by_category={c: block_of(config) for c, config in kept.items()},
+        alternatives={
+            k: {"draft": block_of(c).model_dump(), "search_speedup": selection.get(k)}
+            for k, c in candidates.items()
+        },
+        study=study,
+        search={
+            "proxy": {
+                k: {
+                    "best": block_of(proxy.best[k]).model_dump(),
+                    "predicted_speedup": round(proxy.predicted[k], 4),
+                    "predicted_tokens_per_step": round(
+                        replayer.tokens_per_step(proxy.best[k], replayer.indices()), 4
+                    ),
+                }
+                for k in KINDS
+            },
+            "proxy_by_category": proxy.rows,
+            "measured_trials": trials,
+            "side_by_side": {"kinds": selection, "categories": verdicts},
+            "calibration": {"continuations": len(sequences), "confirm_prompts": len(confirm)},
+            "draft_seconds": {k: round(v, 6) for k, v in draft_seconds.items()},
+            "verify_cost_relative": [round(v, 3) for v in curve.relative()],
+            "seconds": round(ctx.budget.elapsed(), 1),
+        },
+    )
+
+
+# --- calibration -------------------------------------------------------------------------
+
+
+def spread(prompts: list[EncodedPrompt], count: int) -> list[EncodedPrompt]:
+    """``count`` prompts taken in turn from each category (in the order they first
+    appear), each category's in file order."""
+    groups: dict[str | None, list[EncodedPrompt]] = {}
+    for prompt in prompts:
+        groups.setdefault(prompt.category, []).append(prompt)
+    queues = [list(group) for group in groups.values()]
+    out: list[EncodedPrompt] = []
+    while len(out) < count and any(queues):
+        for queue in queues:
+            if queue and len(out) < count:
+                out.append(queue.pop(0))
+    return out
+
+
+def split_search(ctx: TuneContext) -> tuple[list[EncodedPrompt], list[Continuation]]:
+    """Search prompts for wall-clock measurement, and the greedy continuations of other
+    search prompts for the proxy: no prompt is timed that the proxy was fitted on."""
+    space: NgramSpace = ctx.space
+    ws = ctx.workspace
+    search = ws.encode(ws.search_prompts())
+    confirm = spread(search, space.trials.prompts)
+    rest = [p for p in search if p not in confirm] or search
+    chosen = spread(rest, space.calibration.prompts)
+    category = {tuple(p.ids): p.category for p in chosen}
+    tokens = space.calibration.tokens
+    sequences = [
+        Continuation(tuple(ids), tuple(cont), tokens, category.get(tuple(ids)))
+        for ids, cont in ws.continuations(chosen, tokens)
+    ]
+    if not sequences:
+        raise AutotuneError(
+            "no search prompt gave a continuation to tune n-gram drafting on: pass "
+            "--prompts with more prompts, or a larger --max-new-tokens"
+        )
+    return confirm, sequences
+
+
+def make_replayer(
+    ctx: TuneContext, sequences: list[Continuation], curve: LatencyCurve
+) -> tuple[Replayer, dict[str, float]]:
+    """The proxy, with the verify curve and one proposal's measured cost per kind."""
+    space: NgramSpace = ctx.space
+    starts = {kind: start_config(space, kind) for kind in KINDS}
+    seconds = {
+        kind: time_drafting(config, sequences[:TIMED_SEQUENCES]) for kind, config in starts.items()
+    }
+    say(
+        f"one target forward {curve(1) * 1e3:.1f} ms; one proposal: prompt lookup "
+        f"{seconds['ngram'] * 1e3:.2f} ms, suffix {seconds['suffix'] * 1e3:.2f} ms"
+    )
+    costs = {kind: Costs(curve, s) for kind, s in seconds.items()}
+    return Replayer(sequences, lambda config: costs[kind_of(config)]), seconds
+
+
+def largest_tree(space: NgramSpace) -> int:
+    """The most tokens a step may verify (the root not counted): the curve's reach."""
+    return max(
+        *space.ngram.max_tree_tokens,
+        *space.suffix.max_tree_tokens,
+        space.ngram.start.max_tree_tokens,
+        space.suffix.start.max_tree_tokens,
+    )
+
+
+def kind_of(config: Config) -> str:
+    return "ngram" if isinstance(config, LookupConfig) else "suffix"
+
+
+def start_config(space: NgramSpace, kind: str) -> Config:
+    if kind == "ngram":
+        return LookupConfig(**space.ngram.start.model_dump())
+    return SuffixConfig(**space.suffix.start.model_dump())
+
+
+def grids(space: NgramSpace, kind: str) -> dict[str, list]:
+    grid = space.ngram if kind == "ngram" else space.suffix
+    return {name: list(values) for name, values in grid if name != "start"}
+
+
+# --- the proxy search ----------------------------------------------------------------------
+
+
+def proxy_search(ctx: TuneContext, replayer: Replayer) -> Proxy:
+    space: NgramSpace = ctx.space
+    budget = ctx.budget.part(PROXY_SHARE)
+    everything = replayer.indices()
+    best, predicted, ranked = {}, {}, []
+    for kind in KINDS:
+        scored = Scored(functools.partial(replayer.speedup, indices=everything))
+        with step(f"n-gram proxy search: {kind}", 1) as advance:
+            best[kind] = ascend(
+                start_config(space, kind),
+                grids(space, kind),
+                scored,
+                space.search.passes,
+                budget.spent,
+            )
+            advance()
+        predicted[kind] = scored(best[kind])
+        ranked.append([config for config, _ in scored.best(space.search.finalists)])
+        say(f"{kind}: predicted {predicted[kind]:.3f}x with {describe(best[kind])}")
+    # the kinds in turn, so that a small trial budget measures both
+    finalists = [c for row in itertools.zip_longest(*ranked) for c in row if c is not None]
+    proxy = Proxy(best, predicted, finalists)
+    if len(replayer.categories()) > 1:
+        category_search(ctx, replayer, proxy, budget)
+    if budget.spent():
+        ctx.note("the n-gram proxy search stopped at its share of the time budget")
+    return proxy
+
+
+def category_search(ctx: TuneContext, replayer: Replayer, proxy: Proxy, budget) -> None:
+    """Each category's best setting (either kind), from each kind's global winner, on the
+    category's continuations alone."""
+    space: NgramSpace = ctx.space
+    for category in replayer.categories():
+        indices = replayer.indices(category)
+        found = {}
+        for kind in KINDS:
+            scored = Scored(functools.partial(replayer.speedup, indices=indices))
+            config = ascend(
+                proxy.best[kind], grids(space, kind), scored, space.search.passes, budget.spent
+            )
+            found[config] = scored(config)
+        own = max(found, key=lambda c: found[c])
+        proxy.by_category[category] = own
+        proxy.rows[category] = {
+            "best": block_of(own).model_dump(),
+            "predicted_speedup": round(found[own], 4),
+            "global_predicted": {
+                k: round(replayer.speedup(proxy.best[k], indices), 4) for k in KINDS
+            },
+        }
+
+
+# --- measured ------------------------------------------------------------------------------
+
+
+def measured_study(
+    ctx: TuneContext, proxy: Proxy, prompts: list[EncodedPrompt]
+) -> tuple[dict[str, Config], str | None, list[dict]]:
+    """Each kind's fastest measured setting (the proxy's best where its study finished no
+    trial of that kind), the study's name, and its trials."""
+    import optuna
+
+    from autotune.methods.ngram import trials as ngram_trials
+
+    space: NgramSpace = ctx.space
+    wanted = ctx.trials if ctx.trials is not None else space.study.trials
+    if wanted == 0:
+        return dict(proxy.best), None, []
+    seeds = [ngram_trials.params_from_config(c, space) for c in proxy.finalists]
+    seeds = [dict(s) for s in dict.fromkeys(tuple(sorted(s.items())) for s in seeds)]
+    study = run_method_study(
+        ctx,
+        f"ngram/{prompts_id(prompts)}",
+        ngram_trials.distributions(space),
+        ngram_trials.NgramObjective(ctx.workspace.ref, prompts, space.trials.tokens),
+        trials=wanted,
+        seeds=seeds[:wanted],
+        sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=min(len(seeds), wanted)),
+        budget=ctx.budget.share(STUDY_SHARE),
+        label="n-gram study (measured)",
+        objective_text="measured speedup",
+    )
+    done = completed(study)
+    if not done:
+        ctx.note("the n-gram study finished no trial in time: the proxy's best are measured")
+    winners = {}
+    for kind in KINDS:
+        mine = [t for t in done if t.params.get("kind") == kind]
+        best = max(mine, key=lambda t: t.value).params if mine else None
+        winners[kind] = ngram_trials.config_from_params(best) if best else proxy.best[kind]
+    rows = sorted(
+        ({**t.params, "speedup": round(t.value, 4)} for t in done),
+        key=lambda row: -row["speedup"],
+    )
+    return winners, study.study_name, rows
+
+
+def prompts_id(prompts: list[EncodedPrompt]) -> str:
+    return hashlib.sha256(repr([p.ids for p in prompts]).encode()).hexdigest()[:8]
+
+
+def with_default(space: NgramSpace, winners: dict[str, Config]) -> dict[str, Config]:
+    """Each kind's winner and, unless it is one of them, the default the search started
+    from (transformers' prompt lookup): the setting never measures slower than it."""
+    default = start_config(space, "ngram")
+    if default in winners.values():
+        return dict(winners)
+    return {**winners, "default": default}
+
+
+def side_by_side(
+    ctx: TuneContext,
+    candidates: dict[str, Config],
+    by_category: dict[str, Config],
+    prompts: list[EncodedPrompt],
+) -> tuple[str, dict[str, float], dict[str, dict]]:
+    """The fastest candidate, each one's speedup, and the verdict on every category's own
+    setting: all decoded side by side on the same search prompts."""
+    space: NgramSpace = ctx.space
+    variants = {k: Variant(functools.partial(NgramDrafter, c)) for k, c in candidates.items()}
+    if by_category:
+        variants["per_category"] = Variant(
+            variants["ngram"].make,
+            {c: functools.partial(NgramDrafter, config) for c, config in by_category.items()},
+        )
+    label = "n-gram: the candidates and per-category settings side by side (search prompts)"
+    with step(label, len(prompts) * len(variants)) as advance:
+        measured = measure_variants(
+            ctx.workspace.runner,
+            variants,
+            prompts,
+            space.trials.tokens,
+            on_prompt=lambda _: advance(),
+        )
+    if any(m.lossless is False for m in measured.values()):
+        raise AutotuneError(
+            "n-gram drafting changed the greedy output, which it must never do: please "
+            "report this as a bug (with the model and prompts)"
+        )
+    selection = {k: round(measured[k].speedup, 4) for k in candidates}
+    chosen = max(candidates, key=lambda k: selection[k])  # a tie keeps the earlier
+    verdicts = {}
+    if by_category:
+        verdicts = category_verdicts(
+            measured["per_category"],
+            measured[chosen],
+            by_category,
+            candidates[chosen],
+            space.per_category,
+        )
+    return chosen, selection, verdicts
+
+
+def category_verdicts(
+    own: Measurement,
+    chosen: Measurement,
+    candidates: dict[str, Config],
+    setting: Config,
+    rule: PerCategory,
+) -> dict[str, dict]:
+    """Whether each category keeps its own setting: on its prompts, its own setting's
+    speed over the chosen one's (paired by prompt) must be at least 1 + ``min_gain`` and
+    the paired-bootstrap interval's low end above 1.0."""
+    verdicts: dict[str, dict] = {}
+    for category, config in candidates.items():
+        if config == setting:
+            verdicts[category] = {"kept": False, "why": "the same as the global setting"}
+            continue
+        rows = [
+            (o.method_seconds, o.method_tokens, c.method_seconds, c.method_tokens)
+            for o, c in zip(own.prompts, chosen.prompts)
+            if o.category == category
+        ]
+        if not rows:
+            verdicts[category] = {"kept": False, "why": "none of its prompts was measured"}
+            continue
+        pairs = Pairs.of(rows)
+        gain, interval = pairs.speedup(), bootstrap_interval(pairs, rule.confidence)
+        verdicts[category] = {
+            "kept": bool(gain >= 1.0 + rule.min_gain and interval.above(1.0)),
+            "speedup_vs_global": round(float(gain), 4),
+            "interval": interval.as_list(),
+            "prompts": len(rows),
+            "setting": block_of(config).model_dump(),
+        }
+    return verdicts

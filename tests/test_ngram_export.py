@@ -1,0 +1,246 @@
+"""Exports of an n-gram profile: every field an engine gets is one of the option names its
+own source defines (vLLM ``SpeculativeConfig``, SGLang ``ServerArgs``, transformers
+``GenerationConfig``, llama.cpp ``common/arg.cpp``, TensorRT-LLM ``NGramDecodingConfig``),
+with the profile's values; what an engine cannot express is a warning in the file; and
+transformers' own ``generate`` runs with the exported keys and gives plain greedy output."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+import yaml
+
+from autotune.drafters.ngram import LookupConfig
+from autotune.drafters.suffix import SuffixConfig
+from autotune.export import ENGINES, export_profile
+from autotune.export.base import JSON_META_KEY
+from autotune.methods import registry
+from autotune.methods.ngram.settings import Config, NgramSettings, block_of
+from autotune.profile.blocks import Measured
+from autotune.profile.schema import ProfileBase, methods_block
+
+# The option names each engine's source defines for draft-free speculation.
+VLLM_OPTIONS = {
+    "method",
+    "num_speculative_tokens",
+    "prompt_lookup_min",
+    "prompt_lookup_max",
+    "suffix_decoding_max_tree_depth",
+    "suffix_decoding_max_cached_requests",
+    "suffix_decoding_max_spec_factor",
+    "suffix_decoding_min_token_prob",
+}
+SGLANG_FLAGS = {
+    "--speculative-algorithm",
+    "--speculative-num-draft-tokens",
+    "--speculative-ngram-min-match-window-size",
+    "--speculative-ngram-max-match-window-size",
+    "--speculative-ngram-min-bfs-breadth",
+    "--speculative-ngram-max-bfs-breadth",
+    "--speculative-ngram-match-type",
+    "--speculative-ngram-branch-length",
+}
+HF_KEYS = {"prompt_lookup_num_tokens", "max_matching_ngram_size"}
+LLAMACPP_FLAGS = {
+    "--spec-type",
+    "--spec-ngram-size-n",
+    "--spec-ngram-size-m",
+    "--draft-max",
+    "--spec-ngram-simple-size-n",
+    "--spec-ngram-simple-size-m",
+}
+TRTLLM_OPTIONS = {
+    "decoding_type",
+    "max_draft_len",
+    "max_matching_ngram_size",
+    "is_keep_all",
+    "is_use_oldest",
+    "is_public_pool",
+}
+
+TREE = LookupConfig(1, 3, 6, 3, 2, 12, "recent")
+CHAIN = LookupConfig(2, 4, 8, 1, 1, 8, "first")
+SUFFIX = SuffixConfig(2, 8, 10, 16, tokens_per_match=1.5, min_probability=0.1)
+
+
+def ngram_profile(config: Config, by_category: dict[str, Config] | None = None) -> ProfileBase:
+    from test_profile import make_profile
+
+    measured = Measured(
+        speedup=1.42,
+        speedup_interval=[1.21, 1.63],
+        tokens_per_step=2.1,
+        acceptance_rate=0.4,
+        tokens_per_s=60.0,
+        baseline_tokens_per_s=42.0,
+        lossless=True,
+        prompts=20,
+    )
+    block = NgramSettings(
+        draft=block_of(config),
+        by_category={c: block_of(s) for c, s in (by_category or {}).items()},
+        measured=measured,
+    )
+    return make_profile().model_copy(
+        update={"methods": methods_block(ngram=block), "recommended": "ngram"}
+    )
+
+
+def speculative_config(text: str) -> dict:
+    data = yaml.safe_load(text)
+    assert list(data) == ["speculative_config"]
+    return data["speculative_config"]
+
+
+def flag_words(text: str) -> list[str]:
+    body = " ".join(line.rstrip("\\") for line in text.splitlines() if not line.startswith("#"))
+    return shlex.split(body)
+
+
+def test_every_engine_is_served_or_refused_with_a_reason():
+    method = registry.get("ngram")
+    assert set(method.exporters) == {"vllm", "sglang", "hf", "llamacpp", "trtllm"}
+    assert set(method.exporters) | set(method.cannot_export) == set(ENGINES)
+    for engine in method.exporters:
+        export = export_profile(ngram_profile(CHAIN), engine)
+        assert export.method == "ngram" and export.engine_version in export.text
+
+
+def test_vllm_ngram():
+    export = export_profile(ngram_profile(CHAIN), "vllm")
+    config = speculative_config(export.text)
+    assert config == {
+        "method": "ngram",
+        "num_speculative_tokens": 8,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 4,
+    }
+    assert set(config) <= VLLM_OPTIONS
+    command = next(line for line in export.text.splitlines() if "--speculative-config" in line)
+    assert json.loads(command.split("'")[1]) == config
+    assert export.warnings == ()  # a chain of the earliest match: what vLLM does
+
+
+def test_vllm_tree_and_recency_are_warned():
+    export = export_profile(ngram_profile(TREE), "vllm")
+    assert speculative_config(export.text)["num_speculative_tokens"] == 6
+    assert any("tree of 3 continuations" in w for w in export.warnings)
+    assert any("earliest" in w for w in export.warnings)
+    assert all(f"# warning: {w}" in export.text for w in export.warnings)
+
+
+def test_vllm_suffix():
+    config = speculative_config(export_profile(ngram_profile(SUFFIX), "vllm").text)
+    assert set(config) <= VLLM_OPTIONS
+    assert config["method"] == "suffix"
+    assert config["suffix_decoding_max_tree_depth"] == 8 + 10  # match and draft together
+    assert config["suffix_decoding_max_spec_factor"] == 1.5
+    assert config["suffix_decoding_min_token_prob"] == 0.1
+    assert config["suffix_decoding_max_cached_requests"] == 0
+    assert config["num_speculative_tokens"] == 10
+
+
+@pytest.mark.parametrize("config,match_type,breadth", [(TREE, "BFS", "3"), (SUFFIX, "PROB", "16")])
+def test_sglang(config, match_type, breadth):
+    export = export_profile(ngram_profile(config), "sglang")
+    words = flag_words(export.text)
+    flags = dict(zip(words[::2], words[1::2]))
+    assert set(flags) == SGLANG_FLAGS and len(words) == 2 * len(flags)
+    assert flags["--speculative-algorithm"] == "NGRAM"
+    assert flags["--speculative-num-draft-tokens"] == str(config.max_tree_tokens + 1)
+    assert flags["--speculative-ngram-min-match-window-size"] == str(config.min_match)
+    assert flags["--speculative-ngram-max-match-window-size"] == str(config.max_match)
+    assert flags["--speculative-ngram-match-type"] == match_type
+    assert flags["--speculative-ngram-max-bfs-breadth"] == breadth
+
+
+def test_hf_fragment():
+    export = export_profile(ngram_profile(TREE), "hf")
+    data = json.loads(export.text)
+    settings = {k: v for k, v in data.items() if k != JSON_META_KEY}
+    assert settings == {"prompt_lookup_num_tokens": 6, "max_matching_ngram_size": 3}
+    assert set(settings) <= HF_KEYS
+    assert data[JSON_META_KEY]["warnings"] == list(export.warnings)
+    assert any("earliest match" in w for w in export.warnings)
+    suffix = json.loads(export_profile(ngram_profile(SUFFIX), "hf").text)
+    assert suffix["prompt_lookup_num_tokens"] == 10 and suffix["max_matching_ngram_size"] == 8
+    assert any("no suffix decoding" in w for w in suffix[JSON_META_KEY]["warnings"])
+
+
+def test_llamacpp_both_dialects():
+    export = export_profile(ngram_profile(TREE), "llamacpp")
+    lines = [line.split() for line in export.text.splitlines() if not line.startswith("#")]
+    assert len(lines) == 2
+    for words in lines:
+        flags = dict(zip(words[::2], words[1::2]))
+        assert set(flags) <= LLAMACPP_FLAGS
+        assert flags["--spec-type"] == "ngram-simple"
+        assert {flags.get("--spec-ngram-size-n"), flags.get("--spec-ngram-simple-size-n")} - {
+            None
+        } == {"3"}
+        assert {flags.get("--spec-ngram-size-m"), flags.get("--spec-ngram-simple-size-m")} - {
+            None
+        } == {"6"}
+    assert any("exactly n tokens" in w for w in export.warnings)
+
+
+def test_trtllm():
+    config = speculative_config(export_profile(ngram_profile(CHAIN), "trtllm").text)
+    assert set(config) == TRTLLM_OPTIONS
+    assert config["decoding_type"] == "NGram"
+    assert config["max_draft_len"] == 8 and config["max_matching_ngram_size"] == 4
+    assert config["is_use_oldest"] is True and config["is_public_pool"] is False
+    recent = speculative_config(export_profile(ngram_profile(TREE), "trtllm").text)
+    assert recent["is_use_oldest"] is False
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "hf", "llamacpp", "trtllm"])
+def test_per_category_settings_are_said_not_dropped(engine):
+    profile = ngram_profile(CHAIN, {"summarization": TREE, "translation": SUFFIX})
+    export = export_profile(profile, engine)
+    said = [w for w in export.warnings if "per-category" in w]
+    assert len(said) == 1
+    assert "summarization" in said[0] and "translation" in said[0]
+    assert "summarization" in export.text  # kept in the file itself
+
+
+@pytest.mark.embedded
+def test_hf_export_runs_in_transformers_and_equals_greedy(embedded_target, one_thread, monkeypatch):
+    """transformers' own generate, given the exported keys (as arguments, and merged into
+    the model's generation config), drafts by prompt lookup with exactly those settings,
+    and its output is its own plain greedy output."""
+    import torch
+    from transformers import GenerationConfig
+    from transformers.generation import candidate_generator
+
+    export = export_profile(ngram_profile(TREE), "hf")
+    settings = {k: v for k, v in json.loads(export.text).items() if k != JSON_META_KEY}
+    seen = []
+    original_init = candidate_generator.PromptLookupCandidateGenerator.__init__
+
+    def spy(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        seen.append((self.num_output_tokens, self.max_matching_ngram_size))
+
+    monkeypatch.setattr(candidate_generator.PromptLookupCandidateGenerator, "__init__", spy)
+    model = embedded_target.model
+    fruits = "apples, oranges, bananas, pears"
+    text = f"Repeat the following list: {fruits}, {fruits}."  # an answer that repeats itself
+    ids = torch.tensor([embedded_target.encode_chat(text)])
+    new_tokens = 24
+    plain = model.generate(ids, do_sample=False, max_new_tokens=new_tokens)
+    assert not seen  # plain greedy looks nothing up
+    wanted = (settings["prompt_lookup_num_tokens"], settings["max_matching_ngram_size"])
+    looked_up = model.generate(ids, do_sample=False, max_new_tokens=new_tokens, **settings)
+    assert seen == [wanted]
+    own = model.generation_config
+    try:
+        model.generation_config = GenerationConfig.from_dict({**own.to_dict(), **settings})
+        merged = model.generate(ids, do_sample=False, max_new_tokens=new_tokens)
+    finally:
+        model.generation_config = own
+    assert seen == [wanted, wanted]
+    assert looked_up.tolist() == plain.tolist() == merged.tolist()
+    assert plain.shape[1] == ids.shape[1] + new_tokens
