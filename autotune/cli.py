@@ -7,12 +7,14 @@ import sys
 from functools import wraps
 from pathlib import Path
 
+import click
 import typer
 
 from autotune.errors import AutotuneError
+from autotune.output import Format, format_option, render
 
 app = typer.Typer(
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
     help="Fit speculative-decoding settings to your model, hardware and workload.",
@@ -31,32 +33,108 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _main(
+    ctx: typer.Context,
     version: bool = typer.Option(
         False, "--version", callback=_print_version, is_eager=True, help="Print the version."
     ),
 ) -> None:
     """Fit speculative-decoding settings to your model, hardware and workload."""
+    import os
+
+    # https://no-color.org: rich honours it by itself; click's coloured messages (secho)
+    # take their colour setting from the context
+    if os.environ.get("NO_COLOR"):
+        ctx.color = False
 
 
 def _user_errors(command):
-    """An AutotuneError is the user's to fix: one line on stderr, exit status 2."""
+    """No traceback reaches the user. An AutotuneError is theirs to fix: one line, exit
+    status 2. Ctrl-C: one line, status 130 (studies resume on the next run). Running out
+    of memory: one line with what to try, status 2. Anything else is a bug of ours: one
+    line naming the log file that holds the traceback, status 1."""
 
     @wraps(command)
     def run(*args, **kwargs):
         try:
             return command(*args, **kwargs)
+        except (typer.Exit, typer.Abort, click.ClickException):
+            raise  # the command's own exit, or click's usage error: already said
         except AutotuneError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2) from None
+            _fail(f"error: {exc}", 2)
+        except KeyboardInterrupt:
+            _fail(
+                "interrupted: nothing was written; finished study trials are kept, and "
+                "running the same command again resumes them",
+                130,
+            )
+        except MemoryError as exc:
+            _fail(
+                f"error: out of memory ({exc or 'the machine'}): try a smaller model, "
+                "--dtype bfloat16 or float16, fewer --workers, or a machine with more "
+                "memory",
+                2,
+            )
+        except Exception as exc:
+            if type(exc).__name__ == "OutOfMemoryError":  # torch.cuda's
+                _fail(
+                    f"error: out of GPU memory ({str(exc).splitlines()[0][:160]}): try "
+                    "--dtype float16, a smaller model or fewer --workers",
+                    2,
+                )
+            log = _write_log(exc)
+            _fail(
+                f"error: autotune failed unexpectedly ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:200] if str(exc) else 'no message'}); this is a "
+                f"bug: the details are in {log}, please report it",
+                1,
+            )
 
     return run
 
 
-def _threads(threads: int | None) -> None:
-    if threads:
-        import torch
+def _fail(line: str, status: int):
+    typer.echo(line, err=True)
+    raise typer.Exit(status)
 
-        torch.set_num_threads(threads)
+
+def _write_log(exc: BaseException) -> str:
+    """The traceback of an unexpected failure, in a file of its own."""
+    import time
+    import traceback
+
+    from autotune.paths import cache_root
+
+    text = "".join(traceback.format_exception(exc))
+    try:
+        folder = cache_root() / "logs"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"autotune-{time.strftime('%Y%m%d-%H%M%S')}-{id(exc):x}.log"
+        path.write_text(f"autotune {' '.join(sys.argv[1:])}\n\n{text}")
+        return str(path)
+    except OSError:
+        return "(no log: the cache folder is not writable)"
+
+
+def _threads(threads: int | None) -> int:
+    """Torch's thread count, set deliberately (recorded in the profile)."""
+    from autotune.measure.noise import set_threads
+
+    return set_threads(threads)
+
+
+_MODEL_HELP = "Alias, Hugging Face repo id (from the local cache), model folder or .gguf file."
+_DEVICE_HELP = "auto (a GPU when there is one, else the CPU), cpu, cuda or cuda:N."
+_DTYPE_HELP = (
+    "auto (bfloat16 or float16 on a GPU, float32 on the CPU), float32, bfloat16 or float16."
+)
+
+
+def _placement(dtype: str, device: str) -> tuple[str, str]:
+    """--dtype and --device resolved at once, before any long work: a GPU asked for and
+    absent is one line now, not after the prompts and heads are checked."""
+    from autotune.models.loading import placement
+
+    return placement(dtype, device)
 
 
 def _pairs(values: list[str] | None, option: str) -> dict[str, str]:
@@ -78,7 +156,7 @@ def _pairs(values: list[str] | None, option: str) -> dict[str, str]:
 @app.command()
 @_user_errors
 def profile(
-    model: str = typer.Option("smollm2-135m", help="Alias, local model folder or .gguf file."),
+    model: str = typer.Option("smollm2-135m", help=_MODEL_HELP),
     model_path: str | None = typer.Option(None, help="Where the weights of the alias are."),
     methods: str | None = typer.Option(
         None,
@@ -93,10 +171,20 @@ def profile(
         "(default $AUTOTUNE_STORAGE or sqlite:///studies/autotune.db).",
     ),
     trials: int | None = typer.Option(None, min=1, help="Trials of each method's main study."),
+    budget: str = typer.Option(
+        "20m",
+        help="Time for the whole run (20m, 1h, 900s): head training, searches, selection "
+        "and the held-back measurement share it, as the printed plan shows.",
+    ),
     time_budget: float | None = typer.Option(
-        600,
+        None,
         min=1,
-        help="Seconds for each method's searches (the held-back measurement comes after).",
+        help="Seconds for each method's searches, in place of its share of --budget.",
+    ),
+    train_heads: bool = typer.Option(
+        True,
+        help="Train the heads a method needs when none are given or found (autotune's "
+        "heads cache, then the Hugging Face cache); --no-train-heads skips those methods.",
     ),
     heads: list[str] | None = typer.Option(
         None,
@@ -117,8 +205,8 @@ def profile(
     max_new_tokens: int = typer.Option(128, min=2, help="Tokens per held-back prompt."),
     ray_address: str | None = typer.Option(
         None,
-        help="Join this Ray cluster instead of a local one (default: a local Ray instance "
-        "sized to this machine).",
+        help="Join the Ray cluster at HOST:PORT (default: $RAY_ADDRESS, else the cluster "
+        "`ray start` left running here, else a local Ray instance sized to this machine).",
     ),
     workers: int = typer.Option(
         1,
@@ -136,13 +224,33 @@ def profile(
         min=0.0,
         help="GPUs each trial reserves (timed trials then run side by side, one per GPU).",
     ),
-    threads: int | None = typer.Option(None, min=1, help="Torch threads (default: all cores)."),
+    threads: int | None = typer.Option(
+        None, min=1, help="Torch threads (default: the cores this process may use)."
+    ),
+    margin: float = typer.Option(
+        0.0,
+        min=0.0,
+        help="Recommend a method only when its held-back interval's low end clears 1 + MARGIN.",
+    ),
+    select_prompts: int = typer.Option(
+        8, min=1, help="Search prompts every method is decoded on, side by side, to rank them."
+    ),
+    device: str = typer.Option("auto", help=_DEVICE_HELP),
+    dtype: str = typer.Option("auto", help=_DTYPE_HELP),
 ):
     """Tune the methods on this model and device; write a YAML decoding profile."""
-    from autotune.profiling import ProfileRequest, parse_methods, run_profile, verdict
-    from autotune.studies.workers import Workers
+    from rich.console import Console
+
+    from autotune.profile.report import plot_path, verdict_table
+    from autotune.profiling import ProfileRequest, parse_methods, run_profile, verdict_lines
+    from autotune.schedule import parse_duration
+    from autotune.studies.cluster import ray_target
+    from autotune.studies.workers import Workers, check_trial_gpus
 
     _threads(threads)
+    dtype, device = _placement(dtype, device)
+    check_trial_gpus(gpus_per_trial, device)
+    ray_target(ray_address)  # a bad cluster address fails now, not after calibration
     request = ProfileRequest(
         model=model,
         model_path=model_path,
@@ -152,15 +260,25 @@ def profile(
         storage=storage,
         trials=trials,
         time_budget_s=time_budget,
+        budget_s=parse_duration(budget),
+        train_heads=train_heads,
         heads=_pairs(heads, "--heads"),
         search_spaces=_pairs(search_space, "--search-space"),
         heldback_prompts=heldback_prompts,
         max_new_tokens=max_new_tokens,
+        select_prompts=select_prompts,
+        margin=margin,
         workers=Workers(workers, cpus_per_trial, gpus_per_trial, ray_address),
+        dtype=dtype,
+        device=device,
     )
     result, path = run_profile(request)
     typer.echo(f"wrote {path}")
-    for line in verdict(result):
+    plot = plot_path(path)
+    if plot.exists():
+        typer.echo(f"wrote {plot}")
+    Console(width=120).print(verdict_table(result))
+    for line in verdict_lines(result):
         typer.echo(line)
 
 
@@ -203,39 +321,68 @@ def bench(
         None, help="JSONL prompts (default: the profile's held-back split)."
     ),
     max_new_tokens: int = typer.Option(128, min=1),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object keyed by method."),
+    json_out: bool = typer.Option(
+        False, "--json", help="The same as --format json: one object keyed by method."
+    ),
+    fmt: Format = format_option(),
     model_path: str | None = typer.Option(None, help="Override where the model is."),
     threads: int | None = typer.Option(None, min=1),
+    device: str = typer.Option("auto", help=_DEVICE_HELP),
+    dtype: str = typer.Option(
+        "auto", help="auto (the profile's dtype), float32, bfloat16 or float16."
+    ),
 ):
     """Re-measure a profile's methods against plain greedy decoding, independently."""
     from autotune.bench import bench_profile
 
     _threads(threads)
-    results = bench_profile(profile_path, prompts, max_new_tokens, model_path)
-    if json_out:
-        typer.echo(json.dumps(results, indent=2))
+    results = bench_profile(profile_path, prompts, max_new_tokens, model_path, dtype, device)
+    fmt = Format.json if json_out else fmt
+    if fmt is not Format.table:
+        typer.echo(render(results, fmt))
         return
+    from autotune.measure.timing import interval_text
+
     for method, row in results.items():
+        if not isinstance(row, dict):
+            continue
         typer.echo(
-            f"{method}: {row['speedup']:.3f}x ({row['tokens_per_s']:.1f} vs "
+            f"{method}: {interval_text(row)} ({row['tokens_per_s']:.1f} vs "
             f"{row['baseline_tokens_per_s']:.1f} tokens/s), {row['tokens_per_step']:.2f} "
-            f"tokens/step, lossless {row['lossless']}"
+            f"tokens/step, lossless {row['lossless']}, {row['prompts']} prompts"
         )
+        for category, part in (row.get("by_category") or {}).items():
+            typer.echo(f"  {category}: {interval_text(part)} ({part['prompts']} prompts)")
+    holds = "holds" if results["recommended_holds"] else "does not hold here"
+    typer.echo(f"the profile recommends {results['recommended']}: {holds}")
 
 
 @app.command()
 @_user_errors
-def validate(profile_path: Path = typer.Argument(..., metavar="PROFILE")):
-    """Check a profile against the schema; name each wrong field and what it should be."""
+def validate(
+    profile_path: Path = typer.Argument(..., metavar="PROFILE"),
+    fmt: Format = format_option(),
+):
+    """Check a profile's shape against the schema, and its meaning against its own model
+    block (layer indices within the model, trees within the heads, the recommended method
+    present, positive sizes); name each wrong field and what it should be."""
     from autotune.profile.io import ProfileInvalidError, read_profile
+    from autotune.profile.meaning import profile_problems
 
     try:
-        read_profile(profile_path)
+        problems = profile_problems(read_profile(profile_path))
     except ProfileInvalidError as exc:
-        for problem in exc.problems:  # one line per wrong field
+        problems = exc.problems  # shape first: meaning is read from a well-formed profile
+    if fmt is not Format.table:
+        data = {"profile": str(profile_path), "valid": not problems, "problems": problems}
+        typer.echo(render(data, fmt))
+    else:
+        for problem in problems:  # one line per wrong field
             typer.echo(f"error: {profile_path}: {problem}", err=True)
-        raise typer.Exit(2) from None
-    typer.echo(f"{profile_path}: valid")
+    if problems:
+        raise typer.Exit(2)
+    if fmt is Format.table:
+        typer.echo(f"{profile_path}: valid")
 
 
 @app.command()
@@ -247,13 +394,19 @@ def export(
         None, help="The method to export (default: the profile's recommended method)."
     ),
     out: Path | None = typer.Option(None, help="Write to this file instead of stdout."),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Export a method the profile does not recommend, or one that "
+        "was not clearly faster than plain greedy decoding.",
+    ),
 ):
-    """Write a profile's settings in a serving engine's own format. What the engine cannot
-    express is printed as a warning and kept as a comment in the output."""
+    """Write a profile's recommended settings in a serving engine's own format. What the
+    engine cannot express is printed as a warning and kept as a comment in the output."""
     from autotune.export import export_profile
     from autotune.profile.io import check_writable, read_profile
 
-    result = export_profile(read_profile(profile_path), engine, method)
+    result = export_profile(read_profile(profile_path), engine, method, force)
     if out is not None:
         check_writable(out)
     for warning in result.warnings:
@@ -267,11 +420,25 @@ def export(
 
 @models_app.command("list")
 @_user_errors
-def models_list():
+def models_list(fmt: Format = format_option()):
     """Aliases and whether their weights are on this machine."""
     from autotune.models import list_models
 
-    for alias, source, status in list_models():
+    rows = list_models()
+    if fmt is not Format.table:
+        data = [
+            {
+                "alias": alias,
+                "source": source,
+                "found": status.startswith("found"),
+                "path": status.removeprefix("found at ") if status.startswith("found") else None,
+                "status": status,
+            }
+            for alias, source, status in rows
+        ]
+        typer.echo(render(data, fmt))
+        return
+    for alias, source, status in rows:
         typer.echo(f"{alias:14} {source:40} {status}")
 
 
@@ -287,10 +454,11 @@ def heads_train(
         help="Head kind: medusa (Medusa-1 heads) or eagle "
         "(an EAGLE-1/2 draft head: one decoder layer).",
     ),
-    model: str = typer.Option("smollm2-135m", help="Alias, local model folder or .gguf file."),
+    model: str = typer.Option("smollm2-135m", help=_MODEL_HELP),
     model_path: str | None = typer.Option(None, help="Where the weights of the alias are."),
     out: Path | None = typer.Option(
-        None, help="Heads folder (default heads/<model>-medusa or heads/<model>-eagle)."
+        None,
+        help="Heads folder (default: autotune's heads cache, where `profile` finds them).",
     ),
     num_heads: int | None = typer.Option(
         None, min=1, help="Medusa only: heads; head k predicts k+2 tokens ahead (default 5)."
@@ -310,6 +478,8 @@ def heads_train(
         "comes after.",
     ),
     threads: int | None = typer.Option(None, min=1, help="Torch threads (default: all cores)."),
+    device: str = typer.Option("auto", help=_DEVICE_HELP),
+    dtype: str = typer.Option("auto", help=_DTYPE_HELP),
 ):
     """Train heads on the target's own greedy answers; report accuracy on held-back prompts
     (per head for Medusa; per draft depth for EAGLE, each depth drafting from the last)."""
@@ -326,6 +496,7 @@ def heads_train(
             "decoder layer that drafts depth by depth; leave --num-heads out"
         )
     _threads(threads)
+    dtype, device = _placement(dtype, device)
     given = {
         "num_heads": num_heads,
         "max_new_tokens": max_new_tokens,
@@ -336,7 +507,14 @@ def heads_train(
         default_options(kind), **{k: v for k, v in given.items() if v is not None}
     )
     job = HeadsJob(
-        kind=kind, model=model, model_path=model_path, prompts=prompts, out=out, options=options
+        kind=kind,
+        model=model,
+        model_path=model_path,
+        prompts=prompts,
+        out=out,
+        options=options,
+        dtype=dtype,
+        device=device,
     )
     result, folder = run_heads_train(job)
     stats = result.stats
@@ -356,7 +534,7 @@ def heads_train(
 @app.command()
 @_user_errors
 def latency(
-    model: str = typer.Option("smollm2-135m", help="Alias, local model folder or .gguf file."),
+    model: str = typer.Option("smollm2-135m", help=_MODEL_HELP),
     model_path: str | None = typer.Option(None, help="Where the weights of the alias are."),
     random_weights: bool = typer.Option(
         False,
@@ -366,8 +544,8 @@ def latency(
         "device before the weights are on it.",
     ),
     max_tokens: int = typer.Option(16, min=1, help="Verify sizes n = 1..N new tokens."),
-    dtype: str = typer.Option("float32", help="float32, float16 or bfloat16."),
-    device: str = typer.Option("cpu", help="cpu or cuda."),
+    dtype: str = typer.Option("auto", help=_DTYPE_HELP),
+    device: str = typer.Option("auto", help=_DEVICE_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     threads: int | None = typer.Option(None, min=1, help="Torch threads (default: all cores)."),
 ):
@@ -399,7 +577,8 @@ def latency(
 
 
 studies_app = typer.Typer(
-    no_args_is_help=True, help="The study database: list, show, trials, plot, delete."
+    no_args_is_help=True,
+    help="The study database: list, show, trials, plot, delete, dashboard.",
 )
 app.add_typer(studies_app, name="studies")
 _STORAGE_HELP = (
@@ -417,12 +596,19 @@ def _console():
 
 @studies_app.command("list")
 @_user_errors
-def studies_list(storage: str | None = typer.Option(None, help=_STORAGE_HELP)):
+def studies_list(
+    storage: str | None = typer.Option(None, help=_STORAGE_HELP),
+    fmt: Format = format_option(),
+):
     """Every study: model, method, trials, best value and measured speedup, last update."""
     from autotune.studies.inspect import StudyDatabase, studies_table
 
     db = StudyDatabase(storage)
     summaries = db.summaries()
+    if fmt is not Format.table:
+        data = {"storage": db.where, "studies": [s.as_dict() for s in summaries]}
+        typer.echo(render(data, fmt))
+        return
     if not summaries:
         typer.echo(f"no studies in {db.where}")
         return
@@ -438,13 +624,18 @@ def studies_show(
     profiles: Path = typer.Option(
         Path("profiles"), help="Folder of profiles to search for the one this study fed."
     ),
+    fmt: Format = format_option(),
 ):
     """A study's best parameters and measured figures, its attributes, and the profile it fed."""
-    from autotune.studies.inspect import StudyDatabase, profiles_naming, show_lines
+    from autotune.studies.inspect import StudyDatabase, profiles_naming, show_data, show_lines
 
     db = StudyDatabase(storage)
     summary = db.summary(name)
-    for line in show_lines(summary, list(profiles_naming(summary, profiles)), profiles, db.where):
+    uses = list(profiles_naming(summary, profiles))
+    if fmt is not Format.table:
+        typer.echo(render(show_data(summary, uses, db.where), fmt))
+        return
+    for line in show_lines(summary, uses, profiles, db.where):
         typer.echo(line)
 
 
@@ -455,8 +646,9 @@ def studies_trials(
     storage: str | None = typer.Option(None, help=_STORAGE_HELP),
     top: int | None = typer.Option(None, min=1, help="Only the N best trials."),
     json_out: bool = typer.Option(
-        False, "--json", help="Print one JSON object, every parameter and measured figure."
+        False, "--json", help="The same as --format json: every parameter and measured figure."
     ),
+    fmt: Format = format_option(),
 ):
     """A study's trials, best first: number, state, value, parameters, fail reason, duration."""
     from autotune.studies.inspect import (
@@ -468,19 +660,15 @@ def studies_trials(
 
     summary = StudyDatabase(storage).summary(name)
     rows = summary.trials[:top] if top else summary.trials
-    if json_out:
-        typer.echo(
-            json.dumps(
-                {
-                    "study": summary.name,
-                    "direction": summary.direction,
-                    "objective": summary.user_attrs.get("objective"),
-                    "trials": [row.as_dict() for row in rows],
-                },
-                indent=2,
-                default=str,
-            )
-        )
+    fmt = Format.json if json_out else fmt
+    if fmt is not Format.table:
+        data = {
+            "study": summary.name,
+            "direction": summary.direction,
+            "objective": summary.user_attrs.get("objective"),
+            "trials": [row.as_dict() for row in rows],
+        }
+        typer.echo(render(data, fmt))
         return
     typer.echo(trials_heading(summary, rows))
     _console().print(trials_table(rows))
@@ -525,6 +713,34 @@ def studies_delete(
         raise typer.Exit(1)
     db.delete(name)
     typer.echo(f"deleted study {name} ({trials} trials)")
+
+
+@studies_app.command("dashboard")
+@_user_errors
+def studies_dashboard(
+    storage: str | None = typer.Option(None, help=_STORAGE_HELP),
+    host: str = typer.Option(
+        "127.0.0.1", help="Address to listen on (0.0.0.0: reachable from other machines)."
+    ),
+    port: int = typer.Option(8080, min=0, max=65535, help="Port (0: any free one)."),
+):
+    """Browse the study database in optuna-dashboard (an optional extra: pip install
+    'autotune[dashboard]'); it follows running studies live. Ctrl-C stops it."""
+    from autotune.studies.dashboard import dashboard_server, require_dashboard
+    from autotune.studies.inspect import StudyDatabase
+
+    require_dashboard()  # a missing extra is said before anything else
+    db = StudyDatabase(storage)
+    server = dashboard_server(db.storage, host, port)
+    shown = f"[{host}]" if ":" in host else host
+    typer.echo(f"optuna-dashboard of {db.where} at http://{shown}:{server.server_port}/")
+    typer.echo("Ctrl-C stops it", err=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass  # the way to stop it: not an interruption of work
+    finally:
+        server.server_close()
 
 
 def main() -> None:  # pragma: no cover

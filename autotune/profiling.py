@@ -1,12 +1,14 @@
-"""`autotune profile`: tune every method that applies, measure each setting once on
-held-back prompts, write the profile.
+"""`autotune profile`: tune every method that applies, choose on search prompts, measure
+each final setting once on held-back prompts, write the profile.
 
-The steps, in order: ``plan`` (which methods, their search spaces and heads; cheap checks
-before any long work), ``open_workspace`` (the model and prompts), ``tune_methods`` (each
-method's choice, on the search split), ``fit_expansions`` (CAPE on the chain methods, kept
-where it decodes faster on the search split), ``measure_held_back`` (every final setting
-against plain greedy decoding, interleaved, on prompts no choice was made on), and
-``assemble`` the profile.
+The steps, in order: ``make_plan`` (which methods, their search spaces and heads; cheap
+checks before any long work), ``open_workspace`` (the model and prompts),
+``check_machine`` (is it quiet enough to time?), ``tune_methods`` (each method's choice,
+on the search split), ``fit_expansions`` (CAPE on the chain methods), ``select`` (every
+method's final candidates side by side on search prompts: whether CAPE is kept, and the
+ranking of the methods), ``measure_held_back`` (every final setting against plain greedy
+decoding, interleaved, on prompts no choice was made on, until the top-ranked method's
+interval decides), ``decide`` (the verdict, with its reason) and ``assemble``.
 """
 
 from __future__ import annotations
@@ -18,18 +20,64 @@ from typing import Any
 from autotune.budget import Budget
 from autotune.engine.sampling import GREEDY
 from autotune.errors import AutotuneError
+from autotune.measure.noise import NoiseRecord, probe, settle
+from autotune.measure.sequential import FIRST_LOOK
+from autotune.measure.timing import EncodedPrompt, Measurement, Variant, interval_text
 from autotune.methods import registry
 from autotune.methods.base import DraftEnv, Entry, Method, TuneContext
-from autotune.profile.blocks import HardwareInfo, Measured, MethodSettings, ModelInfo, Workload
+from autotune.profile.blocks import (
+    Environment,
+    Figures,
+    HardwareInfo,
+    Measured,
+    MethodSettings,
+    ModelInfo,
+    Verdict,
+    Workload,
+)
 from autotune.profile.io import check_writable, write_profile
-from autotune.profile.schema import ProfileBase, methods_block, profile_model, recommend
+from autotune.profile.report import plot_path, write_verdict_plot
+from autotune.profile.schema import ProfileBase, methods_block, profile_model
 from autotune.progress import say, step
+from autotune.schedule import Phase, Schedule, clock
 from autotune.studies.workers import Workers
 from autotune.workspace import Workspace
 
-# The held-back measurement: prompts and tokens per prompt (``--heldback-prompts``).
-HELDBACK_PROMPTS = 16
+# The held-back measurement: at most this many prompts (``--heldback-prompts``), of this
+# many tokens each (``--max-new-tokens``); the selection's: search prompts and tokens.
+HELDBACK_PROMPTS = 24
 HELDBACK_TOKENS = 128
+SELECT_PROMPTS = 8
+SELECT_TOKENS = 64
+# A method is recommended when its held-back interval's low end clears 1 + MARGIN.
+MARGIN = 0.0
+# The whole run's time (``--budget``): head training, searches, selection, measurement.
+BUDGET_S = 20 * 60.0
+# Heads are trained within the run on models up to this size on a CPU (larger ones take
+# `autotune heads train` on a GPU, or longer than a profile's budget).
+CPU_TRAINABLE_PARAMS = 1_000_000_000
+# Heads trained within the run learn from answers this long (all trainers share them).
+ANSWER_TOKENS = 128
+# Batched decoding of the calibration answers against one greedy sequence, in tokens per
+# second (measured on 2 cores, SmolLM2-135M, batches of 16: ~140 against ~35).
+BATCHED_DECODING_GAIN = 4.0
+# Shares of the time left after measurement: training (when heads are trained) and, of
+# training, what the shared answers may take at most.
+TRAINING_SHARE = 0.55
+ANSWERS_SHARE = 0.35
+# Decoding with a method costs about this much of greedy's time (for the plan only).
+SPECULATIVE_COST = 0.7
+# The selection and held-back measurement take at most this share of the budget: beyond
+# it they measure fewer prompts.
+MEASURE_SHARE = 0.35
+# Of the searches' time, what fitting CAPE on the chain methods takes.
+CAPE_SHARE = 0.15
+# Too little time to train a head kind usefully: it is skipped, with the command to run.
+MIN_TRAINING_S = 45.0
+LOSSLESS_REFERENCE = (
+    "plain greedy decoding by autotune's own runner (the same weights and "
+    "kernels); see the README for its parity with transformers' generate"
+)
 
 
 @dataclass
@@ -48,9 +96,13 @@ class ProfileRequest:
     search_spaces: dict[str, str] = field(default_factory=dict)  # entry -> YAML file
     heldback_prompts: int = HELDBACK_PROMPTS
     max_new_tokens: int = HELDBACK_TOKENS
+    select_prompts: int = SELECT_PROMPTS
+    margin: float = MARGIN
     workers: Workers = field(default_factory=Workers)
-    dtype: str = "float32"
-    device: str = "cpu"
+    dtype: str = "auto"  # auto, float32, bfloat16, float16 (autotune.hardware)
+    device: str = "auto"  # auto, cpu, cuda, cuda:N
+    budget_s: float | None = BUDGET_S  # the whole run (``--budget``)
+    train_heads: bool = True  # train missing heads within the run, when the model allows
 
 
 @dataclass
@@ -62,18 +114,35 @@ class Plan:
     spaces: dict[str, Any]
     heads: dict[str, Path]
     skipped: dict[str, str]  # method -> why it does not run
+    train: dict[str, str] = field(default_factory=dict)  # method -> head kind to train
+
+
+@dataclass
+class HeldBack:
+    """The final measurement and what it decided."""
+
+    measured: dict[str, Measurement]
+    looks: int
+    stopped: str
 
 
 def run_profile(request: ProfileRequest) -> tuple[ProfileBase, Path]:
+    budget = Budget(request.budget_s)
     plan = make_plan(request)
     ws = open_workspace(request)
     out = request.out or default_out(ws.target.name)
     check_writable(out)
-    tuned, notes = tune_methods(plan, ws, request)
-    fit_expansions(plan, ws, tuned, notes)
-    measured = measure_held_back(ws, tuned, request)
-    profile = assemble(ws, tuned, measured, request)
+    noise = check_machine(ws)
+    schedule = make_schedule(plan, ws, request, budget)
+    train_heads(plan, ws, schedule)
+    tuned = tune_methods(plan, ws, request, schedule)
+    fit_expansions(plan, ws, tuned, schedule)
+    ranking = select(ws, tuned, request, schedule)
+    held = measure_held_back(ws, tuned, ranking, request, noise, schedule)
+    verdict = decide(tuned, ranking, held, request.margin)
+    profile = assemble(ws, tuned, held, verdict, noise, request)
     write_profile(profile, out)
+    write_verdict_plot(profile, plot_path(out))
     return profile, out
 
 
@@ -81,7 +150,7 @@ def default_out(model_name: str) -> Path:
     return Path("profiles") / f"{model_name}.yaml"
 
 
-# --- the steps ------------------------------------------------------------------------
+# --- before any long work -------------------------------------------------------------
 
 
 def parse_methods(text: str) -> tuple[str, ...]:
@@ -111,26 +180,56 @@ def make_plan(request: ProfileRequest) -> Plan:
             f"{expansions[0].name} widens a chain method's drafts: add one of "
             f"{', '.join(chains)} to --methods"
         )
+    heads, skipped = find_heads(methods, request)
+    train = {
+        name: str(registry.method(name).heads) for name, why in skipped.items() if why == TRAIN
+    }
+    skipped = {name: why for name, why in skipped.items() if why != TRAIN}
+    methods = [m for m in methods if m.name not in skipped]
+    spaces = {e.name: e.space(request.search_spaces.get(e.name)) for e in methods + expansions}
+    return Plan(methods, expansions, spaces, heads, skipped, train)
+
+
+def find_heads(
+    methods: list[Method], request: ProfileRequest
+) -> tuple[dict[str, Path], dict[str, str]]:
+    """The head folder of each method that drafts with heads: the one given, else one
+    found (``training.sources``); the methods whose heads are to be trained (marked in the
+    returned reasons with ``TRAIN``) or that cannot run, with the reason (an error when
+    they were asked for and cannot be trained)."""
+    from autotune.models import resolve_model
+    from autotune.models.registry import fingerprint
+    from autotune.training.sources import find_heads as find
+
     heads, skipped = {}, {}
-    for method in list(methods):
-        if method.heads is None:
-            continue
+    needs = [m for m in methods if m.heads is not None]
+    resolved = resolve_model(request.model, request.model_path) if needs else None
+    for method in needs:
         given = request.heads.get(method.name)
-        if given is None:
+        if given is not None:
+            folder = Path(given).expanduser().resolve()
+            method.check_heads(folder)
+            heads[method.name] = folder
+            continue
+        assert resolved is not None and method.heads is not None
+        found = find(method.heads, resolved.name, fingerprint(resolved), method.check_heads)
+        if found is not None:
+            say(f"{method.name}: {method.heads} heads from {found.source}: {found.folder}")
+            heads[method.name] = found.folder
+        elif request.train_heads:
+            skipped[method.name] = TRAIN
+        else:
             why = (
-                f"no {method.heads} heads given: pass --heads {method.name}=DIR, or train "
-                f"them with `autotune heads train --kind {method.heads}`"
+                f"no {method.heads} heads given or found: pass --heads {method.name}=DIR, "
+                f"or train them with `autotune heads train --kind {method.heads}`"
             )
             if request.methods is not None:
                 raise AutotuneError(f"--methods {method.name}: {why}")
             skipped[method.name] = why
-            methods.remove(method)
-            continue
-        folder = Path(given).expanduser().resolve()
-        method.check_heads(folder)
-        heads[method.name] = folder
-    spaces = {e.name: e.space(request.search_spaces.get(e.name)) for e in methods + expansions}
-    return Plan(methods, expansions, spaces, heads, skipped)
+    return heads, skipped
+
+
+TRAIN = "to be trained"
 
 
 def open_workspace(request: ProfileRequest) -> Workspace:
@@ -142,129 +241,376 @@ def open_workspace(request: ProfileRequest) -> Workspace:
     return Workspace.open(ref, request.prompts, request.storage)
 
 
+def check_machine(ws: Workspace) -> NoiseRecord:
+    """Probe the machine before timing; a busy one is said and given time to settle."""
+    noise = NoiseRecord(before=settle(ws.runner, say))
+    if noise.before[-1].busy:
+        say(
+            f"[yellow]timing on a busy machine ({'; '.join(noise.before[-1].reasons)}): the "
+            "intervals will be wider, and the profile records it[/yellow]"
+        )
+    return noise
+
+
+def make_schedule(plan: Plan, ws: Workspace, request: ProfileRequest, budget: Budget) -> Schedule:
+    """The run's phases and their seconds, from this machine's measured speed, printed.
+    Heads that cannot be trained here, or not in the time there is, are dropped first
+    (with the command that trains them), and the time is planned without them."""
+    tokens_per_s = 1.0 / ws.forward_seconds_now()  # one greedy sequence, this machine
+    left = budget.left()
+    seconds = 3600.0 if left is None else left
+    phases = _phases(plan, ws, request, tokens_per_s, seconds)
+    why_not = _cannot_train(ws, phases, plan) if plan.train else None
+    if why_not is not None:
+        for name, kind in plan.train.items():
+            plan.skipped[name] = (
+                f"{why_not}: train {kind} heads with `autotune heads train --kind {kind} "
+                f"--model {ws.ref.spec}` (profile finds them in its heads cache)"
+            )
+        plan.methods = [m for m in plan.methods if m.name not in plan.train]
+        plan.train = {}
+        phases = _phases(plan, ws, request, tokens_per_s, seconds)
+    schedule = Schedule(budget, phases)
+    for line in schedule.lines():
+        say(line)
+    return schedule
+
+
+def _phases(
+    plan: Plan, ws: Workspace, request: ProfileRequest, tokens_per_s: float, seconds: float
+) -> list[Phase]:
+    """The selection and the held-back measurement are planned from the tokens they
+    decode (at most ``MEASURE_SHARE`` of the time: beyond it they take fewer prompts);
+    head training and the searches share the rest."""
+    chains = sum(m.chain for m in plan.methods) if plan.expansions else 0
+    decoders = 1 + len(plan.methods)  # plain greedy and every method, side by side
+    # a method decodes faster than greedy or is dropped; the first look usually decides
+    cost = 1 + SPECULATIVE_COST * len(plan.methods)
+    held_back = min(request.heldback_prompts, FIRST_LOOK)
+    measuring = [
+        Phase(
+            "selection (search prompts)",
+            request.select_prompts
+            * SELECT_TOKENS
+            * (cost + SPECULATIVE_COST * chains)
+            / tokens_per_s,
+            f"{request.select_prompts} prompts x {decoders + chains} decoders",
+        ),
+        Phase(
+            "held-back measurement",
+            held_back * request.max_new_tokens * cost / tokens_per_s,
+            f"{held_back} prompts x {decoders} decoders (more when undecided), "
+            f"{tokens_per_s:.0f} tokens/s greedy",
+        ),
+    ]
+    total = sum(p.seconds for p in measuring)
+    for phase in measuring:
+        phase.seconds *= min(1.0, MEASURE_SHARE * seconds / total)
+    rest = max(seconds - sum(p.seconds for p in measuring), 0.0)
+    training: list[Phase] = []
+    if plan.train:
+        share = TRAINING_SHARE * rest
+        answers = min(ANSWERS_SHARE * share, _answers_seconds(ws, tokens_per_s))
+        kinds = list(dict.fromkeys(plan.train.values()))
+        training = [Phase("self-distillation answers (shared)", answers, "decoded once")]
+        training += [Phase(f"train {kind} heads", (share - answers) / len(kinds)) for kind in kinds]
+        rest -= share
+    expansion = CAPE_SHARE * rest if chains else 0.0
+    per_method = (rest - expansion) / max(len(plan.methods), 1)
+    tuning = [Phase(f"tune {m.name}", per_method) for m in plan.methods]
+    if chains:
+        tuning.append(Phase("fit CAPE", expansion, f"{chains} chain methods"))
+    return training + tuning + measuring
+
+
+def _answers_seconds(ws: Workspace, tokens_per_s: float) -> float:
+    """Decoding every calibration answer, at the batched decoding rate."""
+    from autotune.training.job import calibration_extras
+
+    prompts = len(ws.search_prompts()) + len(calibration_extras(ws.prompts_path))
+    return prompts * ANSWER_TOKENS / (BATCHED_DECODING_GAIN * tokens_per_s)
+
+
+def _cannot_train(ws: Workspace, phases: list[Phase], plan: Plan) -> str | None:
+    params = sum(p.numel() for p in ws.target.model.parameters())
+    if ws.runner.device.type == "cpu" and params > CPU_TRAINABLE_PARAMS:
+        return f"the model has {params / 1e9:.1f}B parameters, too many to train heads on a CPU"
+    shortest = min(p.seconds for p in phases if p.name.startswith("train "))
+    if shortest < MIN_TRAINING_S:
+        return (
+            f"the budget leaves {clock(shortest)} (m:s) to train heads, under the "
+            f"{clock(MIN_TRAINING_S)} that is worth it; give more --budget, or"
+        )
+    return None
+
+
+def train_heads(plan: Plan, ws: Workspace, schedule: Schedule) -> None:
+    """Heads for the methods that have none, trained now on the model's shared
+    self-distillation answers (the packaged calibration prompts that fit the time, and
+    the workload's search split), kept in autotune's heads cache for the next run."""
+    if not plan.train:
+        return
+    from autotune.training.job import prepare_training, train_kind
+
+    answers = schedule.begin("self-distillation answers (shared)").seconds
+    extra = len(ws.search_prompts())  # what the answers' time allows besides the workload's
+    if answers is not None:
+        rate = BATCHED_DECODING_GAIN / ws.forward_seconds_now()
+        extra = int(answers * rate / ANSWER_TOKENS) - len(ws.search_prompts())
+    data = prepare_training(ws, ANSWER_TOKENS, extra)
+    for kind in dict.fromkeys(plan.train.values()):
+        seconds = schedule.begin(f"train {kind} heads").seconds
+        folder = train_kind(ws, data, kind, seconds)
+        for name in [n for n, k in plan.train.items() if k == kind]:
+            plan.heads[name] = folder
+
+
+# --- choices, on the search split -----------------------------------------------------
+
+
 def tune_methods(
-    plan: Plan, ws: Workspace, request: ProfileRequest
-) -> tuple[dict[str, MethodSettings], dict[str, list[str]]]:
-    """Each method's setting, chosen on the search split within its time budget."""
+    plan: Plan, ws: Workspace, request: ProfileRequest, schedule: Schedule
+) -> dict[str, MethodSettings]:
+    """Each method's setting, chosen on the search split within its share of the time
+    (or ``--time-budget`` seconds each, when given)."""
     for name, why in plan.skipped.items():
         say(f"[yellow]{name} skipped: {why}[/yellow]")
-    tuned, notes = {}, {}
+    tuned = {}
     for method in plan.methods:
-        say(f"[bold]{method.name}[/bold]: {method.title}")
+        share = schedule.begin(f"tune {method.name}")
+        say(f"{method.name}: {method.title}")
         ctx = TuneContext(
             ws,
             plan.spaces[method.name],
-            Budget(request.time_budget_s),
+            share if request.time_budget_s is None else Budget(request.time_budget_s),
             request.workers,
             plan.heads.get(method.name),
             request.trials,
         )
-        tuned[method.name] = method.tune(ctx)
-        notes[method.name] = ctx.notes
-    return tuned, notes
+        settings = method.tune(ctx)
+        tuned[method.name] = settings.model_copy(update={"notes": settings.notes + ctx.notes})
+    return tuned
 
 
 def fit_expansions(
-    plan: Plan, ws: Workspace, tuned: dict[str, MethodSettings], notes: dict[str, list[str]]
+    plan: Plan, ws: Workspace, tuned: dict[str, MethodSettings], schedule: Schedule
 ) -> None:
-    """CAPE for every chain method, fitted on the search split, and kept (``enabled``)
-    where the method decodes faster with it on search prompts."""
+    """CAPE for every chain method, fitted on the search split (``select`` decides whether
+    the method keeps it)."""
     from autotune.methods.cape.fit import fit
 
+    if not any(m.chain for m in plan.methods) or not plan.expansions:
+        return
+    budget = schedule.begin("fit CAPE")
     for expansion in plan.expansions:
-        space = plan.spaces[expansion.name]
         for method in plan.methods:
             if not method.chain:
                 continue
             ctx = TuneContext(
                 ws,
-                space,
-                Budget(None),
+                plan.spaces[expansion.name],
+                budget.part(0.5),
                 Workers(),
                 plan.heads.get(method.name),
                 base_space=plan.spaces[method.name],
-                notes=notes[method.name],
             )
             cape = fit(method, tuned[method.name], ctx)
-            settings = tuned[method.name].model_copy(update={"cape": cape})
-            enabled, speedups = faster_with_expansion(method, settings, ws, space)
-            cape.enabled = enabled
-            cape.search["selection_on_search_prompts"] = speedups
-            tuned[method.name] = settings
+            tuned[method.name] = tuned[method.name].model_copy(update={"cape": cape})
 
 
-def faster_with_expansion(
-    method: Method, settings, ws: Workspace, space
-) -> tuple[bool, dict[str, float]]:
-    """Decode the method with and without its expansion, side by side on search prompts
-    the fit did not replay; whether the expansion was faster, and both speedups."""
+def select(
+    ws: Workspace, tuned: dict[str, MethodSettings], request: ProfileRequest, schedule: Schedule
+) -> list[str]:
+    """Every method's final candidates (a chain method with and without its fitted
+    expansion) decoded side by side on search prompts: each chain method keeps CAPE where
+    it was faster there, and the methods are ranked by what they keep, fastest first."""
     from autotune.measure.timing import measure_variants
 
     env = DraftEnv(ws.ref, ws.runner)
-    plain = settings.model_copy(
-        update={"cape": settings.cape.model_copy(update={"enabled": False})}
-    )
-    makers = {
-        "without": method.variant(plain, env),
-        "with": method.variant(settings, env),
+    variants = {
+        name: candidate
+        for method_name, settings in tuned.items()
+        for name, candidate in candidates(method_name, settings, env).items()
     }
-    prompts = ws.encode(ws.search_prompts()[-space.selection.prompts :])
+    share = schedule.begin("selection (search prompts)").seconds
+    planned = schedule.planned("selection (search prompts)")
+    count = (
+        request.select_prompts if share is None else _fit(request.select_prompts, share, planned)
+    )
+    prompts = spread(ws.encode(ws.search_prompts()), count)
     with step(
-        f"{method.name}: with and without cape (search prompts)", len(prompts) * len(makers)
+        "selection: every method side by side (search prompts)", len(prompts) * len(variants)
     ) as advance:
         measured = measure_variants(
-            ws.runner, makers, prompts, space.selection.tokens, on_prompt=lambda _: advance()
+            ws.runner, variants, prompts, SELECT_TOKENS, on_prompt=lambda _: advance()
         )
-    speedups = {name: round(m.speedup, 4) for name, m in measured.items()}
-    return speedups["with"] > speedups["without"], speedups
+    figures = {}
+    for name, settings in tuned.items():
+        tuned[name], figures[name] = keep_faster(settings, name, measured)
+    ranking = sorted(tuned, key=lambda n: -figures[n].speedup)
+    say(
+        "on search prompts: "
+        + ", ".join(f"{n} {interval_text(figures[n].model_dump())}" for n in ranking)
+    )
+    return ranking
+
+
+def candidates(name: str, settings: MethodSettings, env: DraftEnv) -> dict[str, Variant]:
+    method = registry.method(name)
+    cape = getattr(settings, "cape", None)
+    if cape is None:
+        return {name: method.variant(settings, env)}
+    without = settings.model_copy(update={"cape": cape.model_copy(update={"enabled": False})})
+    with_cape = settings.model_copy(update={"cape": cape.model_copy(update={"enabled": True})})
+    return {name: method.variant(without, env), f"{name}+cape": method.variant(with_cape, env)}
+
+
+def keep_faster(
+    settings: MethodSettings, name: str, measured: dict[str, Measurement]
+) -> tuple[MethodSettings, Figures]:
+    """The settings with the faster of their candidates, and its selection figures."""
+    cape = getattr(settings, "cape", None)
+    chosen = name
+    if cape is not None:
+        enabled = measured[f"{name}+cape"].speedup > measured[name].speedup
+        chosen = f"{name}+cape" if enabled else name
+        search = {
+            **cape.search,
+            "selection_on_search_prompts": {
+                "without": measured[name].summary(False)["speedup"],
+                "with": measured[f"{name}+cape"].summary(False)["speedup"],
+            },
+        }
+        settings = settings.model_copy(
+            update={"cape": cape.model_copy(update={"enabled": enabled, "search": search})}
+        )
+    figures = Figures(**measured[chosen].summary(with_categories=False))
+    return settings.model_copy(update={"selection": figures}), figures
+
+
+def _fit(count: int, seconds: float, planned: float) -> int:
+    """``count`` prompts planned to take ``planned`` seconds, cut to fit ``seconds``."""
+    return max(2, min(count, int(count * seconds / max(planned, 1e-9))))
+
+
+def spread(prompts: list[EncodedPrompt], count: int) -> list[EncodedPrompt]:
+    """``count`` prompts taken evenly through the list (files group prompts by category)."""
+    if count >= len(prompts):
+        return list(prompts)
+    return [prompts[i * len(prompts) // count] for i in range(count)]
+
+
+# --- the held-back measurement and the verdict ------------------------------------------
 
 
 def measure_held_back(
-    ws: Workspace, tuned: dict[str, MethodSettings], request: ProfileRequest
-) -> dict[str, Measured]:
+    ws: Workspace,
+    tuned: dict[str, MethodSettings],
+    ranking: list[str],
+    request: ProfileRequest,
+    noise: NoiseRecord,
+    schedule: Schedule,
+) -> HeldBack:
     """Every final setting against one plain greedy decoding per prompt, interleaved, on
-    the held-back prompts: the figures reported."""
-    from autotune.measure.timing import measure_variants
+    held-back prompts, until the interval of the method ranked first decides against the
+    bound (or the prompts run out); the figures reported."""
+    from autotune.measure.sequential import measure_until_decided
+    from autotune.measure.timing import SideBySide
 
+    if not tuned:
+        return HeldBack({}, 0, "no method")
     env = DraftEnv(ws.ref, ws.runner)
-    makers = {
-        name: registry.method(name).variant(settings, env)
-        for name, settings in tuned.items()
+    variants = {
+        name: registry.method(name).variant(settings, env) for name, settings in tuned.items()
     }
-    if not makers:
-        return {}
+    budget = schedule.begin("held-back measurement")
     prompts = ws.encode(ws.heldback_prompts()[: request.heldback_prompts])
+    session = SideBySide(ws.runner, variants, request.max_new_tokens)
+    top = ranking[0] if ranking and _selection_speedup(tuned[ranking[0]]) > 1.0 else None
     with step(
-        "held-back measurement, every method against plain greedy", len(prompts) * len(makers)
+        "held-back measurement, every method against plain greedy", len(prompts) * len(variants)
     ) as advance:
-        measured = measure_variants(
-            ws.runner, makers, prompts, request.max_new_tokens, on_prompt=lambda _: advance()
+        result = measure_until_decided(
+            session,
+            prompts,
+            top,
+            1.0 + request.margin,
+            budget,
+            between=lambda: noise.during.append(probe(ws.runner)),
+            on_prompt=lambda _: advance(),
         )
-    return {name: Measured(**m.summary()) for name, m in measured.items()}
+    return HeldBack(result.measurements, result.looks, result.stopped)
+
+
+def _selection_speedup(settings: MethodSettings) -> float:
+    return settings.selection.speedup if settings.selection is not None else 0.0
+
+
+def decide(
+    tuned: dict[str, MethodSettings], ranking: list[str], held: HeldBack, margin: float
+) -> Verdict:
+    """The method ranked first on the search prompts is recommended when its held-back
+    interval clears 1 + margin; otherwise none, with the reason. (One candidate, chosen
+    before the held-back prompts were seen: the held-back figures choose nothing.)"""
+    bound = 1.0 + margin
+    verdict = Verdict(
+        recommended="none", reason="", margin=margin, ranking=ranking, held_back_looks=held.looks
+    )
+    if not ranking:
+        verdict.reason = "no method was tuned"
+        return verdict
+    top = ranking[0]
+    if _selection_speedup(tuned[top]) <= 1.0:
+        verdict.reason = (
+            f"no method was faster than plain greedy decoding on the search "
+            f"prompts (the fastest, {top}, ran at "
+            f"{_selection_speedup(tuned[top]):.3f}x)"
+        )
+        return verdict
+    measured = held.measured[top]
+    interval = measured.interval()
+    text = (
+        f"{top}, the fastest on the search prompts, measured {interval_text(measured)} "
+        f"on {len(measured.prompts)} held-back prompts"
+    )
+    if measured.lossless is False:
+        verdict.reason = f"{text}, but its output differed from plain greedy decoding"
+    elif interval.above(bound):
+        verdict.recommended = top
+        verdict.reason = f"{text}: its interval lies above {bound:.2f}"
+    else:
+        verdict.reason = f"{text}: its interval does not clear {bound:.2f}"
+    return verdict
 
 
 def assemble(
     ws: Workspace,
     tuned: dict[str, MethodSettings],
-    measured: dict[str, Measured],
+    held: HeldBack,
+    verdict: Verdict,
+    noise: NoiseRecord,
     request: ProfileRequest,
 ) -> ProfileBase:
     blocks = {
-        name: settings.model_copy(update={"measured": measured[name]})
+        name: settings.model_copy(update={"measured": Measured(**held.measured[name].summary())})
         for name, settings in tuned.items()
     }
-    methods = methods_block(**blocks)
+    categories = sorted({p.category for p in ws.prompts if p.category})
     return profile_model()(
         model=model_info(ws),
         hardware=HardwareInfo(**ws.hardware),
+        environment=Environment(noise=noise.as_dict()),
         workload=Workload(
             prompts=str(ws.prompts_path.resolve()),
             num_prompts=len(ws.prompts),
             max_new_tokens=request.max_new_tokens,
             temperature=GREEDY.temperature,
+            categories=categories or None,
+            lossless_reference=LOSSLESS_REFERENCE,
         ),
-        recommended=recommend(methods),
-        methods=methods,
+        recommended=verdict.recommended,
+        verdict=verdict,
+        methods=methods_block(**blocks),
     )
 
 
@@ -282,27 +628,22 @@ def model_info(ws: Workspace) -> ModelInfo:
     )
 
 
-def verdict(profile: ProfileBase) -> list[str]:
-    """One line per method: what was measured and what it means."""
+# --- for people -----------------------------------------------------------------------
+
+
+def verdict_lines(profile: ProfileBase) -> list[str]:
+    """What the verdict table (``profile.report.verdict_table``) does not show: CAPE's
+    bins where kept, each method's notes, a busy machine, then the recommendation."""
     lines = []
     for name, method in profile.method_blocks().items():
-        m = method.measured
-        if m is None:
-            continue
-        word = "faster" if m.speedup > 1.0 else "slower"
         cape = getattr(method, "cape", None)
-        with_cape = f" with cape ({cape.policy().describe()})" if cape and cape.enabled else ""
-        lines.append(
-            f"{name}{with_cape}: {m.speedup:.3f}x plain greedy ({m.tokens_per_s:.1f} vs "
-            f"{m.baseline_tokens_per_s:.1f} tokens/s, {m.tokens_per_step:.2f} "
-            f"tokens/step, acceptance {m.acceptance_rate:.2f}, lossless {m.lossless}) "
-            f"on {m.prompts} held-back prompts: {word} than plain greedy on this device"
-        )
-    if profile.recommended == "none":
-        lines.append(
-            "recommended: none. No method measured faster than plain greedy "
-            "decoding here; serve without speculation on this device."
-        )
-    else:
-        lines.append(f"recommended: {profile.recommended}")
+        if method.measured is not None and cape is not None and cape.enabled:
+            lines.append(f"{name} keeps cape: {cape.policy().describe()}")
+        lines += [f"{name} note: {note}" for note in method.notes]
+    noise = profile.environment.noise if profile.environment else {}
+    if noise.get("busy"):
+        lines.append(f"the machine was busy while timing: {'; '.join(noise['reasons'])}")
+    verdict = profile.verdict
+    reason = f" ({verdict.reason})" if verdict is not None else ""
+    lines.append(f"recommended: {profile.recommended}{reason}")
     return lines

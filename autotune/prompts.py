@@ -32,6 +32,12 @@ def default_prompts_path() -> Path:
     return Path(__file__).parent / "data" / "mt_bench.jsonl"
 
 
+def packaged_prompt_files() -> list[Path]:
+    """The calibration prompts autotune ships: MT-bench (open chat) and the Spec-Bench
+    development set (200 prompts over five workload categories)."""
+    return [default_prompts_path(), Path(__file__).parent / "data" / "specbench_dev.jsonl"]
+
+
 def _parse_line(record: Any, where: str, line_no: int) -> Prompt:
     if not isinstance(record, dict):
         raise PromptsFileError(f"{where}: a JSON object is needed, {_EXPECTED}")

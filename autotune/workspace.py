@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from autotune import hardware
 from autotune.engine.runner import Runner
@@ -69,21 +72,58 @@ class Workspace:
     def encode(self, prompts: list[Prompt]) -> list[EncodedPrompt]:
         return [EncodedPrompt(p.id, self.target.encode_chat(p.text), p.category) for p in prompts]
 
-    # Measurements reused between runs: same model, same device, same inputs.
-    def cached_measurement(self, kind: str, key: str, build, device_bound: bool = True):
-        hw = hardware.key(self.hardware) if device_bound else "any"
+    # Measurements reused between runs: same model, same inputs, and for timings the same
+    # device, threads, dtype and torch; each is labelled with where and when it was taken.
+    def cached_measurement(
+        self,
+        kind: str,
+        key: str,
+        build: Callable[[], Any],
+        device_bound: bool = True,
+        spot_check: Callable[[Any], float] | None = None,
+    ) -> Any:
+        """``build()``'s value, or the one cached for these inputs. ``spot_check(value)``
+        (timings) measures one point again and returns how far off the cached value is
+        (relative): past ``SPOT_CHECK_TOLERANCE`` the cache is dropped and rebuilt."""
+        hw = hardware.key(self.hardware, self.target.dtype) if device_bound else "any"
         if self._cache is not None:
             hit = self._cache.get(kind, self.target.fingerprint, hw, key)
-            if hit is not None:
+            value = _cached_value(hit, labelled=device_bound)
+            if value is not None and self._still_holds(kind, value, spot_check):
                 say(
                     f"[dim]reusing {kind} measured earlier for this model"
                     f"{' on this device' if device_bound else ''}[/dim]"
                 )
-                return hit
+                return value
         value = build()
         if self._cache is not None:
-            self._cache.put(kind, self.target.fingerprint, hw, key, value)
+            label = {
+                "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+                "machine": self.hardware,
+                "dtype": self.target.dtype,
+            }
+            self._cache.put(
+                kind, self.target.fingerprint, hw, key, {"value": value, "label": label}
+            )
         return value
+
+    def _still_holds(self, kind: str, value: Any, spot_check) -> bool:
+        if spot_check is None:
+            return True
+        off = spot_check(value)
+        if abs(off) <= SPOT_CHECK_TOLERANCE:
+            return True
+        say(
+            f"[yellow]the {kind} cached for this machine is off by {off:+.0%} now (checked "
+            f"at one point): measuring it again[/yellow]"
+        )
+        return False
+
+    def forward_seconds_now(self, repeats: int = 5) -> float:
+        """One single-token forward after the curves' context, timed now (median)."""
+        from autotune.measure.costs import time_one_forward
+
+        return time_one_forward(self.runner, repeats)
 
     def continuations(self, prompts: list[EncodedPrompt], tokens: int):
         """The target's greedy continuations: what a drafter must predict."""
@@ -102,32 +142,59 @@ class Workspace:
         return [(p.ids, cont) for p, cont in zip(prompts, continuations) if len(cont) > 1]
 
     def device_costs(self, max_tokens: int = 16) -> tuple[LatencyCurve, SublayerCosts]:
-        from autotune.measure.costs import measure_latency_curve, measure_sublayer_costs
+        from autotune.measure.costs import measure_sublayer_costs, measure_verify_curve
 
         def build():
             repeats = 7
             with step("latency: verify curve and sublayer costs", repeats + 2) as advance:
-                curve = measure_latency_curve(self.runner, max_tokens, repeats, progress=advance)
+                curve = measure_verify_curve(
+                    self.runner, max_tokens, repeats, progress=advance, say=say
+                )
                 costs = measure_sublayer_costs(self.runner)
                 advance()
             return {"curve": curve.seconds, "costs": costs.__dict__}
 
-        data = self.cached_measurement("latency", f"verify<= {max_tokens}", build)
+        data = self.cached_measurement(
+            "latency",
+            f"verify<= {max_tokens}",
+            build,
+            spot_check=lambda d: self._off(d["curve"][0]),
+        )
         return LatencyCurve(data["curve"]), SublayerCosts(**data["costs"])
 
     def verify_curve(self, max_tokens: int, repeats: int = 3) -> LatencyCurve:
         """One target forward over n = 1..max_tokens new tokens (tree verification)."""
-        from autotune.measure.costs import measure_latency_curve
+        from autotune.measure.costs import measure_verify_curve
 
         def build():
             with step(f"latency: verify curve n = 1..{max_tokens}", repeats + 1) as advance:
-                return measure_latency_curve(
-                    self.runner, max_tokens, repeats, progress=advance
+                return measure_verify_curve(
+                    self.runner, max_tokens, repeats, progress=advance, say=say
                 ).seconds
 
         return LatencyCurve(
-            self.cached_measurement("latency", f"verify curve <= {max_tokens} x{repeats}", build)
+            self.cached_measurement(
+                "latency",
+                f"verify curve <= {max_tokens} x{repeats}",
+                build,
+                spot_check=lambda seconds: self._off(seconds[0]),
+            )
         )
+
+    def _off(self, cached_seconds: float) -> float:
+        return self.forward_seconds_now() / max(cached_seconds, 1e-12) - 1.0
+
+
+# A cached timing whose spot check is off by more than this is measured again.
+SPOT_CHECK_TOLERANCE = 0.15
+
+
+def _cached_value(hit: Any, labelled: bool) -> Any:
+    """The value of a cache entry; None for none, and for an unlabelled timing (written by
+    an autotune that did not record where it was measured: not trusted)."""
+    if isinstance(hit, dict) and set(hit) == {"value", "label"}:
+        return hit["value"]
+    return None if labelled else hit
 
 
 def _digest(*parts) -> str:

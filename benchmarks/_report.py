@@ -65,14 +65,20 @@ def tuned_ratios(results: dict, others) -> dict:
 
 
 def print_report(report: dict, as_json: bool, extra: str = "") -> None:
-    """``extra``: a format string over a variant's row, appended to its line."""
+    """``extra``: a format string over a variant's row, appended to its line. Every speedup
+    is printed with its 95% interval (paired bootstrap over prompts), and per category when
+    the prompts carry categories."""
+    from autotune.measure.timing import interval_text
+
     if as_json:
         print(json.dumps(report, indent=2))
         return
     for name, row in report["variants"].items():
         say(
-            f"{name:13} {row['speedup']:.3f}x  {row['tokens_per_step']:.2f} tokens/step  "
+            f"{name:15} {interval_text(row):24} {row['tokens_per_step']:.2f} tokens/step  "
             + (extra.format(**row) + "  " if extra else "")
-            + f"lossless {row['lossless']}"
+            + f"lossless {row['lossless']}  ({row['prompts']} prompts)"
         )
+        for category, part in (row.get("by_category") or {}).items():
+            say(f"    {category:15} {interval_text(part):24} {part['prompts']} prompts")
     say(json.dumps(report["ratios"]))

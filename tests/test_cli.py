@@ -387,7 +387,9 @@ def test_profile_writes_valid_profile_with_stubbed_search(workdir, tiny_llama_di
     block = profile.methods.self_spec
     assert block.skip.attention == [1, 2] and block.draft.max_tokens == 3
     assert block.measured.lossless is True and block.measured.prompts == 2
-    assert profile.recommended == ("self_spec" if block.measured.speedup > 1.0 else "none")
+    # recommended exactly when it ranked first and its held-back interval clears 1.0
+    clears = block.selection.speedup > 1.0 and block.measured.speedup_interval[0] > 1.0
+    assert profile.recommended == ("self_spec" if clears else "none")
     assert profile.model.num_layers == 4 and profile.model.vocab_size == 128
     assert profile.workload.num_prompts == 8 and profile.workload.max_new_tokens == 12
     assert seen["ctx"].trials == 3 and seen["ctx"].budget.seconds == 30
@@ -498,7 +500,9 @@ def test_profile_and_bench_end_to_end(tmp_path, tiny_llama_dir, run_autotune):
     assert block.measured.prompts == 2
     assert block.measured.speedup > 0 and block.measured.tokens_per_step >= 1.0
     assert profile.recommended in ("none", "self_spec")
-    assert profile.recommended == ("self_spec" if block.measured.speedup > 1.0 else "none")
+    # recommended exactly when it ranked first and its held-back interval clears 1.0
+    clears = block.selection.speedup > 1.0 and block.measured.speedup_interval[0] > 1.0
+    assert profile.recommended == ("self_spec" if clears else "none")
     assert block.skip.attention or block.skip.mlp
     assert set(block.skip.attention) | set(block.skip.mlp) <= {1, 2}  # keep_first/last 1
     assert 1 <= block.draft.max_tokens <= 8
@@ -520,7 +524,7 @@ def test_profile_and_bench_end_to_end(tmp_path, tiny_llama_dir, run_autotune):
     )
     assert bench.returncode == 0, bench.stderr[-3000:]
     figures = json.loads(bench.stdout)
-    assert set(figures) == {"self_spec"}
+    assert set(figures) - {"recommended", "recommended_holds"} == {"self_spec"}
     row = figures["self_spec"]
     for key in ("speedup", "tokens_per_step", "tokens_per_s", "baseline_tokens_per_s", "lossless"):
         assert key in row, key
@@ -566,3 +570,46 @@ def test_profile_with_relative_model_folder(tmp_path, tiny_llama_dir, run_autotu
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert read_profile(tmp_path / "p.yaml").methods.self_spec is not None
+
+
+@pytest.mark.ray
+def test_profile_trains_missing_heads_within_its_budget(tmp_path, tiny_llama_dir, run_autotune):
+    """No heads given or found: `profile` plans the time, trains them on the shared
+    answers, keeps them in its heads cache, measures the method, and the next run finds
+    them there instead of training again."""
+    prompts = write_prompts(tmp_path / "prompts.jsonl")
+    out = tmp_path / "p.yaml"
+    args = [
+        "profile",
+        "--model",
+        tiny_llama_dir,
+        "--methods",
+        "medusa",
+        "--budget",
+        "4m",
+        "--prompts",
+        prompts,
+        "--out",
+        out,
+        "--select-prompts",
+        "2",
+        "--threads",
+        1,
+        "--storage",
+        f"sqlite:///{tmp_path / 'studies.db'}",
+        *HELDBACK,
+    ]
+    done = run_autotune(args, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "plan:" in done.stderr and "train medusa heads" in done.stderr
+    profile = read_profile(out)
+    block = profile.methods.medusa
+    assert block is not None and block.measured is not None and block.measured.lossless
+    assert "speedup" in done.stdout and "medusa" in done.stdout  # the verdict table
+    assert (tmp_path / "p.png").stat().st_size > 0  # the verdict's picture
+    heads = sorted((tmp_path / "cache" / "heads").glob("*/medusa/config.json"))
+    assert len(heads) == 1
+    again = run_autotune(args, cwd=tmp_path, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "heads from autotune's heads cache" in again.stderr.replace("\n", " ")
+    assert "train medusa heads" not in again.stderr

@@ -31,7 +31,7 @@ from autotune.training.eagle import (
     train_eagle_head,
     unrolled_mask,
 )
-from autotune.training.job import HeadsJob, default_out, run_heads_train, trained_on
+from autotune.training.job import HeadsJob, run_heads_train, trained_on
 from autotune.training.loss import IGNORE
 from autotune.training.medusa import MedusaOptions
 
@@ -291,9 +291,13 @@ def test_command_writes_a_folder_that_loads_to_the_same_head(
         timeout=300,
     )
     assert done.returncode == 0, (done.stdout, done.stderr)
-    folder = tmp_path / default_out("tiny-llama", "eagle")
-    assert folder == tmp_path / "heads" / "tiny-llama-eagle"
-    assert f"wrote {default_out('tiny-llama', 'eagle')}" in done.stdout
+    # by default into autotune's heads cache, under the model's fingerprint, where
+    # `profile` finds them
+    fingerprint = autotune.models.registry.fingerprint(
+        autotune.models.resolve_model(str(tiny_llama_dir))
+    )
+    folder = tmp_path / "cache" / "heads" / fingerprint / "eagle"
+    assert f"wrote {folder}" in done.stdout.replace("\n", "")
     assert "depth" in done.stdout and "t+6" in done.stdout  # the table, depths 1 .. 5
 
     from transformers import LlamaForCausalLM

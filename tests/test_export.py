@@ -494,14 +494,47 @@ def test_each_method_says_why_an_engine_cannot_serve_it():
             assert exporter.engine == engine
 
 
-def test_default_method_falls_back_to_one_the_engine_serves():
+def test_default_method_falls_back_to_one_the_engine_serves_only_when_forced():
     profile = fixture("eagle")
     profile.methods.self_spec = fixture("self_spec").methods.self_spec
     profile.recommended = "self_spec"
     assert export_profile(profile, "dv").method == "self_spec"
-    result = export_profile(profile, "vllm")
+    with pytest.raises(AutotuneError, match="recommends self_spec, not eagle"):
+        export_profile(profile, "vllm")
+    result = export_profile(profile, "vllm", force=True)
     assert result.method == "eagle"
     assert "exporting eagle instead" in result.warnings[0]
+
+
+def test_export_guards_the_verdict(tmp_path):
+    from autotune.profile.blocks import Verdict
+
+    profile = fixture("eagle")
+    measured = profile.methods.eagle.measured
+    # not recommended: refused, with the verdict's reason, unless forced
+    profile.recommended = "none"
+    profile.verdict = Verdict(
+        recommended="none",
+        reason="eagle's interval does not clear 1.00",
+        margin=0.0,
+        ranking=["eagle"],
+    )
+    with pytest.raises(AutotuneError, match=r"recommends no method \(eagle's interval"):
+        export_profile(profile, "vllm")
+    assert export_profile(profile, "vllm", force=True).method == "eagle"
+    # recommended but measured no faster than greedy: refused
+    profile.recommended = "eagle"
+    profile.methods.eagle.measured = measured.model_copy(
+        update={"speedup": 1.02, "speedup_interval": [0.97, 1.08]}
+    )
+    with pytest.raises(AutotuneError, match="not clearly faster"):
+        export_profile(profile, "vllm")
+    # on the command line: one line, status 2, nothing written
+    path, out = tmp_path / "p.yaml", tmp_path / "out.yaml"
+    write_profile(profile, path)
+    result = invoke("export", path, "--engine", "vllm", "--out", out)
+    assert result.exit_code == 2 and "--force" in result.stderr and not out.exists()
+    assert invoke("export", path, "--engine", "vllm", "--out", out, "--force").exit_code == 0
 
 
 @pytest.mark.parametrize(

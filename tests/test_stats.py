@@ -1,4 +1,5 @@
 """The paired statistics of a speedup, on data whose answer is known."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,8 +16,12 @@ from autotune.measure.stats import (
 
 def pairs(method_s, base_s, tokens=100):
     n = len(method_s)
-    return Pairs(np.asarray(method_s, float), np.full(n, tokens, float),
-                 np.asarray(base_s, float), np.full(n, tokens, float))
+    return Pairs(
+        np.asarray(method_s, float),
+        np.full(n, tokens, float),
+        np.asarray(base_s, float),
+        np.full(n, tokens, float),
+    )
 
 
 def test_speedup_is_the_ratio_of_total_times():
@@ -29,7 +34,7 @@ def test_speedup_is_the_ratio_of_total_times():
 
 
 def test_a_constant_ratio_has_a_point_interval():
-    base = np.linspace(1.0, 9.0, 20)          # prompts of very different lengths
+    base = np.linspace(1.0, 9.0, 20)  # prompts of very different lengths
     interval = bootstrap_interval(pairs(base / 2.0, base))
     assert interval.low == pytest.approx(2.0) and interval.high == pytest.approx(2.0)
     assert interval.prompts == 20 and interval.confidence == 0.95
@@ -74,7 +79,7 @@ def test_interval_narrows_with_more_prompts_and_is_repeatable():
 
 
 def test_decisions_against_a_bound():
-    interval = bootstrap_interval(pairs([1.0] * 10, [1.2] * 10))   # exactly 1.2x
+    interval = bootstrap_interval(pairs([1.0] * 10, [1.2] * 10))  # exactly 1.2x
     assert interval.above(1.1) and interval.decides(1.1) and not interval.below(1.1)
     assert interval.below(1.3) and interval.decides(1.3) and not interval.above(1.3)
     assert not interval.decides(1.2)
@@ -89,7 +94,10 @@ def test_sequential_looks():
     rng = np.random.default_rng(2)
     base = rng.uniform(2, 6, 20)
     data = pairs(base / 1.1 * rng.lognormal(0, 0.1, 20), base)
-    narrow, wide = bootstrap_interval(data, 0.95), bootstrap_interval(data, look_confidence(0.95, 5))
+    narrow, wide = (
+        bootstrap_interval(data, 0.95),
+        bootstrap_interval(data, look_confidence(0.95, 5)),
+    )
     assert wide.low < narrow.low and wide.high > narrow.high
 
 

@@ -1,4 +1,5 @@
 """Side-by-side measurement: interleaving, per-category drafters, batches, the figures."""
+
 from __future__ import annotations
 
 import pytest
@@ -21,14 +22,14 @@ def drafter():
 def test_order_alternates_prompt_by_prompt(tiny_llama, monkeypatch):
     order = []
     plain, speculative = timing.decode_plain, timing.decode_speculative
-    monkeypatch.setattr(timing, "decode_plain",
-                        lambda *a: order.append("plain") or plain(*a))
-    monkeypatch.setattr(timing, "decode_speculative",
-                        lambda *a: order.append("method") or speculative(*a))
+    monkeypatch.setattr(timing, "decode_plain", lambda *a: order.append("plain") or plain(*a))
+    monkeypatch.setattr(
+        timing, "decode_speculative", lambda *a: order.append("method") or speculative(*a)
+    )
     session = SideBySide(Runner(tiny_llama), {"m": drafter}, 6)
     session.measure(PROMPTS[:2])
-    session.measure(PROMPTS[2:4])                 # a second batch goes on rotating
-    timed = order[2:]                             # after the warm-up's two decodes
+    session.measure(PROMPTS[2:4])  # a second batch goes on rotating
+    timed = order[2:]  # after the warm-up's two decodes
     assert timed == ["plain", "method", "method", "plain"] * 2
     assert len(session.measurements["m"].prompts) == 4
 
@@ -40,11 +41,12 @@ def test_each_category_gets_its_own_drafter(tiny_llama):
         def make():
             made.append(label)
             return drafter()
+
         return make
 
     variant = Variant(maker("default"), by_category={"b": maker("for b")})
     measured = measure_variants(Runner(tiny_llama), {"m": variant}, PROMPTS, 6)["m"]
-    assert sorted(made) == ["default", "for b"]   # built once each, reused across prompts
+    assert sorted(made) == ["default", "for b"]  # built once each, reused across prompts
     assert measured.lossless is True and len(measured.prompts) == len(PROMPTS)
 
 
@@ -59,8 +61,12 @@ def test_summary_carries_the_interval_and_the_categories(tiny_llama):
     for name, part in row["by_category"].items():
         assert part["prompts"] == 4 and "by_category" not in part, name
     # one category only: no breakdown
-    single = measure_variants(Runner(tiny_llama), {"m": drafter},
-                              [EncodedPrompt(p.id, p.ids, "a") for p in PROMPTS[:3]], 4)["m"]
+    single = measure_variants(
+        Runner(tiny_llama),
+        {"m": drafter},
+        [EncodedPrompt(p.id, p.ids, "a") for p in PROMPTS[:3]],
+        4,
+    )["m"]
     assert "by_category" not in single.summary()
 
 
@@ -70,3 +76,31 @@ def test_more_looks_widen_the_interval(tiny_llama):
     measured.looks = 6
     six = measured.interval()
     assert six.low <= one.low and six.high >= one.high
+
+
+def test_an_implausible_latency_curve_is_named():
+    from autotune.measure.costs import LatencyCurve, implausible
+
+    assert implausible(LatencyCurve([0.031, 0.033, 0.036, 0.041])) is None
+    # what a busy machine once gave: 4 tokens at 0.29x of one
+    problem = implausible(LatencyCurve([0.959, 0.5, 0.4, 0.278]))
+    assert problem == "verifying 2 tokens took 0.52x the time of verifying 1"
+    assert implausible(LatencyCurve([0.031, 0.035, 0.012])).startswith("verifying 3 tokens")
+    # a tiny model's sub-millisecond forwards are not judged
+    assert implausible(LatencyCurve([0.0008, 0.0003])) is None
+
+
+def test_a_curve_that_stays_implausible_is_refused(tiny_llama, monkeypatch):
+    from autotune.errors import AutotuneError
+    from autotune.measure import costs
+
+    monkeypatch.setattr(
+        costs, "measure_latency_curve", lambda *a, **k: costs.LatencyCurve([0.9, 0.2, 0.2])
+    )
+    said = []
+    with pytest.raises(AutotuneError, match="too busy to time"):
+        costs.measure_verify_curve(Runner(tiny_llama), 3, 1, say=said.append)
+    assert len(said) == costs.CURVE_TRIES - 1 and "measuring it again" in said[0]
+    calls = iter([costs.LatencyCurve([0.9, 0.2]), costs.LatencyCurve([0.030, 0.032])])
+    monkeypatch.setattr(costs, "measure_latency_curve", lambda *a, **k: next(calls))
+    assert costs.measure_verify_curve(Runner(tiny_llama), 2, 1).seconds == [0.030, 0.032]

@@ -26,10 +26,16 @@ def exporter_for(method: str, engine: str) -> Exporter | None:
     return registry.method(method).exporters.get(engine)
 
 
-def export_profile(profile: ProfileBase, engine: str, method: str | None = None) -> Export:
-    """Render ``method`` (default: the profile's recommended one) for ``engine``."""
+def export_profile(
+    profile: ProfileBase, engine: str, method: str | None = None, force: bool = False
+) -> Export:
+    """Render ``method`` (default: the profile's recommended one) for ``engine``. Without
+    ``force`` only the recommended method is exported, and only if it measured faster
+    than plain greedy decoding: the export is what gets deployed."""
     engine = check_engine(engine)
     name, choice_warnings = choose_method(profile, engine, method)
+    if not force:
+        guard(profile, name)
     problems = registry.method(name).problems(getattr(profile.methods, name), profile.model)
     if problems:
         raise AutotuneError(
@@ -48,6 +54,33 @@ def export_profile(profile: ProfileBase, engine: str, method: str | None = None)
         filename=exporter.filename,
         warnings=warnings,
     )
+
+
+def guard(profile: ProfileBase, name: str) -> None:
+    """Refuse to export what the profile does not recommend, or what it measured no
+    faster than plain greedy decoding (``--force`` passes)."""
+    reason = f" ({profile.verdict.reason})" if profile.verdict is not None else ""
+    if profile.recommended == "none":
+        raise AutotuneError(
+            f"the profile recommends no method{reason}; to export {name} anyway, pass --force"
+        )
+    if name != profile.recommended:
+        raise AutotuneError(
+            f"the profile recommends {profile.recommended}, not {name}{reason}; "
+            f"to export {name} anyway, pass --force"
+        )
+    measured = getattr(profile.methods, name).measured
+    if measured is None:
+        raise AutotuneError(
+            f"{name} was never measured: run `autotune profile` again, or pass --force"
+        )
+    low = measured.speedup_interval[0] if measured.speedup_interval else measured.speedup
+    if low <= 1.0:
+        raise AutotuneError(
+            f"{name} was not clearly faster than plain greedy decoding "
+            f"({measured.speedup:.3f}x, interval low end {low:.3f}); to export "
+            "it anyway, pass --force"
+        )
 
 
 def choose_method(profile: ProfileBase, engine: str, method: str | None) -> tuple[str, list[str]]:

@@ -10,6 +10,7 @@ import torch
 
 from autotune.engine.runner import Runner
 from autotune.engine.skip import NO_SKIP, SkipMask
+from autotune.errors import AutotuneError
 
 CONTEXT_TOKENS = 160  # a typical prompt plus part of an answer
 
@@ -72,6 +73,55 @@ def _time_forward(runner: Runner, cache, context: int, n: int, skip: SkipMask) -
     return time.perf_counter() - start
 
 
+# A curve whose n-token forward costs less than this share of a smaller size's was timed
+# while the machine's speed changed under it (seen on a busy machine: 4 tokens at 0.29x).
+PLAUSIBLE_RATIO = 0.6
+# Forwards quicker than this (a tiny test model) time overheads, not the model: their
+# curve is noise whatever the machine does, and is not judged.
+JUDGED_FROM_S = 0.005
+CURVE_TRIES = 3
+
+
+def implausible(curve: LatencyCurve) -> str | None:
+    """What is wrong with a measured verify-latency curve, or None. Verifying more tokens
+    never costs much less than verifying fewer: a curve that says so was timed on a
+    machine whose speed changed under it."""
+    seconds = curve.seconds
+    if seconds[0] < JUDGED_FROM_S:
+        return None
+    for n in range(2, len(seconds) + 1):
+        slowest_before = max(seconds[: n - 1])
+        if seconds[n - 1] < PLAUSIBLE_RATIO * slowest_before:
+            fewer = seconds.index(slowest_before) + 1
+            return (
+                f"verifying {n} tokens took {seconds[n - 1] / slowest_before:.2f}x the time "
+                f"of verifying {fewer}"
+            )
+    return None
+
+
+def measure_verify_curve(
+    runner: Runner, max_tokens: int, repeats: int, progress=None, say=None
+) -> LatencyCurve:
+    """``measure_latency_curve``, measured again while it is implausible (the machine was
+    busy), and refused with one line if it stays so."""
+    for attempt in range(1, CURVE_TRIES + 1):
+        curve = measure_latency_curve(runner, max_tokens, repeats, progress=progress)
+        problem = implausible(curve)
+        if problem is None:
+            return curve
+        if say is not None and attempt < CURVE_TRIES:
+            say(
+                f"[yellow]the verify-latency curve is not plausible ({problem}): the machine "
+                f"was busy; measuring it again[/yellow]"
+            )
+    raise AutotuneError(
+        f"the verify-latency curve stayed implausible after {CURVE_TRIES} "
+        f"measurements ({problem}): the machine is too busy to time; stop "
+        "other work on it and run again"
+    )
+
+
 def measure_latency_curve(
     runner: Runner,
     max_tokens: int = 16,
@@ -91,6 +141,14 @@ def measure_latency_curve(
         if progress:
             progress()
     return LatencyCurve([statistics.median(s[1:]) for s in samples])
+
+
+def time_one_forward(runner: Runner, repeats: int = 5, context: int = CONTEXT_TOKENS) -> float:
+    """Median seconds of one single-token forward after ``context`` tokens: the first
+    point of a latency curve, timed again to check a cached one."""
+    cache = _prepared_cache(runner, context)
+    times = [_time_forward(runner, cache, context, 1, NO_SKIP) for _ in range(repeats + 1)]
+    return statistics.median(times[1:])
 
 
 def measure_sublayer_costs(

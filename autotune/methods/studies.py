@@ -8,6 +8,10 @@ from typing import Any
 
 from autotune.methods.base import TuneContext
 
+# Seconds a study needs at the least: Ray's workers start and load the model, and a
+# measured trial decodes a few prompts.
+MIN_STUDY_S = 20.0
+
 
 def run_method_study(
     ctx: TuneContext,
@@ -25,8 +29,10 @@ def run_method_study(
     attrs: dict | None = None,
 ):
     """Run study ``<model>/<name>`` until it holds ``trials`` finished trials or ``budget``
-    seconds are spent; return the Optuna study."""
-    from autotune.studies.tune import StudySpec, run_study
+    seconds are spent; return the Optuna study. With less than ``MIN_STUDY_S`` seconds
+    left no trial is started (starting Ray's workers alone takes some of that): the
+    study is returned as it stands, and the caller falls back on what it predicted."""
+    from autotune.studies.tune import StudySpec, open_study, run_study
 
     ws = ctx.workspace
     method = name.split("/")[0]
@@ -49,6 +55,12 @@ def run_method_study(
             **(attrs or {}),
         },
     )
+    if budget is not None and budget < MIN_STUDY_S:
+        ctx.note(
+            f"{label}: not run, {budget:.0f} s of the time budget was left (a study "
+            f"needs at least {MIN_STUDY_S:.0f} s)"
+        )
+        return open_study(spec)
     return run_study(spec, objective, label=label, workers=ctx.workers)
 
 

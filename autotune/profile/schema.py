@@ -12,7 +12,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from autotune.methods import registry
-from autotune.profile.blocks import Block, HardwareInfo, MethodSettings, ModelInfo, Workload
+from autotune.profile.blocks import (
+    Block,
+    Environment,
+    HardwareInfo,
+    MethodSettings,
+    ModelInfo,
+    Verdict,
+    Workload,
+)
 
 SCHEMA: Literal["autotune/profile@1"] = "autotune/profile@1"
 
@@ -21,8 +29,10 @@ class ProfileBase(Block):
     schema_: Literal["autotune/profile@1"] = Field(SCHEMA, alias="schema")
     model: ModelInfo
     hardware: HardwareInfo
+    environment: Environment | None = None
     workload: Workload
     recommended: str
+    verdict: Verdict | None = None
     methods: BaseModel
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)

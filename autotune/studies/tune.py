@@ -64,35 +64,47 @@ class StudySpec:
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+# Ray's searcher asks and tells; this process beats for what it holds (studies.trials)
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with")
 
 
 def init_ray(address: str | None = None) -> None:
-    """Join the cluster at ``address``, or start a local Ray instance sized to this
-    machine (all its cores; its GPUs are found by Ray)."""
+    """Join the cluster at ``address`` (or ``$RAY_ADDRESS``, or the one ``ray start`` left
+    running here), or start a local Ray instance sized to this machine (all its cores;
+    its GPUs are found by Ray). Quiet: Ray's log stays in its own files."""
     import ray
+
+    from autotune.errors import AutotuneError
+    from autotune.studies.cluster import ray_target
 
     if ray.is_initialized():
         return
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    target = ray_target(address)  # checked reachable: a bad address fails here, at once
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     # Ctrl-C stops `profile`, not only the study under way (Tune would swallow it, and
     # the next step would start); the trials it stops are queued again for the next run
     os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
-    if address:
-        ray.init(
-            address=address,
-            log_to_driver=False,
-            configure_logging=True,
-            logging_level=logging.ERROR,
-        )
-    else:
-        ray.init(
-            num_cpus=os.cpu_count(),
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=True,
-            logging_level=logging.ERROR,
-        )
+    quiet: dict[str, Any] = {
+        "log_to_driver": False,
+        "configure_logging": True,
+        "logging_level": logging.ERROR,
+    }
+    try:
+        if target.local:
+            # resources are ours to say only for an instance we start: Ray refuses them
+            # when joining a cluster, whose nodes say their own
+            ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, **quiet)
+        else:
+            ray.init(address=target.address, **quiet)
+    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
+        where = "a local Ray instance" if target.local else f"the Ray cluster at {target.address}"
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise AutotuneError(
+            f"cannot start {where} ({target.source}): {first}"
+            if target.local
+            else f"cannot join {where} ({target.source}): {first}; check that it runs the "
+            "same Ray version, or fix the address"
+        ) from None
 
 
 def _waiting(study) -> int:
@@ -105,6 +117,26 @@ def _nodes() -> list[dict]:
     return [n["Resources"] for n in ray.nodes() if n.get("Alive")]
 
 
+def open_study(spec: StudySpec) -> optuna.Study:
+    """The study in the database (created on first use), its attributes set and the
+    trials nobody holds any more failed and queued again; no trial is run."""
+    from autotune.studies.storage import open_storage
+
+    storage = open_storage(spec.storage_url)
+    study = optuna.create_study(
+        study_name=spec.name, storage=storage, direction="maximize", load_if_exists=True
+    )
+    for key, value in spec.user_attrs.items():
+        study.set_user_attr(key, value)
+    # optuna-dashboard (`autotune studies dashboard`) labels the objective with this
+    label = spec.user_attrs.get("objective")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([label if isinstance(label, str) and label else spec.metric])
+    fail_stale_trials(study)
+    return study
+
+
 def run_study(
     spec: StudySpec, objective: Callable[[dict], dict], *, label: str, workers: Workers = Workers()
 ):
@@ -114,15 +146,8 @@ def run_study(
     from ray import tune
     from ray.tune.search import ConcurrencyLimiter
 
-    from autotune.studies.storage import open_storage
-
-    storage = open_storage(spec.storage_url)
-    study = optuna.create_study(
-        study_name=spec.name, storage=storage, direction="maximize", load_if_exists=True
-    )
-    for key, value in spec.user_attrs.items():
-        study.set_user_attr(key, value)
-    fail_stale_trials(study)
+    study = open_study(spec)
+    storage = study._storage
     remaining = spec.trials - held.counted(study.get_trials(deepcopy=False))
     if remaining <= 0:
         return study
@@ -141,7 +166,11 @@ def run_study(
         budget=spec.trials,
         key=key,
     )
-    with _progress(label, key, total=remaining) as callback, _heartbeat(searcher, study):
+    # the bar counts what the budget counts: the study's trials, in the database
+    with (
+        _progress(label, key, remaining, study) as callback,
+        _heartbeat(searcher, study),
+    ):
         try:
             tuner = tune.Tuner(
                 tune.with_resources(
@@ -163,8 +192,10 @@ def run_study(
                     failure_config=tune.FailureConfig(max_failures=0),
                 ),
             )
-            # Ray prints its experiment summary on stdout; keep stdout for our results (--json).
-            with contextlib.redirect_stdout(sys.stderr):
+            # Ray prints a banner on stdout whatever its verbosity, with num_samples (a bound
+            # that allows for re-runs) as its "Number of trials": the bar alone counts, and
+            # stdout stays for our results (--json)
+            with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
                 tuner.fit()
         finally:
             searcher.release_unfinished(
@@ -437,7 +468,7 @@ class _RunCallback(Callback):
         if value is not None and math.isfinite(value) and value > run["best"]:
             run["best"] = value
             run["bar"].update(run["task"], best=f"{value:.3f}")
-        run["bar"].advance(run["task"])
+        _count(run)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self._advance(trial)
@@ -446,9 +477,18 @@ class _RunCallback(Callback):
         self._advance(trial)
 
 
+def _count(run: dict) -> None:
+    """The bar at the study's counted trials since the run began (a trial queued again
+    counts once, through its re-run; another process's trials on the study count too:
+    the budget is the study's)."""
+    with contextlib.suppress(Exception):  # a database hiccup costs a bar update, no more
+        done = held.counted(run["study"].get_trials(deepcopy=False)) - run["before"]
+        run["bar"].update(run["task"], completed=max(0, min(done, run["total"])))
+
+
 class _progress:
-    def __init__(self, label: str, key: str, total: int):
-        self.label, self.key, self.total = label, key, total
+    def __init__(self, label: str, key: str, total: int, study):
+        self.label, self.key, self.total, self.study = label, key, total, study
 
     def __enter__(self) -> _RunCallback:
         from autotune.progress import console
@@ -464,10 +504,21 @@ class _progress:
             console=console,
         )
         task = bar.add_task(self.label, total=self.total, best="-")
-        _RUNS[self.key] = {"bar": bar, "task": task, "best": -math.inf, "trials": {}}
+        before = held.counted(self.study.get_trials(deepcopy=False))
+        _RUNS[self.key] = {
+            "bar": bar,
+            "task": task,
+            "best": -math.inf,
+            "trials": {},
+            "study": self.study,
+            "before": before,
+            "total": self.total,
+        }
         bar.start()
         return _RunCallback(self.key)
 
     def __exit__(self, *exc):
-        _RUNS.pop(self.key)["bar"].stop()
+        run = _RUNS.pop(self.key)
+        _count(run)
+        run["bar"].stop()
         return False

@@ -4,9 +4,13 @@ produced them from: what draft heads are trained on (self-distillation)."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import math
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -152,6 +156,88 @@ def generate_answers(
     return [answers[i] for i in range(len(prompts))]
 
 
+@dataclass(frozen=True)
+class AnswerCache:
+    """The target's greedy answers kept on disk by model fingerprint and prompts: decoded
+    once, then shared by every head trainer (and later runs), which get the hidden states
+    again from one teacher-forced forward per batch, at prefill speed."""
+
+    folder: Path
+    fingerprint: str
+
+    def _file(self, prompts: list[list[int]]) -> Path:
+        digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16]
+        return self.folder / f"{self.fingerprint}-{digest}.json"
+
+    def load(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]] | None:
+        """The answers, cut to ``max_new_tokens`` (a longer greedy answer's prefix is the
+        shorter one), or None when none as long are kept."""
+        try:
+            record = json.loads(self._file(prompts).read_text())
+            if record["max_new_tokens"] < max_new_tokens or len(record["answers"]) != len(prompts):
+                return None
+            return [list(answer[:max_new_tokens]) for answer in record["answers"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def save(self, prompts: list[list[int]], max_new_tokens: int, answers: list[Answer]) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        final = self._file(prompts)
+        tmp = final.with_suffix(f".{os.getpid()}.tmp")
+        record = {"max_new_tokens": max_new_tokens, "answers": [a.tokens for a in answers]}
+        tmp.write_text(json.dumps(record))
+        tmp.replace(final)  # whole or not at all: a killed run leaves no half file
+
+
+def teacher_forced(
+    model,
+    prompts: list[list[int]],
+    answers: list[list[int]],
+    batch_size: int = GENERATION_BATCH,
+    prefill: bool = False,
+) -> list[Answer]:
+    """The hidden states of known answers: one forward over prompt + answer per sequence
+    (right-padded: under causal attention the padding changes no earlier position), the
+    states ``generate_answers`` would have captured while decoding them."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(answers[i]))
+    out: dict[int, Answer] = {}
+    with step("hidden states of cached answers", len(order)) as advance:
+        for start in range(0, len(order), batch_size):
+            batch = order[start : start + batch_size]
+            seqs = [prompts[i] + answers[i][:-1] for i in batch]
+            width = max(map(len, seqs))
+            ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs])
+            with torch.inference_mode():
+                states = model.model(input_ids=ids).last_hidden_state  # after the final norm
+            for row, i in enumerate(batch):
+                first = len(prompts[i]) - 1  # the prompt's last position made answer[0]
+                out[i] = Answer(
+                    answers[i],
+                    states[row, first : first + len(answers[i])].clone(),
+                    states[row, :first].clone() if prefill else None,
+                )
+                advance()
+    return [out[i] for i in range(len(prompts))]
+
+
+def shared_answers(
+    model,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    batch_size: int,
+    prefill: bool,
+    cache: AnswerCache | None,
+) -> list[Answer]:
+    """``generate_answers``, through ``cache`` when one is given."""
+    known = cache.load(prompts, max_new_tokens) if cache is not None else None
+    if known is not None:
+        return teacher_forced(model, prompts, known, batch_size, prefill)
+    answers = generate_answers(model, prompts, max_new_tokens, batch_size, prefill)
+    if cache is not None:
+        cache.save(prompts, max_new_tokens, answers)
+    return answers
+
+
 Pair = tuple[list[int], Answer]  # a prompt's token ids and the target's answer to it
 
 
@@ -163,15 +249,17 @@ def answer_prompts(
     batch_size: int,
     followups: list[tuple[str, str]] | None = None,
     prefill: bool = False,
+    cache: AnswerCache | None = None,
 ) -> tuple[list[Pair], list[Pair]]:
     """The target's answers: (prompt, answer) pairs to train on, and held-back ones.
 
     ``followups`` (first turn, second turn), one per search prompt with a second turn (in
     order, first), add a second round of answers to train on: the conversation so far is
-    its prompt. ``prefill``: keep the states of every prompt position (EAGLE)."""
+    its prompt. ``prefill``: keep the states of every prompt position (EAGLE). ``cache``:
+    answers decoded before (by another trainer, or run) are read back, not decoded."""
     model = target.model
     # one pool: batches of similar-length prompts, whichever split they belong to
-    answers = generate_answers(model, search + held_back, max_new_tokens, batch_size, prefill)
+    answers = shared_answers(model, search + held_back, max_new_tokens, batch_size, prefill, cache)
     train = list(zip(search, answers[: len(search)]))
     if followups:
         conversations = [
@@ -180,6 +268,6 @@ def answer_prompts(
         ]
         train += zip(
             conversations,
-            generate_answers(model, conversations, max_new_tokens, batch_size, prefill),
+            shared_answers(model, conversations, max_new_tokens, batch_size, prefill, cache),
         )
     return train, list(zip(held_back, answers[len(search) :]))

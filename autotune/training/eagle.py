@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from autotune.errors import AutotuneError
 from autotune.heads.eagle import EagleHead, head_config, save_draft_vocab, save_eagle_head
-from autotune.training.distill import GENERATION_BATCH, Answer, answer_prompts
+from autotune.training.distill import GENERATION_BATCH, Answer, AnswerCache, answer_prompts
 from autotune.training.loop import TrainStats, train_loop, training_time
 from autotune.training.loss import IGNORE, FrozenProjectionCE, loss_dtype
 
@@ -369,6 +369,7 @@ def train_eagle(
     options: EagleOptions,
     started: float | None = None,
     followups: list[tuple[str, str]] | None = None,
+    answers: AnswerCache | None = None,
 ) -> EagleTrainResult:
     """Generate answers, train a head on the search prompts' answers, report per-depth
     accuracy on the held-back ones; as ``training.medusa.train_medusa`` (same arguments)."""
@@ -384,6 +385,7 @@ def train_eagle(
         options.generation_batch,
         followups,
         prefill=True,
+        cache=answers,
     )
     train = [EagleSequence.of(prompt, answer) for prompt, answer in train_pairs]
     held = [EagleSequence.of(prompt, answer) for prompt, answer in held_pairs]

@@ -14,7 +14,7 @@ from autotune.errors import AutotuneError, OutputPathError
 from autotune.progress import say
 from autotune.training.loss import loss_dtype
 
-KINDS = ("medusa", "eagle")
+KINDS = ("medusa", "eagle", "glide")
 
 
 def heads_split(search: list) -> list:
@@ -52,6 +52,10 @@ def default_options(kind: str):
         from autotune.training.eagle import EagleOptions
 
         return EagleOptions()
+    if kind == "glide":
+        from autotune.training.glide import GlideOptions
+
+        return GlideOptions()
     from autotune.training.medusa import MedusaOptions
 
     return MedusaOptions()
@@ -72,10 +76,6 @@ def check_out_folder(folder: Path) -> None:
         raise OutputPathError(f"{folder} is not writable; choose another --out")
 
 
-def default_out(model_name: str, kind: str = "medusa") -> Path:
-    return Path("heads") / f"{model_name}-{kind}"
-
-
 @dataclass(frozen=True)
 class HeadsJob:
     """What ``autotune heads train`` was asked to do."""
@@ -85,16 +85,18 @@ class HeadsJob:
     model_path: str | None = None
     prompts: str | None = None
     out: Path | None = None
-    options: Any = None  # MedusaOptions or EagleOptions, by kind; None: the defaults
+    options: Any = None  # MedusaOptions, EagleOptions or GlideOptions; None: the defaults
     dtype: str = "float32"
     device: str = "cpu"
 
 
 def run_heads_train(job: HeadsJob):
     """Check every input (cheap), then load the target, train, save the heads folder.
-    Medusa heads or an EAGLE head, as ``job.kind`` says (the result has the same fields)."""
-    from autotune.models import ALIASES, load_target, resolve_model
-    from autotune.prompts import default_prompts_path, load_prompts, split_prompts
+    Medusa heads, an EAGLE head or a GLIDE draft, as ``job.kind`` says (the result has
+    the same fields)."""
+    from autotune.models import load_target, resolve_model
+    from autotune.models.registry import fingerprint
+    from autotune.prompts import default_prompts_path, load_prompts
 
     started = time.perf_counter()
     defaults = default_options(job.kind)
@@ -105,51 +107,195 @@ def run_heads_train(job: HeadsJob):
         )
     prompts_path = Path(job.prompts).expanduser() if job.prompts else default_prompts_path()
     prompts = load_prompts(prompts_path)
-    search, held_back = split_prompts(prompts)
-    # A third of the search split is left to `autotune profile`, which must measure the
-    # heads (accuracy, trees) on answers they were not trained on; the held-back split
-    # stays unseen by both, for the final figures.
-    search = heads_split(search)
-    if not held_back:
+    if len(prompts) < 2:
         raise AutotuneError(
             f"{prompts_path} has one prompt: heads need at least two "
             "(one to train on, one held back to measure them)"
         )
     loss_dtype(options.loss_dtype)
     resolved = resolve_model(job.model, job.model_path)
-    out = job.out or default_out(resolved.name, job.kind)
+    out = job.out or cached_heads_folder(fingerprint(resolved), job.kind)
     check_out_folder(out)
     say(f"loading {resolved.name} from {resolved.path}")
     target = load_target(job.model, job.model_path, job.dtype, job.device)
+    # the packaged prompts calibrate together; a user's own file is their workload alone
+    extras = calibration_extras(prompts_path) if job.prompts is None else []
+    trained = train_heads_on(target, job.kind, options, prompts_path, prompts, extras, started)
+    save_heads(trained, job.kind, options, target, resolved, prompts_path, out)
+    return trained.result, out
+
+
+def cached_heads_folder(model_fingerprint: str, kind: str) -> Path:
+    """autotune's heads cache: where `heads train` (by default) and `profile` keep the
+    heads trained for a model, and where `profile` looks for them."""
+    from autotune.paths import cache_root
+
+    return cache_root() / "heads" / model_fingerprint / kind
+
+
+def answer_cache(model_fingerprint: str):
+    """The shared self-distillation set of a model (``training.distill.AnswerCache``)."""
+    from autotune.paths import cache_root
+    from autotune.training.distill import AnswerCache
+
+    return AnswerCache(cache_root() / "answers", model_fingerprint)
+
+
+def calibration_extras(prompts_path: Path, count: int | None = None) -> list:
+    """The packaged calibration prompts that are not the workload's own file (MT-bench
+    chat and the Spec-Bench development set's input-grounded tasks): heads train on them
+    too, so they see more than one kind of request. ``count``: that many, spread evenly."""
+    from autotune.prompts import load_prompts, packaged_prompt_files
+
+    extras = [
+        prompt
+        for path in packaged_prompt_files()
+        if path.resolve() != prompts_path.resolve()
+        for prompt in load_prompts(path)
+    ]
+    if count is None or count >= len(extras):
+        return extras
+    return [extras[i * len(extras) // count] for i in range(count)]
+
+
+@dataclass
+class TrainedHeads:
+    """A trainer's result, with what it was trained on."""
+
+    result: Any  # MedusaTrainResult, EagleTrainResult or GlideTrainResult
+    trained_on: list[str]  # ids of the workload's prompts among the training prompts
+    split: tuple[int, int]  # prompts trained on, prompts held back for the report
+    extras: int  # calibration prompts from other files among those trained on
+
+
+def training_lists(prompts: list, extras: list) -> tuple[list, list, list, list]:
+    """(workload prompts trained on, every prompt trained on, held back, followups):
+    two thirds of the search split of ``prompts`` (the rest is left for `profile` to
+    measure heads on; the held-back split stays unseen by both, for the final figures)
+    and the calibration ``extras``, second turns after their first."""
+    from autotune.prompts import split_prompts
+
+    search, held_back = split_prompts(prompts)
+    search = heads_split(search)
     # second turns follow their first: answers to them need the first answers in context
-    search = sorted(search, key=lambda p: not p.followups)
-    followups = [(p.text, p.followups[0]) for p in search if p.followups]
+    train_on = sorted(search + extras, key=lambda p: not p.followups)
+    followups = [(p.text, p.followups[0]) for p in train_on if p.followups]
+    return search, train_on, held_back, followups
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """What heads trained within `profile` learn from: the workload's prompts, the
+    calibration extras that fit the time, and the length of the shared answers."""
+
+    extras: list
+    answer_tokens: int
+
+
+def prepare_training(ws, answer_tokens: int, extra_prompts: int) -> TrainingData:
+    """Decode the shared self-distillation answers now (or find them in the cache), so
+    that every trainer after reads them back: ``extra_prompts`` calibration prompts
+    besides the workload's search split."""
+    from autotune.training.distill import GENERATION_BATCH, answer_prompts
+
+    target = ws.target
+    extras = calibration_extras(ws.prompts_path, max(extra_prompts, 0))
+    _, train_on, held_back, followups = training_lists(ws.prompts, extras)
+    # exactly the trainers' call, so that they hit the cache this fills
+    answer_prompts(
+        target,
+        [target.encode_chat(p.text) for p in train_on],
+        [target.encode_chat(p.text) for p in held_back],
+        answer_tokens,
+        GENERATION_BATCH,
+        followups,
+        cache=answer_cache(target.fingerprint),
+    )
+    return TrainingData(extras, answer_tokens)
+
+
+def train_kind(ws, data: TrainingData, kind: str, seconds: float | None) -> Path:
+    """Train heads of ``kind`` within ``seconds`` on ``data`` and keep them in autotune's
+    heads cache (replaced whole: a killed run leaves the old folder or none)."""
+    import dataclasses
+    import shutil
+
+    from autotune.models import resolve_model
+    from autotune.progress import console
+    from autotune.training.report import accuracy_table
+
+    options = dataclasses.replace(
+        default_options(kind), max_new_tokens=data.answer_tokens, time_budget_s=seconds
+    )
+    target = ws.target
+    trained = train_heads_on(
+        target, kind, options, ws.prompts_path, ws.prompts, data.extras, time.perf_counter()
+    )
+    final = cached_heads_folder(target.fingerprint, kind)
+    fresh = final.with_name(f".{kind}-{os.getpid()}")
+    shutil.rmtree(fresh, ignore_errors=True)
+    resolved = resolve_model(ws.ref.spec, ws.ref.model_path)
+    save_heads(trained, kind, options, target, resolved, ws.prompts_path, fresh)
+    shutil.rmtree(final, ignore_errors=True)
+    fresh.rename(final)
+    result = trained.result
+    console.print(
+        accuracy_table(
+            result.accuracy,
+            f"{kind}: trained {result.stats.epochs:.1f} epochs on {result.train_tokens} "
+            f"answer tokens; held-back accuracy",
+        )
+    )
+    return final
+
+
+def train_heads_on(
+    target,
+    kind: str,
+    options,
+    prompts_path: Path,
+    prompts: list,
+    extras: list,
+    started: float | None = None,
+) -> TrainedHeads:
+    """Train heads of ``kind`` for a loaded target on two thirds of the search split of
+    ``prompts`` (the rest is left for `profile` to measure them on) and the calibration
+    ``extras``; the target's answers come from the model's shared self-distillation set."""
+    search, train_on, held_back, followups = training_lists(prompts, extras)
     train: Callable[..., Any]
-    if job.kind == "eagle":
+    if kind == "eagle":
         from autotune.training.eagle import train_eagle as train
+    elif kind == "glide":
+        from autotune.training.glide import train_glide as train
     else:
         from autotune.training.medusa import train_medusa as train
     result = train(
         target,
-        [target.encode_chat(p.text) for p in search],
+        [target.encode_chat(p.text) for p in train_on],
         [target.encode_chat(p.text) for p in held_back],
         options,
         started,
         followups,
+        answer_cache(target.fingerprint),
     )
+    return TrainedHeads(
+        result, [p.id for p in search], (len(train_on), len(held_back)), len(extras)
+    )
+
+
+def save_heads(
+    trained: TrainedHeads, kind: str, options, target, resolved, prompts_path: Path, out: Path
+) -> None:
+    """Write the heads folder, with the record of how they were made."""
+    from autotune.models import ALIASES
+
     # upstream configs name the Hugging Face repo; a local model is named by its path
     base = resolved.source if resolved.source in ALIASES.values() else str(resolved.path)
     record = _record(
-        job.kind,
-        options,
-        target,
-        prompts_path,
-        (len(search), len(held_back)),
-        result,
-        [p.id for p in search],
+        kind, options, target, prompts_path, trained.split, trained.result, trained.trained_on
     )
-    result.save(out, target, base, {"autotune": record})
-    return result, out
+    record["prompts"]["calibration_extras"] = trained.extras
+    trained.result.save(out, target, base, {"autotune": record})
 
 
 def _record(
@@ -163,7 +309,10 @@ def _record(
 ) -> dict:
     """What config.json's "autotune" key says about how the heads were made."""
     stats = result.stats
+    draft = getattr(result, "draft", None)  # a GLIDE draft: its shape, as trained
+    shape = {} if draft is None else {"draft": draft_record(draft)}
     return {
+        **shape,
         "trained_by": f"autotune heads train --kind {kind}",
         "method": result.METHOD,
         "model": target.name,
@@ -192,3 +341,8 @@ def _record(
         "accuracy_held_back": [asdict(row) for row in result.accuracy],
         "seconds": {k: round(v, 1) for k, v in result.seconds.items()},
     }
+
+
+def draft_record(draft) -> dict:
+    """A GLIDE draft's layers and the target layers whose cache each reads."""
+    return {"layers": len(draft.layers), "target_layers": list(draft.target_layers)}

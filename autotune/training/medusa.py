@@ -22,7 +22,7 @@ import torch
 
 from autotune.errors import AutotuneError
 from autotune.heads.medusa import MedusaHeads, save_medusa_heads
-from autotune.training.distill import GENERATION_BATCH, Answer, answer_prompts
+from autotune.training.distill import GENERATION_BATCH, Answer, AnswerCache, answer_prompts
 from autotune.training.loop import TrainStats, train_loop, training_time
 from autotune.training.loss import IGNORE, FrozenProjectionCE, loss_dtype
 
@@ -184,6 +184,7 @@ def train_medusa(
     options: MedusaOptions,
     started: float | None = None,
     followups: list[tuple[str, str]] | None = None,
+    answers: AnswerCache | None = None,
 ) -> MedusaTrainResult:
     """Generate answers, train heads on the search prompts' answers, report accuracy on
     the held-back prompts' answers. ``started`` (perf_counter) is when the job began: the
@@ -195,7 +196,13 @@ def train_medusa(
     model = target.model
     torch.manual_seed(options.seed)
     train_pairs, held_pairs = answer_prompts(
-        target, search, held_back, options.max_new_tokens, options.generation_batch, followups
+        target,
+        search,
+        held_back,
+        options.max_new_tokens,
+        options.generation_batch,
+        followups,
+        cache=answers,
     )
     train = HeadData.from_answers([answer for _, answer in train_pairs], options.num_heads)
     held = HeadData.from_answers([answer for _, answer in held_pairs], options.num_heads)

@@ -268,7 +268,7 @@ def tree_study(ctx: TuneContext, calibrated: Calibrated, kind: str, search: Tree
         trials=search.trials,
         seeds=search.seeds,
         sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=len(search.seeds)),
-        budget=ctx.budget.share(search.share, floor=60.0),
+        budget=ctx.budget.share(search.share),
         label=f"eagle {kind}-tree study (measured)",
         objective_text="measured speedup",
         attrs={"tree_kind": kind, "head": head_dir},

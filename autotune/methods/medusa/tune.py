@@ -160,7 +160,7 @@ def tree_study(
         trials=ctx.trials or space.tree.trials,
         seeds=seeds,
         sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=len(seeds)),
-        budget=ctx.budget.share(0.85, floor=60.0),
+        budget=ctx.budget.share(0.85),
         label="medusa tree study (measured)",
         objective_text="measured speedup",
         attrs={"heads": str(ctx.heads)},

@@ -125,13 +125,17 @@ def raise_no_mask(space) -> None:
 
 
 def mask_sampler(name: str, seed: int = 0):
+    import warnings
+
     import optuna
 
     if name == "skopt":
         from autotune.tuners.skopt_sampler import SkoptSampler
 
         return SkoptSampler(seed=seed)
-    return optuna.samplers.GPSampler(seed=seed, deterministic_objective=True)
+    with warnings.catch_warnings():  # Optuna marks the option experimental: not our user's news
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.GPSampler(seed=seed, deterministic_objective=True)
 
 
 def best_masks(study, count: int) -> list[MaskCandidate]:

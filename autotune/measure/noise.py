@@ -1,0 +1,167 @@
+"""Is the machine quiet enough to time? A short probe before timing and between the
+batches of a measurement.
+
+Three readings: what other processes use of the cores while we are idle (a CPU hog, a
+build, another benchmark), how much repeated identical target forwards vary (the noise a
+timing will carry), and whether torch runs more threads than the cores this process may
+use (threads then fight each other). A busy machine is said in one line, given a moment
+to settle, and recorded in the profile (``environment.noise``): never measured silently.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from autotune.engine.runner import Runner
+from autotune.measure.stats import robust_spread
+
+PROBE_FORWARDS = 12  # identical single-token forwards timed per probe
+BUSY_OTHER_CORES = 0.3  # other processes using more than this many cores: busy
+BUSY_SPREAD = 0.06  # identical forwards varying more than this (MAD / median): noisy
+SETTLE_TRIES = 3  # probes before giving up on a quiet machine
+SETTLE_WAIT_S = 5.0
+
+
+def available_cores() -> int:
+    """The cores this process may run on (a container's or taskset's share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def set_threads(threads: int | None) -> int:
+    """Torch's thread count, set deliberately: ``threads``, else the cores available."""
+    count = threads or available_cores()
+    torch.set_num_threads(count)
+    return count
+
+
+@dataclass
+class Reading:
+    """One probe of the machine."""
+
+    forward_ms: float  # median time of one single-token target forward
+    spread: float  # MAD / median of those forwards
+    other_cores: float  # cores other processes used while we were idle
+    cores: int
+    threads: int  # torch threads
+    reasons: list[str] = field(default_factory=list)  # why it counts as busy, if it does
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.reasons)
+
+    def as_dict(self) -> dict:
+        return {
+            **asdict(self),
+            "forward_ms": round(self.forward_ms, 3),
+            "spread": round(self.spread, 4),
+            "other_cores": round(self.other_cores, 2),
+            "busy": self.busy,
+        }
+
+
+def other_load(seconds: float = 0.5) -> float:
+    """Cores used by other processes over ``seconds`` while this one sleeps."""
+    import psutil
+
+    me = psutil.Process()
+    me.cpu_percent(None)
+    total = psutil.cpu_percent(interval=seconds)  # all cores, percent of the whole
+    mine = me.cpu_percent(None) / 100.0  # in cores
+    return max(0.0, total / 100.0 * (psutil.cpu_count() or 1) - mine)
+
+
+def probe(runner: Runner, forwards: int = PROBE_FORWARDS) -> Reading:
+    """Time identical forwards after a short context; read the others' load."""
+    others = other_load()
+    cache = runner.new_cache(capacity=96)
+    context = torch.arange(1, 65, device=runner.device) % runner.config.vocab_size
+    runner.forward(context, torch.arange(64, device=runner.device), cache, last_only=True)
+    token, position = context[-1:], torch.tensor([64], device=runner.device)
+    times = []
+    for _ in range(forwards + 1):  # the first is a warm-up
+        cache.crop(64)
+        start = time.perf_counter()
+        runner.forward(token, position, cache)
+        if runner.device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    times = times[1:]
+    reading = Reading(
+        statistics.median(times) * 1e3,
+        robust_spread(times),
+        others,
+        available_cores(),
+        torch.get_num_threads(),
+    )
+    reading.reasons = busy_reasons(reading)
+    return reading
+
+
+def busy_reasons(reading: Reading) -> list[str]:
+    reasons = []
+    if reading.other_cores > BUSY_OTHER_CORES:
+        reasons.append(f"other processes use {reading.other_cores:.1f} of {reading.cores} cores")
+    if reading.spread > BUSY_SPREAD:
+        reasons.append(f"identical forwards vary by {reading.spread:.0%}")
+    if reading.threads > reading.cores:
+        reasons.append(f"torch runs {reading.threads} threads on {reading.cores} cores")
+    return reasons
+
+
+def settle(
+    runner: Runner, say=None, tries: int = SETTLE_TRIES, wait_s: float = SETTLE_WAIT_S
+) -> list[Reading]:
+    """Probe; while the machine is busy, say so once, wait and probe again (``tries``
+    probes in all). Returns every reading, the last one is what timing starts on."""
+    readings = [probe(runner)]
+    while readings[-1].busy and len(readings) < tries:
+        if say is not None and len(readings) == 1:
+            say(
+                f"[yellow]the machine is busy ({'; '.join(readings[-1].reasons)}): waiting "
+                f"for it to settle before timing[/yellow]"
+            )
+        time.sleep(wait_s)
+        readings.append(probe(runner))
+    return readings
+
+
+@dataclass
+class NoiseRecord:
+    """What a run saw of the machine: before timing, and between measurement batches."""
+
+    before: list[Reading] = field(default_factory=list)
+    during: list[Reading] = field(default_factory=list)
+
+    @property
+    def busy(self) -> bool:
+        last = self.before[-1:] + self.during
+        return any(r.busy for r in last)
+
+    def reasons(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for reading in self.before[-1:] + self.during:
+            for reason in reading.reasons:
+                seen.setdefault(reason, None)
+        return list(seen)
+
+    def as_dict(self) -> dict:
+        forwards = [r.forward_ms for r in self.before[-1:] + self.during]
+        return {
+            "busy": self.busy,
+            "reasons": self.reasons(),
+            "before": [r.as_dict() for r in self.before],
+            "during": [r.as_dict() for r in self.during],
+            # how far the machine's speed drifted over the run: timing is interleaved, so
+            # drift cancels in the ratios, but a large one says the run was disturbed
+            "forward_ms_range": [round(min(forwards), 3), round(max(forwards), 3)]
+            if forwards
+            else None,
+        }

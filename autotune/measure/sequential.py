@@ -1,0 +1,63 @@
+"""Measuring until the figures decide: held-back prompts in batches, looking at the
+interval of one candidate after each, and stopping once it lies wholly above or below the
+bound (or the prompts or the time run out). The looks are planned up front and every
+interval allows for all of them (``measure.stats.look_confidence``), so stopping early
+does not make a lucky interval look surer than it is."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from autotune.budget import Budget
+from autotune.measure.stats import MIN_PROMPTS, planned_looks
+from autotune.measure.timing import EncodedPrompt, Measurement, PromptMeasurement, SideBySide
+
+FIRST_LOOK = 8  # prompts before the first look: a bootstrap over fewer says little
+EVERY = 4  # prompts between later looks
+
+
+@dataclass
+class Sequential:
+    measurements: dict[str, Measurement]
+    looks: int  # looks taken
+    planned: int  # looks planned (what every interval allows for)
+    stopped: str  # why it stopped: "decided", "no candidate", "prompts", "time"
+
+
+def measure_until_decided(
+    session: SideBySide,
+    prompts: Sequence[EncodedPrompt],
+    candidate: str | None,
+    bound: float,
+    budget: Budget | None = None,
+    between: Callable[[], None] | None = None,
+    on_prompt: Callable[[PromptMeasurement], None] | None = None,
+    first: int = FIRST_LOOK,
+    every: int = EVERY,
+) -> Sequential:
+    """Measure ``prompts`` in batches with ``session`` until ``candidate``'s interval
+    decides against ``bound``. With no candidate (nothing to decide) one batch is measured,
+    for the report. ``between()`` runs after each batch (a noise probe)."""
+    first = max(first, min(MIN_PROMPTS, len(prompts)))
+    planned = planned_looks(len(prompts), first, every)
+    for measurement in session.measurements.values():
+        measurement.looks = planned
+    done = looks = 0
+    stopped = "prompts"
+    while done < len(prompts):
+        batch = prompts[done : done + (first if looks == 0 else every)]
+        session.measure(batch, on_prompt)
+        done, looks = done + len(batch), looks + 1
+        if between is not None:
+            between()
+        if candidate is None:
+            stopped = "no candidate"
+            break
+        if session.measurements[candidate].interval().decides(bound):
+            stopped = "decided"
+            break
+        if budget is not None and budget.spent():
+            stopped = "time"
+            break
+    return Sequential(session.measurements, looks, planned, stopped)

@@ -1,0 +1,116 @@
+"""A profile's verdict for people: one table (method, tuned setting, held-back speedup with
+its interval, lossless) and the same as a picture written beside the profile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autotune.profile.blocks import Figures, MethodSettings, field_names
+from autotune.profile.schema import ProfileBase
+
+SETTING_WIDTH = 48
+
+
+def setting_summary(block: MethodSettings) -> str:
+    """The method's own settings in one short line (``key=value``, nested blocks
+    flattened), cut to fit a table column."""
+    shared = set(MethodSettings.model_fields)
+    data = block.model_dump(mode="json", exclude_none=True)
+    parts = []
+    for key in field_names(type(block)):
+        if key in shared or key not in data or key in ("head", "heads"):
+            continue
+        value = data[key]
+        if isinstance(value, dict):
+            if value.get("enabled") is False:
+                continue
+            value = ",".join(f"{k}={v}" for k, v in value.items() if not isinstance(v, dict))
+        elif isinstance(value, list) and len(value) > 4:
+            value = f"[{len(value)} items]"
+        parts.append(f"{key}={value}")
+    text = " ".join(parts)
+    return text if len(text) <= SETTING_WIDTH else text[: SETTING_WIDTH - 1] + "…"
+
+
+def _interval(figures: Figures) -> str:
+    if figures.speedup_interval is None:
+        return f"{figures.speedup:.2f}x"
+    low, high = figures.speedup_interval
+    return f"{figures.speedup:.2f}x [{low:.2f}, {high:.2f}]"
+
+
+def verdict_table(profile: ProfileBase):
+    """A rich table of every measured method, best first, the recommended one marked."""
+    from rich.table import Table
+
+    table = Table(title="held-back prompts, against plain greedy decoding (95% interval)")
+    for column, justify in (
+        ("method", "left"),
+        ("tuned setting", "left"),
+        ("speedup", "right"),
+        ("tokens/step", "right"),
+        ("lossless", "center"),
+    ):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for name, block in _measured(profile):
+        assert block.measured is not None
+        mark = " *" if name == profile.recommended else ""
+        table.add_row(
+            f"{name}{mark}",
+            setting_summary(block),
+            _interval(block.measured),
+            f"{block.measured.tokens_per_step:.2f}",
+            {True: "yes", False: "NO", None: "-"}[block.measured.lossless],
+        )
+    return table
+
+
+def _measured(profile: ProfileBase) -> list[tuple[str, MethodSettings]]:
+    blocks = [(n, b) for n, b in profile.method_blocks().items() if b.measured is not None]
+    return sorted(blocks, key=lambda item: -item[1].measured.speedup)  # type: ignore[union-attr]
+
+
+def plot_path(profile_path: Path) -> Path:
+    return profile_path.with_suffix(".png")
+
+
+def write_verdict_plot(profile: ProfileBase, path: Path) -> Path | None:
+    """Speedup with its interval per method (and per workload category, when the prompts
+    carry one), the 1.0 line drawn; None when nothing was measured."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed, none opened
+    import matplotlib.pyplot as plt
+
+    measured = _measured(profile)
+    if not measured:
+        return None
+    categories = sorted({c for _, b in measured for c in (b.measured.by_category or {})})  # type: ignore[union-attr]
+    groups = ["all"] + categories
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(groups) * len(measured) / 2 + 3), 4))
+    width = 0.8 / len(measured)
+    for i, (name, block) in enumerate(measured):
+        assert block.measured is not None
+        figures = [block.measured] + [(block.measured.by_category or {}).get(c) for c in categories]
+        xs, ys, lows, highs = [], [], [], []
+        for g, fig_g in enumerate(figures):
+            if fig_g is None:
+                continue
+            low, high = fig_g.speedup_interval or (fig_g.speedup, fig_g.speedup)
+            xs.append(g + (i - (len(measured) - 1) / 2) * width)
+            ys.append(fig_g.speedup)
+            lows.append(fig_g.speedup - low)
+            highs.append(high - fig_g.speedup)
+        label = f"{name} (recommended)" if name == profile.recommended else name
+        ax.bar(xs, ys, width, yerr=[lows, highs], capsize=3, label=label)
+    ax.axhline(1.0, color="black", linewidth=1, linestyle="--")
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_ylabel("speedup over plain greedy (95% interval)")
+    ax.set_title(f"{profile.model.name}: held-back prompts")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path

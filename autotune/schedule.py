@@ -1,0 +1,93 @@
+"""The time plan of one run: its phases with the seconds each is given, printed at the
+start; each phase, as it begins, gets its share of what is really left and says when
+the whole run should end."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from autotune.budget import Budget
+from autotune.errors import AutotuneError
+
+
+@dataclass
+class Phase:
+    name: str
+    seconds: float  # planned
+    why: str = ""  # how the figure was reached, for the printed plan
+
+
+def parse_duration(text: str) -> float:
+    """``--budget``: ``20m``, ``1h``, ``90s`` or plain seconds."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    value = text.strip().lower()
+    scale = units.get(value[-1:])
+    number = value[:-1] if scale else value
+    try:
+        seconds = float(number) * (scale or 1)
+    except ValueError:
+        raise AutotuneError(
+            f"--budget {text!r} is not a duration: write it like 20m, 1h or 900s"
+        ) from None
+    if seconds <= 0:
+        raise AutotuneError(f"--budget {text!r}: give a positive duration")
+    return seconds
+
+
+def clock(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+class Schedule:
+    """Phases run in order within ``budget``; a phase that starts late gets its planned
+    share of the time that is left, so the run shrinks instead of overrunning."""
+
+    def __init__(self, budget: Budget, phases: list[Phase]):
+        self.budget = budget
+        self.phases = phases
+        self._done: set[str] = set()
+
+    def lines(self) -> list[str]:
+        total = sum(p.seconds for p in self.phases)
+        lines = [f"plan: {len(self.phases)} phases, ~{clock(total)} (m:s)"]
+        for i, phase in enumerate(self.phases, 1):
+            why = f"  ({phase.why})" if phase.why else ""
+            lines.append(f"  {i}. {phase.name:<34} ~{clock(phase.seconds):>6}{why}")
+        return lines
+
+    def planned(self, name: str) -> float:
+        return self._phase(name).seconds
+
+    def begin(self, name: str) -> Budget:
+        """The budget of the phase ``name``, which starts now, and one line with the run's
+        expected end."""
+        from autotune.progress import say
+
+        phase = self._phase(name)
+        ahead = [p for p in self.phases if p.name not in self._done]
+        self._done.add(name)
+        planned_ahead = sum(p.seconds for p in ahead) or 1.0
+        left = self.budget.left()
+        scale = 1.0 if left is None else min(1.0, left / planned_ahead)
+        seconds = phase.seconds * scale
+        end = time.strftime("%H:%M", time.localtime(time.time() + planned_ahead * scale))
+        index = self.phases.index(phase) + 1
+        say(
+            f"[bold][{index}/{len(self.phases)}] {name}[/bold] (~{clock(seconds)}; "
+            f"{clock(self.budget.elapsed())} so far, the run should end by {end})"
+        )
+        if left is not None and left <= 0:
+            say(
+                f"[yellow]the budget is spent ({clock(self.budget.elapsed())} of "
+                f"{clock(self.budget.seconds or 0)}): {name} does only its least; give more "
+                "--budget for a fuller run[/yellow]"
+            )
+        return Budget(seconds)
+
+    def _phase(self, name: str) -> Phase:
+        for phase in self.phases:
+            if phase.name == name:
+                return phase
+        raise KeyError(name)

@@ -1,0 +1,60 @@
+"""The shared self-distillation set: answers decoded once, kept by fingerprint and prompts,
+and read back by the next trainer with the same hidden states."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotune.training import distill
+from autotune.training.distill import AnswerCache, answer_prompts, generate_answers, teacher_forced
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TEXTS = ["Hi.", "Write a poem about rain, please.", "What is 2+2?", "Name a colour."]
+
+
+def test_teacher_forced_states_are_the_decoding_states(tiny_target):
+    model = tiny_target.model
+    prompts = [tiny_target.encode_chat(t) for t in TEXTS]
+    decoded = generate_answers(model, prompts, max_new_tokens=12, batch_size=2, prefill=True)
+    forced = teacher_forced(model, prompts, [a.tokens for a in decoded], batch_size=3, prefill=True)
+    for got, want in zip(forced, decoded):
+        assert got.tokens == want.tokens
+        torch.testing.assert_close(got.hidden, want.hidden, atol=1e-4, rtol=1e-4)
+        assert got.prefill is not None and want.prefill is not None
+        torch.testing.assert_close(got.prefill, want.prefill, atol=1e-4, rtol=1e-4)
+
+
+def test_a_second_trainer_reads_the_answers_back_instead_of_decoding(
+    tiny_target, tmp_path, monkeypatch
+):
+    prompts = [tiny_target.encode_chat(t) for t in TEXTS]
+    cache = AnswerCache(tmp_path, tiny_target.fingerprint)
+    first, _ = answer_prompts(tiny_target, prompts[:3], prompts[3:], 16, 2, cache=cache)
+    assert len(list(tmp_path.glob("*.json"))) == 1
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("decoded again")
+
+    monkeypatch.setattr(distill, "generate_answers", no_decoding)
+    again, _ = answer_prompts(tiny_target, prompts[:3], prompts[3:], 16, 2, cache=cache)
+    assert [a.tokens for _, a in again] == [a.tokens for _, a in first]
+    # a shorter answer length is a prefix of the kept one: still no decoding
+    short, _ = answer_prompts(tiny_target, prompts[:3], prompts[3:], 5, 2, cache=cache)
+    assert [a.tokens for _, a in short] == [a.tokens[:5] for _, a in first]
+    assert all(len(a.hidden) == len(a.tokens) for _, a in short)
+    # a longer one is not kept: it is decoded
+    with pytest.raises(AssertionError, match="decoded again"):
+        answer_prompts(tiny_target, prompts[:3], prompts[3:], 32, 2, cache=cache)
+
+
+def test_a_damaged_cache_file_is_decoded_again(tiny_target, tmp_path):
+    prompts = [tiny_target.encode_chat(t) for t in TEXTS[:2]]
+    cache = AnswerCache(tmp_path, tiny_target.fingerprint)
+    answer_prompts(tiny_target, prompts[:1], prompts[1:], 8, 2, cache=cache)
+    (file,) = tmp_path.glob("*.json")
+    file.write_text("{not json")
+    assert cache.load(prompts, 8) is None
+    train, _ = answer_prompts(tiny_target, prompts[:1], prompts[1:], 8, 2, cache=cache)
+    assert train[0][1].tokens and cache.load(prompts, 8) is not None

@@ -1,0 +1,103 @@
+"""The run's time plan (`--budget`), and where heads come from when none are given."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.budget import Budget
+from autotune.errors import AutotuneError
+from autotune.schedule import Phase, Schedule, parse_duration
+from autotune.training.job import cached_heads_folder
+from autotune.training.sources import UPSTREAM, find_heads
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("20m", 1200), ("1h", 3600), ("90s", 90), ("45", 45), ("1.5m", 90)]
+)
+def test_budget_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["soon", "m", "-5m", "0"])
+def test_a_budget_that_is_no_duration_is_one_line(text):
+    with pytest.raises(AutotuneError, match="--budget"):
+        parse_duration(text)
+
+
+class FrozenBudget(Budget):
+    """A budget whose clock the test sets."""
+
+    def __init__(self, seconds, elapsed):
+        super().__init__(seconds)
+        self.now = elapsed
+
+    def elapsed(self):
+        return self.now
+
+
+def test_a_late_phase_gets_its_share_of_what_is_left():
+    budget = FrozenBudget(100, 0)
+    schedule = Schedule(budget, [Phase("a", 50), Phase("b", 30), Phase("c", 20)])
+    assert schedule.begin("a").seconds == pytest.approx(50)
+    budget.now = 80  # a overran by 30: b and c share the 20 s left, as planned (3:2)
+    assert schedule.begin("b").seconds == pytest.approx(12)
+    budget.now = 92
+    assert schedule.begin("c").seconds == pytest.approx(8)
+    assert len(schedule.lines()) == 4 and "~1:40" in schedule.lines()[0]
+
+
+def test_without_a_budget_every_phase_gets_its_plan():
+    schedule = Schedule(Budget(None), [Phase("a", 50), Phase("b", 30)])
+    assert schedule.begin("b").seconds == 30
+
+
+# --- heads found without being given --------------------------------------------------
+
+
+def accept(folder: Path) -> None:
+    if not (folder / "config.json").is_file():
+        raise AutotuneError(f"{folder}: no config.json")
+
+
+def heads_folder(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"medusa_num_heads": 2}))
+    return folder
+
+
+def fake_hub_snapshot(hub: Path, repo: str) -> Path:
+    repo_dir = hub / f"models--{repo.replace('/', '--')}"
+    (repo_dir / "refs").mkdir(parents=True)
+    (repo_dir / "refs" / "main").write_text("abc123")
+    return heads_folder(repo_dir / "snapshots" / "abc123")
+
+
+def test_heads_in_autotunes_cache_come_first(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    own = heads_folder(cached_heads_folder("f" * 16, "medusa"))
+    fake_hub_snapshot(tmp_path / "hub", UPSTREAM["vicuna-7b"]["medusa"])
+    found = find_heads("medusa", "vicuna-7b", "f" * 16, accept)
+    assert found is not None and found.folder == own and "heads cache" in found.source
+
+
+def test_published_heads_are_read_from_the_hugging_face_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    snapshot = fake_hub_snapshot(tmp_path / "hub", UPSTREAM["vicuna-7b"]["eagle"])
+    found = find_heads("eagle", "vicuna-7b", "f" * 16, accept)
+    assert found is not None and found.folder == snapshot
+    assert UPSTREAM["vicuna-7b"]["eagle"] in found.source
+    # another model's, or another kind's, are not taken
+    assert find_heads("medusa", "vicuna-7b", "f" * 16, accept) is None
+    assert find_heads("eagle", "vicuna-13b", "f" * 16, accept) is None
+
+
+def test_a_damaged_cached_folder_is_passed_over(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    cached_heads_folder("f" * 16, "medusa").mkdir(parents=True)  # no config.json
+    assert find_heads("medusa", "smollm2-135m", "f" * 16, accept) is None

@@ -1,0 +1,69 @@
+"""The workspace's measurement cache: labelled timings, checked at one point before reuse."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autotune.models.ref import TargetRef
+from autotune.workspace import Workspace
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture
+def workspace(tmp_path, tiny_llama_dir, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "cache"))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "".join(json.dumps({"prompt": f"p {i}", "category": "ab"[i % 2]}) + "\n" for i in range(8))
+    )
+    return Workspace.open(
+        TargetRef.for_user(str(tiny_llama_dir)), prompts, f"sqlite:///{tmp_path / 'db.sqlite'}"
+    )
+
+
+def test_timings_are_labelled_and_reused_while_they_hold(workspace):
+    built = []
+
+    def build():
+        built.append(1)
+        return [0.010, 0.012]
+
+    first = workspace.cached_measurement("latency", "k", build, spot_check=lambda v: 0.05)
+    again = workspace.cached_measurement("latency", "k", build, spot_check=lambda v: 0.05)
+    assert first == again == [0.010, 0.012] and len(built) == 1
+    stored = workspace._cache.get(
+        "latency", workspace.target.fingerprint, next(iter(_keys(workspace))), "k"
+    )
+    assert stored["label"]["dtype"] == "float32" and stored["label"]["measured_at"]
+    assert stored["label"]["machine"]["threads"] == workspace.hardware["threads"]
+    # the spot check says the machine is 40% slower now: measured again
+    workspace.cached_measurement("latency", "k", build, spot_check=lambda v: 0.40)
+    assert len(built) == 2
+
+
+def test_an_unlabelled_timing_is_not_trusted(workspace):
+    from autotune import hardware
+
+    key = hardware.key(workspace.hardware, workspace.target.dtype)
+    workspace._cache.put("latency", workspace.target.fingerprint, key, "old", [1.0, 2.0])
+    assert workspace.cached_measurement("latency", "old", lambda: [3.0]) == [3.0]
+    # what does not depend on the device keeps its old, unlabelled form
+    workspace._cache.put("continuations", workspace.target.fingerprint, "any", "c", [[5, 6]])
+    assert workspace.cached_measurement(
+        "continuations", "c", lambda: [[7]], device_bound=False
+    ) == [[5, 6]]
+
+
+def test_prompts_keep_their_categories(workspace):
+    encoded = workspace.encode(workspace.heldback_prompts())
+    assert {p.category for p in encoded} == {"a", "b"}
+    assert {p.id for p in encoded}.isdisjoint(p.id for p in workspace.search_prompts())
+
+
+def _keys(workspace):
+    from autotune import hardware
+
+    yield hardware.key(workspace.hardware, workspace.target.dtype)
