@@ -41,6 +41,7 @@ from autotune.profile.schema import ProfileBase, methods_block, profile_model
 from autotune.progress import say, step
 from autotune.schedule import Phase, Schedule, clock
 from autotune.studies.workers import Workers
+from autotune.training.job import ANSWERS_SHARE
 from autotune.workspace import Workspace
 
 # The held-back measurement: at most this many prompts (``--heldback-prompts``), of this
@@ -58,13 +59,8 @@ BUDGET_S = 20 * 60.0
 CPU_TRAINABLE_PARAMS = 1_000_000_000
 # Heads trained within the run learn from answers this long (all trainers share them).
 ANSWER_TOKENS = 128
-# Batched decoding of the calibration answers against one greedy sequence, in tokens per
-# second (measured on 2 cores, SmolLM2-135M, batches of 16: ~140 against ~35).
-BATCHED_DECODING_GAIN = 4.0
-# Shares of the time left after measurement: training (when heads are trained) and, of
-# training, what the shared answers may take at most.
+# Shares of the time left after measurement: training (when heads are trained).
 TRAINING_SHARE = 0.55
-ANSWERS_SHARE = 0.35
 # Decoding with a method costs about this much of greedy's time (for the plan only).
 SPECULATIVE_COST = 0.7
 # The selection and held-back measurement take at most this share of the budget: beyond
@@ -324,11 +320,12 @@ def _phases(
 
 
 def _answers_seconds(ws: Workspace, tokens_per_s: float) -> float:
-    """Decoding every calibration answer, at the batched decoding rate."""
-    from autotune.training.job import calibration_extras
+    """Decoding every calibration answer: the workload's and every packaged prompt's."""
+    from autotune.prompts import split_prompts
+    from autotune.training.job import answers_seconds, calibration_extras, heads_split
 
-    prompts = len(ws.search_prompts()) + len(calibration_extras(ws.prompts_path))
-    return prompts * ANSWER_TOKENS / (BATCHED_DECODING_GAIN * tokens_per_s)
+    prompts = heads_split(split_prompts(ws.prompts)[0]) + calibration_extras(ws.prompts_path)
+    return answers_seconds(1.0 / tokens_per_s, ANSWER_TOKENS, prompts)
 
 
 def _cannot_train(ws: Workspace, phases: list[Phase], plan: Plan) -> str | None:
@@ -350,17 +347,13 @@ def train_heads(plan: Plan, ws: Workspace, schedule: Schedule) -> None:
     the workload's search split), kept in autotune's heads cache for the next run."""
     if not plan.train:
         return
-    from autotune.training.job import prepare_training, train_kind
+    from autotune.training.job import decode_calibration, train_kind
 
-    answers = schedule.begin("self-distillation answers (shared)").seconds
-    extra = len(ws.search_prompts())  # what the answers' time allows besides the workload's
-    if answers is not None:
-        rate = BATCHED_DECODING_GAIN / ws.forward_seconds_now()
-        extra = int(answers * rate / ANSWER_TOKENS) - len(ws.search_prompts())
-    data = prepare_training(ws, ANSWER_TOKENS, extra)
+    seconds = schedule.begin("self-distillation answers (shared)").seconds
+    extras = decode_calibration(ws.target, ws.prompts_path, ws.prompts, ANSWER_TOKENS, seconds)
     for kind in dict.fromkeys(plan.train.values()):
         seconds = schedule.begin(f"train {kind} heads").seconds
-        folder = train_kind(ws, data, kind, seconds)
+        folder = train_kind(ws, extras, ANSWER_TOKENS, kind, seconds)
         for name in [n for n, k in plan.train.items() if k == kind]:
             plan.heads[name] = folder
 

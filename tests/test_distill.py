@@ -55,6 +55,24 @@ def test_a_damaged_cache_file_is_decoded_again(tiny_target, tmp_path):
     answer_prompts(tiny_target, prompts[:1], prompts[1:], 8, 2, cache=cache)
     (file,) = tmp_path.glob("*.json")
     file.write_text("{not json")
-    assert cache.load(prompts, 8) is None
+    assert cache.load(prompts, 8) == [None, None]
     train, _ = answer_prompts(tiny_target, prompts[:1], prompts[1:], 8, 2, cache=cache)
-    assert train[0][1].tokens and cache.load(prompts, 8) is not None
+    assert train[0][1].tokens and None not in cache.load(prompts, 8)
+
+
+def test_only_the_prompts_the_cache_lacks_are_decoded(tiny_target, tmp_path, monkeypatch):
+    prompts = [tiny_target.encode_chat(t) for t in TEXTS]
+    cache = AnswerCache(tmp_path, tiny_target.fingerprint)
+    answer_prompts(tiny_target, prompts[:2], [], 10, 2, cache=cache)
+    decoded = []
+    real = distill.generate_answers
+
+    def counting(model, asked, *args, **kwargs):
+        decoded.extend(asked)
+        return real(model, asked, *args, **kwargs)
+
+    monkeypatch.setattr(distill, "generate_answers", counting)
+    train, _ = answer_prompts(tiny_target, prompts, [], 10, 2, cache=cache)
+    assert decoded == prompts[2:]
+    alone = generate_answers(tiny_target.model, prompts, 10, batch_size=1)
+    assert [a.tokens for _, a in train] == [a.tokens for a in alone]

@@ -11,6 +11,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -158,35 +159,51 @@ def generate_answers(
 
 @dataclass(frozen=True)
 class AnswerCache:
-    """The target's greedy answers kept on disk by model fingerprint and prompts: decoded
-    once, then shared by every head trainer (and later runs), which get the hidden states
-    again from one teacher-forced forward per batch, at prefill speed."""
+    """The target's greedy answers kept on disk by model fingerprint, one per prompt (its
+    token ids hashed): decoded once, then shared by every head trainer (and later runs),
+    which get the hidden states again from one teacher-forced forward per batch, at
+    prefill speed."""
 
     folder: Path
     fingerprint: str
 
-    def _file(self, prompts: list[list[int]]) -> Path:
-        digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16]
-        return self.folder / f"{self.fingerprint}-{digest}.json"
+    @property
+    def file(self) -> Path:
+        return self.folder / f"{self.fingerprint}.json"
 
-    def load(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]] | None:
-        """The answers, cut to ``max_new_tokens`` (a longer greedy answer's prefix is the
-        shorter one), or None when none as long are kept."""
+    def _read(self) -> dict:
         try:
-            record = json.loads(self._file(prompts).read_text())
-            if record["max_new_tokens"] < max_new_tokens or len(record["answers"]) != len(prompts):
-                return None
-            return [list(answer[:max_new_tokens]) for answer in record["answers"]]
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+            record = json.loads(self.file.read_text())
+            return record if isinstance(record, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def load(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int] | None]:
+        """Each prompt's answer cut to ``max_new_tokens`` (a longer greedy answer's prefix
+        is the shorter one), or None where none as long is kept."""
+        record = self._read()
+        found: list[list[int] | None] = []
+        for prompt in prompts:
+            entry: Any = record.get(_digest(prompt))
+            try:
+                usable = entry["max_new_tokens"] >= max_new_tokens
+                found.append([int(t) for t in entry["tokens"][:max_new_tokens]] if usable else None)
+            except (TypeError, KeyError, ValueError):
+                found.append(None)
+        return found
 
     def save(self, prompts: list[list[int]], max_new_tokens: int, answers: list[Answer]) -> None:
+        record = self._read()
+        for prompt, answer in zip(prompts, answers):
+            record[_digest(prompt)] = {"max_new_tokens": max_new_tokens, "tokens": answer.tokens}
         self.folder.mkdir(parents=True, exist_ok=True)
-        final = self._file(prompts)
-        tmp = final.with_suffix(f".{os.getpid()}.tmp")
-        record = {"max_new_tokens": max_new_tokens, "answers": [a.tokens for a in answers]}
+        tmp = self.file.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(record))
-        tmp.replace(final)  # whole or not at all: a killed run leaves no half file
+        tmp.replace(self.file)  # whole or not at all: a killed run leaves no half file
+
+
+def _digest(prompt: list[int]) -> str:
+    return hashlib.sha256(json.dumps(prompt).encode()).hexdigest()[:20]
 
 
 def teacher_forced(
@@ -228,14 +245,44 @@ def shared_answers(
     prefill: bool,
     cache: AnswerCache | None,
 ) -> list[Answer]:
-    """``generate_answers``, through ``cache`` when one is given."""
-    known = cache.load(prompts, max_new_tokens) if cache is not None else None
-    if known is not None:
-        return teacher_forced(model, prompts, known, batch_size, prefill)
-    answers = generate_answers(model, prompts, max_new_tokens, batch_size, prefill)
-    if cache is not None:
-        cache.save(prompts, max_new_tokens, answers)
-    return answers
+    """``generate_answers``, through ``cache`` when one is given: only the prompts it
+    does not hold are decoded."""
+    known = cache.load(prompts, max_new_tokens) if cache is not None else [None] * len(prompts)
+    missing = [i for i, tokens in enumerate(known) if tokens is None]
+    kept = [i for i, tokens in enumerate(known) if tokens is not None]
+    answers: dict[int, Answer] = {}
+    if missing:
+        decoded = generate_answers(
+            model, [prompts[i] for i in missing], max_new_tokens, batch_size, prefill
+        )
+        answers.update(zip(missing, decoded))
+        if cache is not None:
+            cache.save([prompts[i] for i in missing], max_new_tokens, decoded)
+    if kept:
+        forced = teacher_forced(
+            model,
+            [prompts[i] for i in kept],
+            [known[i] or [] for i in kept],
+            batch_size,
+            prefill,
+        )
+        answers.update(zip(kept, forced))
+    return [answers[i] for i in range(len(prompts))]
+
+
+def decode_to_cache(
+    model, prompts: list[list[int]], max_new_tokens: int, batch_size: int, cache: AnswerCache
+) -> list[list[int]]:
+    """The answers' tokens, decoding (and keeping) only those ``cache`` lacks: filling
+    the shared set before the trainers read it, without their hidden states."""
+    known = cache.load(prompts, max_new_tokens)
+    missing = [i for i, tokens in enumerate(known) if tokens is None]
+    if missing:
+        decoded = generate_answers(model, [prompts[i] for i in missing], max_new_tokens, batch_size)
+        cache.save([prompts[i] for i in missing], max_new_tokens, decoded)
+        for i, answer in zip(missing, decoded):
+            known[i] = answer.tokens
+    return [tokens or [] for tokens in known]
 
 
 Pair = tuple[list[int], Answer]  # a prompt's token ids and the target's answer to it
