@@ -69,7 +69,10 @@ MEASURE_SHARE = 0.35
 # Of the searches' time, what fitting CAPE on the chain methods takes.
 CAPE_SHARE = 0.15
 # Too little time to train a head kind usefully: it is skipped, with the command to run.
-MIN_TRAINING_S = 45.0
+# A GLIDE draft first runs the target over every training sequence for its cache (about
+# a minute on 2 cores for SmolLM2-135M), and learned nothing measurable (top-1 0.002) in
+# the 100 s after it that a 20-minute budget leaves.
+MIN_TRAINING_S = {"default": 45.0, "glide": 300.0}
 LOSSLESS_REFERENCE = (
     "plain greedy decoding by autotune's own runner (the same weights and "
     "kernels); see the README for its parity with transformers' generate"
@@ -256,15 +259,16 @@ def make_schedule(plan: Plan, ws: Workspace, request: ProfileRequest, budget: Bu
     left = budget.left()
     seconds = 3600.0 if left is None else left
     phases = _phases(plan, ws, request, tokens_per_s, seconds)
-    why_not = _cannot_train(ws, phases, plan) if plan.train else None
-    if why_not is not None:
-        for name, kind in plan.train.items():
+    # a kind dropped leaves more time to the others: plan again until every kind left fits
+    while (untrainable := _cannot_train(ws, phases, plan)) is not None:
+        kinds, why_not = untrainable
+        for name, kind in [(n, k) for n, k in plan.train.items() if k in kinds]:
             plan.skipped[name] = (
                 f"{why_not}: train {kind} heads with `autotune heads train --kind {kind} "
                 f"--model {ws.ref.spec}` (profile finds them in its heads cache)"
             )
-        plan.methods = [m for m in plan.methods if m.name not in plan.train]
-        plan.train = {}
+            del plan.train[name]
+        plan.methods = [m for m in plan.methods if m.name not in plan.skipped]
         phases = _phases(plan, ws, request, tokens_per_s, seconds)
     schedule = Schedule(budget, phases)
     for line in schedule.lines():
@@ -320,25 +324,37 @@ def _phases(
 
 
 def _answers_seconds(ws: Workspace, tokens_per_s: float) -> float:
-    """Decoding every calibration answer: the workload's and every packaged prompt's."""
+    """Decoding every calibration answer: the workload's search split and every packaged
+    prompt's (``training.job.decode_calibration``)."""
     from autotune.prompts import split_prompts
-    from autotune.training.job import answers_seconds, calibration_extras, heads_split
+    from autotune.training.job import answers_seconds, calibration_extras
 
-    prompts = heads_split(split_prompts(ws.prompts)[0]) + calibration_extras(ws.prompts_path)
+    prompts = split_prompts(ws.prompts)[0] + calibration_extras(ws.prompts_path)
     return answers_seconds(1.0 / tokens_per_s, ANSWER_TOKENS, prompts)
 
 
-def _cannot_train(ws: Workspace, phases: list[Phase], plan: Plan) -> str | None:
+def _cannot_train(ws: Workspace, phases: list[Phase], plan: Plan) -> tuple[set, str] | None:
+    """Head kinds that cannot be trained here, or usefully in the time planned for them
+    (the one needing the most time first), with the reason; None when every kind can."""
+    if not plan.train:
+        return None
     params = sum(p.numel() for p in ws.target.model.parameters())
     if ws.runner.device.type == "cpu" and params > CPU_TRAINABLE_PARAMS:
-        return f"the model has {params / 1e9:.1f}B parameters, too many to train heads on a CPU"
-    shortest = min(p.seconds for p in phases if p.name.startswith("train "))
-    if shortest < MIN_TRAINING_S:
-        return (
-            f"the budget leaves {clock(shortest)} (m:s) to train heads, under the "
-            f"{clock(MIN_TRAINING_S)} that is worth it; give more --budget, or"
-        )
-    return None
+        why = f"the model has {params / 1e9:.1f}B parameters, too many to train heads on a CPU"
+        return set(plan.train.values()), why
+    planned = {p.name.removeprefix("train ").removesuffix(" heads"): p.seconds for p in phases}
+    short = [k for k in set(plan.train.values()) if planned[k] < min_training_s(k)]
+    if not short:
+        return None
+    kind = max(short, key=min_training_s)
+    return {kind}, (
+        f"the budget leaves {clock(planned[kind])} (m:s) to train {kind} heads, under the "
+        f"{clock(min_training_s(kind))} they need to be worth measuring; give more --budget, or"
+    )
+
+
+def min_training_s(kind: str) -> float:
+    return MIN_TRAINING_S.get(kind, MIN_TRAINING_S["default"])
 
 
 def train_heads(plan: Plan, ws: Workspace, schedule: Schedule) -> None:
@@ -353,8 +369,15 @@ def train_heads(plan: Plan, ws: Workspace, schedule: Schedule) -> None:
     extras = decode_calibration(ws.target, ws.prompts_path, ws.prompts, ANSWER_TOKENS, seconds)
     for kind in dict.fromkeys(plan.train.values()):
         seconds = schedule.begin(f"train {kind} heads").seconds
-        folder = train_kind(ws, extras, ANSWER_TOKENS, kind, seconds)
-        for name in [n for n, k in plan.train.items() if k == kind]:
+        names = [n for n, k in plan.train.items() if k == kind]
+        try:
+            folder = train_kind(ws, extras, ANSWER_TOKENS, kind, seconds)
+        except AutotuneError as exc:  # e.g. too few answers fitted the time to train on
+            for name in names:
+                plan.skipped[name] = f"its {kind} heads could not be trained: {exc}"
+            plan.methods = [m for m in plan.methods if m.name not in names]
+            continue
+        for name in names:
             plan.heads[name] = folder
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -126,19 +124,19 @@ class Workspace:
         return time_one_forward(self.runner, repeats)
 
     def continuations(self, prompts: list[EncodedPrompt], tokens: int):
-        """The target's greedy continuations: what a drafter must predict."""
-        from autotune.engine.decoding import decode_plain
+        """The target's greedy continuations: what a drafter must predict. They are the
+        model's shared self-distillation answers (``training.distill.AnswerCache``): the
+        ones missing are decoded in batches, once for every method and head trainer."""
+        from autotune.training.distill import GENERATION_BATCH, decode_to_cache
+        from autotune.training.job import answer_cache
 
-        def build():
-            out = []
-            with step("calibration: greedy continuations", len(prompts)) as advance:
-                for ids in (p.ids for p in prompts):
-                    out.append(decode_plain(self.runner, ids, tokens).tokens)
-                    advance()
-            return out
-
-        key = _digest([p.ids for p in prompts], tokens)
-        continuations = self.cached_measurement("continuations", key, build, device_bound=False)
+        continuations = decode_to_cache(
+            self.target.model,
+            [p.ids for p in prompts],
+            tokens,
+            GENERATION_BATCH,
+            answer_cache(self.target.fingerprint),
+        )
         return [(p.ids, cont) for p, cont in zip(prompts, continuations) if len(cont) > 1]
 
     def device_costs(self, max_tokens: int = 16) -> tuple[LatencyCurve, SublayerCosts]:
@@ -195,7 +193,3 @@ def _cached_value(hit: Any, labelled: bool) -> Any:
     if isinstance(hit, dict) and set(hit) == {"value", "label"}:
         return hit["value"]
     return None if labelled else hit
-
-
-def _digest(*parts) -> str:
-    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]

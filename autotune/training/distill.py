@@ -95,8 +95,9 @@ def _generate_batch(
     from transformers import GenerationConfig
 
     width = max(map(len, prompts))
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # [B, P], left-padded
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    device = model.get_input_embeddings().weight.device
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     config = GenerationConfig(
         do_sample=False,
         max_new_tokens=max_new_tokens,
@@ -223,7 +224,10 @@ def teacher_forced(
             batch = order[start : start + batch_size]
             seqs = [prompts[i] + answers[i][:-1] for i in batch]
             width = max(map(len, seqs))
-            ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs])
+            ids = torch.tensor(
+                [s + [0] * (width - len(s)) for s in seqs],
+                device=model.get_input_embeddings().weight.device,
+            )
             with torch.inference_mode():
                 states = model.model(input_ids=ids).last_hidden_state  # after the final norm
             for row, i in enumerate(batch):

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from autotune.errors import AutotuneError
 from autotune.heads.eagle import EagleHead, head_config, save_draft_vocab, save_eagle_head
 from autotune.training.distill import GENERATION_BATCH, Answer, AnswerCache, answer_prompts
-from autotune.training.loop import TrainStats, train_loop, training_time
+from autotune.training.loop import TrainStats, phase_seconds, train_loop, training_time
 from autotune.training.loss import IGNORE, FrozenProjectionCE, loss_dtype
 
 INITS = ("random", "identity", "last-layer")
@@ -404,11 +404,6 @@ def train_eagle(
         stats,
         sum(len(a.tokens) for _, a in train_pairs),
         sum(len(a.tokens) for _, a in held_pairs),
-        {
-            "generation": generated - began,
-            "training": trained - generated,
-            "report": done - trained,
-            "total": done - started,
-        },
+        phase_seconds(started, began, generated, trained, done),
         dict(counts),
     )

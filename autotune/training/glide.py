@@ -44,7 +44,7 @@ from autotune.heads.glide import (
 )
 from autotune.progress import step
 from autotune.training.distill import GENERATION_BATCH, AnswerCache, answer_prompts
-from autotune.training.loop import TrainStats, train_loop, training_time
+from autotune.training.loop import TrainStats, phase_seconds, train_loop, training_time
 from autotune.training.loss import IGNORE, FrozenProjectionCE, loss_dtype
 
 INITS = ("target", "random")
@@ -363,11 +363,6 @@ def train_glide(
         stats,
         sum(len(a.tokens) for _, a in train_pairs),
         sum(len(a.tokens) for _, a in held_pairs),
-        {
-            "generation": generated - began,
-            "training": trained - generated,
-            "report": done - trained,
-            "total": done - started,
-        },
+        phase_seconds(started, began, generated, trained, done),
         dict(Counter(token for _, answer in train_pairs for token in answer.tokens)),
     )

@@ -3,9 +3,11 @@ write the heads folder with a record of how they were made."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -120,11 +122,14 @@ def run_heads_train(job: HeadsJob):
     target = load_target(job.model, job.model_path, job.dtype, job.device)
     # the packaged prompts calibrate together (those whose answers fit the time); a
     # user's own file is their workload alone
-    extras = []
+    extras, keep = [], None
     if job.prompts is None:
         seconds = None if options.time_budget_s is None else ANSWERS_SHARE * options.time_budget_s
         extras = decode_calibration(target, prompts_path, prompts, options.max_new_tokens, seconds)
-    trained = train_heads_on(target, job.kind, options, prompts_path, prompts, extras, started)
+        keep = answered(target, options.max_new_tokens)  # what fitted the answers' time
+    trained = train_heads_on(
+        target, job.kind, options, prompts_path, prompts, extras, started, keep
+    )
     save_heads(trained, job.kind, options, target, resolved, prompts_path, out)
     return trained.result, out
 
@@ -186,19 +191,58 @@ class TrainedHeads:
     extras: int  # calibration prompts from other files among those trained on
 
 
-def training_lists(prompts: list, extras: list) -> tuple[list, list, list, list]:
-    """(workload prompts trained on, every prompt trained on, held back, followups):
-    two thirds of the search split of ``prompts`` (the rest is left for `profile` to
-    measure heads on; the held-back split stays unseen by both, for the final figures)
-    and the calibration ``extras``, second turns after their first."""
+def training_lists(
+    prompts: list, extras: list, keep: Callable[[list], list] | None = None
+) -> tuple[list, list, list, list]:
+    """(workload prompts trained on, every prompt trained on, reported on, followups):
+    two thirds of the search split of ``prompts`` and the calibration ``extras`` to train
+    on, second turns after their first; the other third of the search split to report
+    the heads' accuracy on (what `profile` measures them on too; the held-back split
+    only when that third is empty: it stays unseen by the heads). ``keep`` filters the
+    prompts to train and report on (``answered``: those whose answers are cached)."""
     from autotune.prompts import split_prompts
 
     search, held_back = split_prompts(prompts)
-    search = heads_split(search)
+    trained = heads_split(search)
+    reported = [p for p in search if p not in trained] or held_back
+    keep = keep or (lambda ps: ps)
+    trained, extras, reported = keep(trained), keep(extras), keep(reported)
     # second turns follow their first: answers to them need the first answers in context
-    train_on = sorted(search + extras, key=lambda p: not p.followups)
+    train_on = sorted(trained + extras, key=lambda p: not p.followups)
     followups = [(p.text, p.followups[0]) for p in train_on if p.followups]
-    return search, train_on, held_back, followups
+    return trained, train_on, reported, followups
+
+
+def answered(target, answer_tokens: int) -> Callable[[list], list]:
+    """A filter for ``training_lists``: the prompts whose answers ``answer_tokens`` long
+    are in the model's shared set, each second turn kept only where its answer is too
+    (a profile trains on what its answers phase decoded, and decodes nothing more)."""
+    import dataclasses
+
+    cache = answer_cache(target.fingerprint)
+
+    def keep(prompts: list) -> list:
+        known = cache.load([target.encode_chat(p.text) for p in prompts], answer_tokens)
+        firsts = [(p, a) for p, a in zip(prompts, known) if a is not None]
+        seconds = cache.load(
+            [_second_turn(target, p, a) for p, a in firsts if p.followups], answer_tokens
+        )
+        later = iter(seconds)
+        out = []
+        for prompt, _ in firsts:
+            if prompt.followups and next(later) is None:
+                prompt = dataclasses.replace(prompt, followups=())
+            out.append(prompt)
+        return out
+
+    return keep
+
+
+def _second_turn(target, prompt, first_answer: list[int]) -> list[int]:
+    """The conversation a second turn is answered in, as ``answer_prompts`` builds it."""
+    return target.encode_conversation(
+        [prompt.text, target.decode(first_answer), prompt.followups[0]]
+    )
 
 
 # Calibration prompts are decoded in chunks of this many, until their time is spent.
@@ -208,45 +252,74 @@ CALIBRATION_CHUNK = 32
 def decode_calibration(
     target, prompts_path: Path, prompts: list, answer_tokens: int, seconds: float | None
 ) -> list:
-    """Fill the model's shared self-distillation set: the answers to the workload's
-    prompts, then to the packaged calibration prompts (taken so that every prefix is
-    spread over the files' categories) in chunks while ``seconds`` last (None: all).
+    """Fill the model's shared self-distillation set while ``seconds`` last (None: all),
+    most needed first: the workload's search split (every method's calibration and the
+    heads' report, alternating with what heads train on), the packaged calibration
+    prompts (in an order that spreads every prefix over the files' categories), then
+    second turns. A
+    chunk is started only when, at the rate measured so far, it ends within the time.
     Returns the calibration prompts that were answered: the trainers' extras."""
     from autotune.budget import Budget
-    from autotune.progress import say
+    from autotune.prompts import split_prompts
     from autotune.training.distill import GENERATION_BATCH, decode_to_cache
 
     budget = Budget(seconds)
     cache = answer_cache(target.fingerprint)
     pool = calibration_extras(prompts_path)
     pool = [pool[i] for i in sorted(range(len(pool)), key=lambda i: (i * 0.6180339887) % 1)]
+    search = split_prompts(prompts)[0]
+    trained = heads_split(search)
+    # alternating: the first chunk (always decoded) serves both calibration and training
+    reported = [p for p in search if p not in trained]
+    firsts = [p for pair in itertools.zip_longest(reported, trained) for p in pair if p]
+    rate = _Rate()
 
-    def decode(extras: list) -> None:
-        _, train_on, held_back, _ = training_lists(prompts, extras)
-        asked = train_on + held_back
-        answers = decode_to_cache(
-            target.model,
-            [target.encode_chat(p.text) for p in asked],
-            answer_tokens,
-            GENERATION_BATCH,
-            cache,
-        )
-        # second turns, as ``answer_prompts`` builds them from the first answers
-        conversations = [
-            target.encode_conversation([p.text, target.decode(answer), p.followups[0]])
-            for p, answer in zip(train_on, answers)
-            if p.followups
-        ]
-        decode_to_cache(target.model, conversations, answer_tokens, GENERATION_BATCH, cache)
+    def decode(ids: list[list[int]]) -> list[list[int]] | None:
+        missing = sum(a is None for a in cache.load(ids, answer_tokens))
+        if missing and not rate.fits(missing, budget.left()):
+            return None
+        with rate.timing(missing):
+            return decode_to_cache(target.model, ids, answer_tokens, GENERATION_BATCH, cache)
 
-    decode([])
+    answers: dict[tuple[str, str], list[int]] = {}  # (id, text): files may share ids
+    chunks = [firsts[i : i + GENERATION_BATCH] for i in range(0, len(firsts), GENERATION_BATCH)]
+    chunks += [pool[i : i + CALIBRATION_CHUNK] for i in range(0, len(pool), CALIBRATION_CHUNK)]
     taken = 0
-    while taken < len(pool) and not budget.spent():
-        taken = min(taken + CALIBRATION_CHUNK, len(pool))
-        decode(pool[:taken])
+    for chunk in chunks:
+        got = decode([target.encode_chat(p.text) for p in chunk])
+        if got is None:
+            break
+        answers.update(((p.id, p.text), a) for p, a in zip(chunk, got))
+        taken += sum(p in pool for p in chunk)
+    # second turns last: each needs its first answer in context
+    seconds_due = [p for p in firsts + pool[:taken] if p.followups and (p.id, p.text) in answers]
+    for i in range(0, len(seconds_due), CALIBRATION_CHUNK):
+        chunk = seconds_due[i : i + CALIBRATION_CHUNK]
+        turns = [_second_turn(target, p, answers[p.id, p.text]) for p in chunk]
+        if decode(turns) is None:
+            break
     if taken < len(pool):
         say(f"answers to {taken} of {len(pool)} calibration prompts fitted the time")
     return pool[:taken]
+
+
+class _Rate:
+    """Seconds per answer, measured while decoding: whether another chunk fits."""
+
+    def __init__(self) -> None:
+        self.seconds, self.count = 0.0, 0
+
+    def fits(self, count: int, left: float | None) -> bool:
+        if left is None or self.count == 0:  # the first chunk always runs
+            return True
+        return count * self.seconds / self.count <= left
+
+    @contextlib.contextmanager
+    def timing(self, count: int) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self.seconds += time.perf_counter() - start
+        self.count += count
 
 
 def train_kind(ws, extras: list, answer_tokens: int, kind: str, seconds: float | None) -> Path:
@@ -265,7 +338,14 @@ def train_kind(ws, extras: list, answer_tokens: int, kind: str, seconds: float |
     )
     target = ws.target
     trained = train_heads_on(
-        target, kind, options, ws.prompts_path, ws.prompts, extras, time.perf_counter()
+        target,
+        kind,
+        options,
+        ws.prompts_path,
+        ws.prompts,
+        extras,
+        time.perf_counter(),
+        keep=answered(target, answer_tokens),
     )
     final = cached_heads_folder(target.fingerprint, kind)
     fresh = final.with_name(f".{kind}-{os.getpid()}")
@@ -293,11 +373,13 @@ def train_heads_on(
     prompts: list,
     extras: list,
     started: float | None = None,
+    keep: Callable[[list], list] | None = None,
 ) -> TrainedHeads:
     """Train heads of ``kind`` for a loaded target on two thirds of the search split of
     ``prompts`` (the rest is left for `profile` to measure them on) and the calibration
-    ``extras``; the target's answers come from the model's shared self-distillation set."""
-    search, train_on, held_back, followups = training_lists(prompts, extras)
+    ``extras``; the target's answers come from the model's shared self-distillation set.
+    ``keep``: as ``training_lists`` takes it."""
+    search, train_on, reported, followups = training_lists(prompts, extras, keep)
     train: Callable[..., Any]
     if kind == "eagle":
         from autotune.training.eagle import train_eagle as train
@@ -308,15 +390,13 @@ def train_heads_on(
     result = train(
         target,
         [target.encode_chat(p.text) for p in train_on],
-        [target.encode_chat(p.text) for p in held_back],
+        [target.encode_chat(p.text) for p in reported],
         options,
         started,
         followups,
         answer_cache(target.fingerprint),
     )
-    return TrainedHeads(
-        result, [p.id for p in search], (len(train_on), len(held_back)), len(extras)
-    )
+    return TrainedHeads(result, [p.id for p in search], (len(train_on), len(reported)), len(extras))
 
 
 def save_heads(

@@ -80,3 +80,17 @@ def training_time(budget_s: float | None, started: float, now: float) -> float |
     """Seconds left for training when the budget counts from ``started``: at least
     ``MIN_TRAIN_S`` however long generation took; None: no limit."""
     return None if budget_s is None else max(budget_s - (now - started), MIN_TRAIN_S)
+
+
+def phase_seconds(
+    started: float, began: float, generated: float, trained: float, done: float
+) -> dict[str, float]:
+    """A training job's seconds by phase (perf_counter marks), as a heads folder records
+    them: ``started`` when the job began (its budget counts from there), ``began`` when
+    the trainer did."""
+    return {
+        "generation": generated - began,
+        "training": trained - generated,
+        "report": done - trained,
+        "total": done - started,
+    }

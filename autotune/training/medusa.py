@@ -23,7 +23,7 @@ import torch
 from autotune.errors import AutotuneError
 from autotune.heads.medusa import MedusaHeads, save_medusa_heads
 from autotune.training.distill import GENERATION_BATCH, Answer, AnswerCache, answer_prompts
-from autotune.training.loop import TrainStats, train_loop, training_time
+from autotune.training.loop import TrainStats, phase_seconds, train_loop, training_time
 from autotune.training.loss import IGNORE, FrozenProjectionCE, loss_dtype
 
 # Positions per chunk when measuring accuracy (all heads' logits at once, float32).
@@ -225,10 +225,5 @@ def train_medusa(
         stats,
         train.tokens,
         held.tokens,
-        {
-            "generation": generated - began,
-            "training": trained - generated,
-            "report": done - trained,
-            "total": done - started,
-        },
+        phase_seconds(started, began, generated, trained, done),
     )

@@ -1,0 +1,92 @@
+"""The profile's answers phase: the shared self-distillation set filled within its time,
+most needed first, read back by every tuner's calibration and every head trainer, and
+head kinds that cannot be trained usefully in the time planned dropped from the plan."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from autotune import profiling
+from autotune.prompts import load_prompts, split_prompts
+from autotune.schedule import Phase
+from autotune.training import distill, job
+from autotune.workspace import Workspace
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+WORDS = [f"topic {i}" for i in range(24)]
+
+
+@pytest.fixture
+def workload(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(
+        "".join(json.dumps({"prompt": f"Tell me about {w}.", "id": w}) + "\n" for w in WORDS)
+    )
+    return path, load_prompts(path)
+
+
+def test_the_answers_phase_stops_when_the_next_chunk_would_not_fit(tiny_target, workload):
+    path, prompts = workload
+    # the first chunk always runs (every method calibrates on it); then the time is gone
+    extras = job.decode_calibration(tiny_target, path, prompts, 8, seconds=1e-3)
+    assert extras == []  # no calibration prompt from the packaged files fitted
+    search = split_prompts(prompts)[0]
+    trained = job.heads_split(search)
+    reported = [p for p in search if p not in trained]
+    first = [p for pair in zip(reported, trained) for p in pair]
+    first = (first + trained[len(reported) :])[: distill.GENERATION_BATCH]
+    cache = job.answer_cache(tiny_target.fingerprint)
+    known = cache.load([tiny_target.encode_chat(p.text) for p in search], 8)
+    decoded = {p.id for p, k in zip(search, known) if k is not None}
+    assert decoded == {p.id for p in first}
+    # the trainers take what was decoded, and nothing else
+    keep = job.answered(tiny_target, 8)
+    _, train_on, reported, _ = job.training_lists(prompts, extras, keep)
+    assert {p.id for p in train_on} <= decoded and {p.id for p in reported} <= decoded
+    assert reported, "the search prompts the heads do not train on come first"
+    assert not {p.id for p in reported} & {p.id for p in trained}
+
+
+def test_tuners_calibrate_on_the_shared_answers(tiny_target, workload, monkeypatch):
+    ids = [tiny_target.encode_chat(f"Say {w}.") for w in WORDS[:5]]
+    prompts = [SimpleNamespace(ids=i) for i in ids]
+    ws = SimpleNamespace(target=tiny_target)
+    first = Workspace.continuations(ws, prompts, 10)  # type: ignore[arg-type]
+    alone = distill.generate_answers(tiny_target.model, ids, 10, batch_size=1)
+    assert [c for _, c in first] == [a.tokens for a in alone if len(a.tokens) > 1]
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("decoded again")
+
+    monkeypatch.setattr(distill, "generate_answers", no_decoding)
+    # a shorter continuation is the kept answer's prefix: read back, not decoded
+    again = Workspace.continuations(ws, prompts, 6)  # type: ignore[arg-type]
+    assert [c for _, c in again] == [c[:6] for _, c in first if len(c[:6]) > 1]
+
+
+def _plan_and_workspace(kinds: dict[str, str]):
+    model = torch.nn.Linear(4, 4)
+    ws = SimpleNamespace(
+        target=SimpleNamespace(model=model), runner=SimpleNamespace(device=torch.device("cpu"))
+    )
+    plan = SimpleNamespace(train=dict(kinds))
+    return plan, ws
+
+
+def test_a_head_kind_without_the_time_it_needs_is_dropped_first():
+    plan, ws = _plan_and_workspace({"medusa": "medusa", "eagle": "eagle", "glide": "glide"})
+    phases = [Phase(f"train {k} heads", 100.0) for k in ("medusa", "eagle", "glide")]
+    kinds, why = profiling._cannot_train(ws, phases, plan)  # type: ignore[arg-type]
+    assert kinds == {"glide"} and "1:40" in why and "train glide heads" in why
+    plan.train.pop("glide")
+    phases = [Phase(f"train {k} heads", 150.0) for k in ("medusa", "eagle")]
+    assert profiling._cannot_train(ws, phases, plan) is None  # type: ignore[arg-type]
+    short = [Phase(f"train {k} heads", 10.0) for k in ("medusa", "eagle")]
+    kinds, _ = profiling._cannot_train(ws, short, plan)  # type: ignore[arg-type]
+    assert len(kinds) == 1 and kinds <= {"medusa", "eagle"}
