@@ -276,6 +276,13 @@ def make_schedule(plan: Plan, ws: Workspace, request: ProfileRequest, budget: Bu
     return schedule
 
 
+def tuning_schedule(plan: Plan, seconds: float = 3600.0) -> Schedule:
+    """The searches alone, ``seconds`` each (the methods' and fitting CAPE): for scripts
+    that run ``tune_methods`` and ``fit_expansions`` without a whole profile's plan."""
+    names = [f"tune {m.name}" for m in plan.methods] + ["fit CAPE"]
+    return Schedule(Budget(None), [Phase(name, seconds) for name in names])
+
+
 def _phases(
     plan: Plan, ws: Workspace, request: ProfileRequest, tokens_per_s: float, seconds: float
 ) -> list[Phase]:

@@ -49,7 +49,13 @@ def tuned_blocks(ws, args) -> tuple:
                 "`autotune profile --methods glide,cape --heads glide=DIR`"
             )
         return glide, eagle if args.eagle_head else None, {"profile": args.profile}
-    from autotune.profiling import ProfileRequest, fit_expansions, make_plan, tune_methods
+    from autotune.profiling import (
+        ProfileRequest,
+        fit_expansions,
+        make_plan,
+        tune_methods,
+        tuning_schedule,
+    )
 
     heads = {"glide": args.head, **({"eagle": args.eagle_head} if args.eagle_head else {})}
     request = ProfileRequest(
@@ -59,8 +65,9 @@ def tuned_blocks(ws, args) -> tuple:
         time_budget_s=args.time_budget,
     )
     plan = make_plan(request)
-    tuned = tune_methods(plan, ws, request)
-    fit_expansions(plan, ws, tuned)
+    schedule = tuning_schedule(plan, args.time_budget)
+    tuned = tune_methods(plan, ws, request, schedule)
+    fit_expansions(plan, ws, tuned, schedule)
     glide, eagle = tuned["glide"], tuned.get("eagle")
     return glide, eagle, {"glide": glide.search, "cape": glide.cape.search}
 

@@ -54,6 +54,18 @@ def test_without_a_budget_every_phase_gets_its_plan():
     assert schedule.begin("b").seconds == 30
 
 
+def test_scripts_tune_each_method_for_the_seconds_they_give():
+    from types import SimpleNamespace
+
+    from autotune.profiling import tuning_schedule
+
+    plan = SimpleNamespace(methods=[SimpleNamespace(name="glide"), SimpleNamespace(name="eagle")])
+    schedule = tuning_schedule(plan, 240.0)  # type: ignore[arg-type]
+    assert schedule.begin("tune eagle").seconds == 240
+    assert schedule.begin("fit CAPE").seconds == 240
+    assert schedule.begin("tune glide").seconds == 240
+
+
 # --- heads found without being given --------------------------------------------------
 
 

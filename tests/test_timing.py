@@ -104,3 +104,25 @@ def test_a_curve_that_stays_implausible_is_refused(tiny_llama, monkeypatch):
     calls = iter([costs.LatencyCurve([0.9, 0.2]), costs.LatencyCurve([0.030, 0.032])])
     monkeypatch.setattr(costs, "measure_latency_curve", lambda *a, **k: next(calls))
     assert costs.measure_verify_curve(Runner(tiny_llama), 2, 1).seconds == [0.030, 0.032]
+
+
+def test_a_measurement_with_a_time_limit_stops_after_its_least(tiny_target):
+    """Past its time, a side-by-side measurement starts no more prompts, yet still pairs
+    ``MIN_PROMPTS`` of them (a tuner's confirmation never overruns by a whole list)."""
+    from autotune.budget import Budget
+    from autotune.drafters.ngram import LookupConfig, NgramDrafter
+    from autotune.engine.runner import Runner
+    from autotune.measure.timing import MIN_PROMPTS, EncodedPrompt, measure_variants
+
+    runner = Runner(tiny_target.model)
+    prompts = [
+        EncodedPrompt(str(i), tiny_target.encode_chat(f"Count to {i}."), None) for i in range(5)
+    ]
+    config = LookupConfig(1, 2, 4, 1, 1, 4, "first")
+    spent = Budget(0.0)
+    measured = measure_variants(
+        runner, {"ngram": lambda: NgramDrafter(config)}, prompts, 6, until=spent
+    )
+    assert len(measured["ngram"].prompts) == MIN_PROMPTS
+    unlimited = measure_variants(runner, {"ngram": lambda: NgramDrafter(config)}, prompts, 6)
+    assert len(unlimited["ngram"].prompts) == len(prompts)

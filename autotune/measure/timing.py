@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from autotune.budget import Budget
 from autotune.engine.decoding import (
     DecodeResult,
     decode_plain,
@@ -26,6 +27,8 @@ from autotune.engine.sampling import GREEDY, SamplingConfig
 from autotune.measure.stats import CONFIDENCE, Interval, Pairs, bootstrap_interval, look_confidence
 
 WARMUP_TOKENS = 8
+# A measurement cut short by its time limit still pairs this many prompts.
+MIN_PROMPTS = 2
 
 
 @dataclass(frozen=True)
@@ -170,14 +173,22 @@ def measure_with_progress(
     prompts: Sequence[EncodedPrompt],
     max_new_tokens: int,
     sampling: SamplingConfig = GREEDY,
+    until: Budget | None = None,
 ) -> Measurement:
-    """``measure_side_by_side`` with a progress bar, one step a prompt."""
+    """``measure_side_by_side`` with a progress bar, one step a prompt (``until``: as
+    ``measure_variants`` takes it)."""
     from autotune.progress import step
 
     with step(label, len(prompts)) as advance:
-        return measure_side_by_side(
-            runner, make_drafter, prompts, max_new_tokens, sampling, on_prompt=lambda _: advance()
-        )
+        return measure_variants(
+            runner,
+            {"method": make_drafter},
+            prompts,
+            max_new_tokens,
+            sampling,
+            on_prompt=lambda _: advance(),
+            until=until,
+        )["method"]
 
 
 def measure_side_by_side(
@@ -201,10 +212,12 @@ def measure_variants(
     max_new_tokens: int,
     sampling: SamplingConfig = GREEDY,
     on_prompt: Callable[[PromptMeasurement], None] | None = None,
+    until: Budget | None = None,
 ) -> dict[str, Measurement]:
-    """Several methods against one plain greedy decoding per prompt, interleaved."""
+    """Several methods against one plain greedy decoding per prompt, interleaved.
+    ``until``: no prompt is started once it is spent, after the first ``MIN_PROMPTS``."""
     session = SideBySide(runner, variants, max_new_tokens, sampling)
-    session.measure(prompts, on_prompt)
+    session.measure(prompts, on_prompt, until)
     return session.measurements
 
 
@@ -253,11 +266,14 @@ class SideBySide:
         self,
         prompts: Sequence[EncodedPrompt],
         on_prompt: Callable[[PromptMeasurement], None] | None = None,
+        until: Budget | None = None,
     ) -> None:
         if prompts and not self._warm:
             self.warm_up(prompts[0])
         names: list[str | None] = [None, *self.variants]  # None: plain greedy
-        for prompt in prompts:
+        for i, prompt in enumerate(prompts):
+            if until is not None and i >= MIN_PROMPTS and until.spent():
+                break
             shift = self._measured % len(names)
             self._measured += 1
             runs: dict[str | None, tuple[DecodeResult, float]] = {}

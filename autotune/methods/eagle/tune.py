@@ -330,7 +330,12 @@ def finalist(
         "eagle: the two winners side by side (search prompts)", len(prompts) * len(makers)
     ) as advance:
         measured = measure_variants(
-            ws.runner, makers, prompts, ctx.space.trials.tokens, on_prompt=lambda _: advance()
+            ws.runner,
+            makers,
+            prompts,
+            ctx.space.trials.tokens,
+            on_prompt=lambda _: advance(),
+            until=ctx.budget,
         )
     speedups = {kind: round(m.speedup, 4) for kind, m in measured.items()}
     return max(speedups, key=lambda kind: speedups[kind]), speedups

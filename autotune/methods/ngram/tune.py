@@ -319,6 +319,7 @@ def side_by_side(
             prompts,
             space.trials.tokens,
             on_prompt=lambda _: advance(),
+            until=ctx.budget,
         )
     if any(m.lossless is False for m in measured.values()):
         raise AutotuneError(

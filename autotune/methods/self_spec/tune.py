@@ -174,6 +174,7 @@ def confirm_masks(
             functools.partial(LayerSkipDrafter, candidate.skip, candidate.policy),
             search[: runs.prompts],
             runs.tokens,
+            until=ctx.budget,
         )
         confirmed.append((measured.speedup, candidate))
     return sorted(confirmed, key=lambda row: row[0], reverse=True)
