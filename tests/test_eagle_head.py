@@ -321,7 +321,10 @@ def test_saved_head_gives_identical_outputs(tmp_path, tiny_target, tiny_data):
     model = tiny_target.model
     head = new_head(model)
     train_eagle_head(head, model, tiny_data[0], options(epochs=2, lr=3e-3))
-    EagleTrainResult(head, [], None, 0, 0, {}).save(tmp_path / "h", tiny_target, "tiny", {})
+    result = EagleTrainResult(
+        head, accuracy=[], stats=None, train_tokens=0, held_back_tokens=0, seconds={}
+    )
+    result.save(tmp_path / "h", tiny_target, "tiny", {})
     loaded = load_eagle_head(tmp_path / "h", model.config)
     torch.manual_seed(1)
     features, embeds = torch.randn(2, 7, 64), torch.randn(2, 7, 64)

@@ -28,7 +28,13 @@ import torch.nn.functional as F
 from autotune.errors import AutotuneError
 from autotune.heads.eagle import EagleHead, head_config, save_draft_vocab, save_eagle_head
 from autotune.training.distill import GENERATION_BATCH, Answer, AnswerCache, answer_prompts
-from autotune.training.loop import TrainStats, phase_seconds, train_loop, training_time
+from autotune.training.loop import (
+    TrainResult,
+    TrainStats,
+    phase_seconds,
+    train_loop,
+    training_time,
+)
 from autotune.training.loss import IGNORE, FrozenProjectionCE, loss_dtype
 
 INITS = ("random", "identity", "last-layer")
@@ -336,7 +342,7 @@ def eagle_accuracy(
 
 
 @dataclass
-class EagleTrainResult:
+class EagleTrainResult(TrainResult):
     METHOD: ClassVar[str] = (
         "EAGLE-1/2 self-distillation: frozen target, embedding and "
         "lm_head; fc and one decoder layer trained"
@@ -344,12 +350,6 @@ class EagleTrainResult:
     LOSS: ClassVar[str] = "final_loss"
 
     head: EagleHead
-    accuracy: list[DepthScore]  # on the held-back prompts' answers
-    stats: TrainStats
-    train_tokens: int
-    held_back_tokens: int
-    seconds: dict[str, float]
-
     # how often the target emitted each token in the training answers: the ranked list
     # draft vocabularies are cut from (``heads.eagle.DraftProjection``)
     token_counts: dict[int, int] = field(default_factory=dict)
@@ -400,10 +400,10 @@ def train_eagle(
     counts = Counter(token for _, answer in train_pairs for token in answer.tokens)
     return EagleTrainResult(
         head,
-        accuracy,
-        stats,
-        sum(len(a.tokens) for _, a in train_pairs),
-        sum(len(a.tokens) for _, a in held_pairs),
-        phase_seconds(started, began, generated, trained, done),
-        dict(counts),
+        accuracy=accuracy,
+        stats=stats,
+        train_tokens=sum(len(a.tokens) for _, a in train_pairs),
+        held_back_tokens=sum(len(a.tokens) for _, a in held_pairs),
+        seconds=phase_seconds(started, began, generated, trained, done),
+        token_counts=dict(counts),
     )

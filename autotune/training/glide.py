@@ -44,7 +44,13 @@ from autotune.heads.glide import (
 )
 from autotune.progress import step
 from autotune.training.distill import GENERATION_BATCH, AnswerCache, answer_prompts
-from autotune.training.loop import TrainStats, phase_seconds, train_loop, training_time
+from autotune.training.loop import (
+    TrainResult,
+    TrainStats,
+    phase_seconds,
+    train_loop,
+    training_time,
+)
 from autotune.training.loss import IGNORE, FrozenProjectionCE, loss_dtype
 
 INITS = ("target", "random")
@@ -299,7 +305,7 @@ def glide_accuracy(
 
 
 @dataclass
-class GlideTrainResult:
+class GlideTrainResult(TrainResult):
     METHOD: ClassVar[str] = (
         "GLIDE self-distillation: frozen target, embedding and lm_head; draft layers "
         "reading the target's KV cache through a block mask trained"
@@ -307,11 +313,6 @@ class GlideTrainResult:
     LOSS: ClassVar[str] = "final_loss"
 
     draft: GlideDraft
-    accuracy: list[StepScore]  # on the held-back prompts' answers
-    stats: TrainStats
-    train_tokens: int
-    held_back_tokens: int
-    seconds: dict[str, float]
     # how often the target emitted each token in the training answers: draft vocabularies
     # are cut from this ranking (``heads.eagle.DraftProjection``)
     token_counts: dict[int, int] = field(default_factory=dict)
@@ -359,10 +360,10 @@ def train_glide(
     done = time.perf_counter()
     return GlideTrainResult(
         draft,
-        accuracy,
-        stats,
-        sum(len(a.tokens) for _, a in train_pairs),
-        sum(len(a.tokens) for _, a in held_pairs),
-        phase_seconds(started, began, generated, trained, done),
-        dict(Counter(token for _, answer in train_pairs for token in answer.tokens)),
+        accuracy=accuracy,
+        stats=stats,
+        train_tokens=sum(len(a.tokens) for _, a in train_pairs),
+        held_back_tokens=sum(len(a.tokens) for _, a in held_pairs),
+        seconds=phase_seconds(started, began, generated, trained, done),
+        token_counts=dict(Counter(token for _, answer in train_pairs for token in answer.tokens)),
     )

@@ -94,3 +94,16 @@ def phase_seconds(
         "report": done - trained,
         "total": done - started,
     }
+
+
+@dataclass(kw_only=True)
+class TrainResult:
+    """What every trainer reports besides what it trained (each kind's result adds that,
+    and how to save it): held-back accuracy, the loop's figures, the answer tokens it
+    trained and reported on, its seconds by phase (``phase_seconds``)."""
+
+    accuracy: list  # one score per head (Medusa), draft depth (EAGLE) or step (GLIDE)
+    stats: TrainStats
+    train_tokens: int
+    held_back_tokens: int
+    seconds: dict[str, float]

@@ -23,7 +23,13 @@ import torch
 from autotune.errors import AutotuneError
 from autotune.heads.medusa import MedusaHeads, save_medusa_heads
 from autotune.training.distill import GENERATION_BATCH, Answer, AnswerCache, answer_prompts
-from autotune.training.loop import TrainStats, phase_seconds, train_loop, training_time
+from autotune.training.loop import (
+    TrainResult,
+    TrainStats,
+    phase_seconds,
+    train_loop,
+    training_time,
+)
 from autotune.training.loss import IGNORE, FrozenProjectionCE, loss_dtype
 
 # Positions per chunk when measuring accuracy (all heads' logits at once, float32).
@@ -162,16 +168,11 @@ def head_accuracy(heads: MedusaHeads, data: HeadData) -> list[HeadScore]:
 
 
 @dataclass
-class MedusaTrainResult:
+class MedusaTrainResult(TrainResult):
     METHOD: ClassVar[str] = "Medusa-1 self-distillation: frozen target, frozen shared lm_head"
     LOSS: ClassVar[str] = "final_loss_sum_over_heads"  # what stats.losses hold
 
     heads: MedusaHeads
-    accuracy: list[HeadScore]  # on the held-back prompts' answers
-    stats: TrainStats
-    train_tokens: int
-    held_back_tokens: int
-    seconds: dict[str, float]
 
     def save(self, folder: Path, target, base_model: str, extra: dict) -> Path:
         return save_medusa_heads(self.heads, folder, base_model=base_model, extra=extra)
@@ -221,9 +222,9 @@ def train_medusa(
     done = time.perf_counter()
     return MedusaTrainResult(
         heads,
-        accuracy,
-        stats,
-        train.tokens,
-        held.tokens,
-        phase_seconds(started, began, generated, trained, done),
+        accuracy=accuracy,
+        stats=stats,
+        train_tokens=train.tokens,
+        held_back_tokens=held.tokens,
+        seconds=phase_seconds(started, began, generated, trained, done),
     )
