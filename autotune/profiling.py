@@ -115,6 +115,12 @@ class Plan:
     skipped: dict[str, str]  # method -> why it does not run
     train: dict[str, str] = field(default_factory=dict)  # method -> head kind to train
 
+    def skip(self, name: str, why: str) -> None:
+        """``name`` does not run (nor are its heads trained), for the reason ``why``."""
+        self.skipped[name] = why
+        self.train.pop(name, None)
+        self.methods = [m for m in self.methods if m.name != name]
+
 
 @dataclass
 class HeldBack:
@@ -263,12 +269,11 @@ def make_schedule(plan: Plan, ws: Workspace, request: ProfileRequest, budget: Bu
     while (untrainable := _cannot_train(ws, phases, plan)) is not None:
         kinds, why_not = untrainable
         for name, kind in [(n, k) for n, k in plan.train.items() if k in kinds]:
-            plan.skipped[name] = (
+            plan.skip(
+                name,
                 f"{why_not}: train {kind} heads with `autotune heads train --kind {kind} "
-                f"--model {ws.ref.spec}` (profile finds them in its heads cache)"
+                f"--model {ws.ref.spec}` (profile finds them in its heads cache)",
             )
-            del plan.train[name]
-        plan.methods = [m for m in plan.methods if m.name not in plan.skipped]
         phases = _phases(plan, ws, request, tokens_per_s, seconds)
     schedule = Schedule(budget, phases)
     for line in schedule.lines():
@@ -381,8 +386,7 @@ def train_heads(plan: Plan, ws: Workspace, schedule: Schedule) -> None:
             folder = train_kind(ws, extras, ANSWER_TOKENS, kind, seconds)
         except AutotuneError as exc:  # e.g. too few answers fitted the time to train on
             for name in names:
-                plan.skipped[name] = f"its {kind} heads could not be trained: {exc}"
-            plan.methods = [m for m in plan.methods if m.name not in names]
+                plan.skip(name, f"its {kind} heads could not be trained: {exc}")
             continue
         for name in names:
             plan.heads[name] = folder

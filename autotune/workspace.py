@@ -136,6 +136,7 @@ class Workspace:
             tokens,
             GENERATION_BATCH,
             answer_cache(self.target.fingerprint),
+            say_reused=True,
         )
         return [(p.ids, cont) for p, cont in zip(prompts, continuations) if len(cont) > 1]
 

@@ -671,10 +671,10 @@ def test_profile_with_two_workers_on_postgres(cluster, tmp_path, tiny_llama_dir,
     assert len(masks) == 6 and all(t.state == TrialState.COMPLETE for t in masks)
     assert all(t.user_attrs["target_loads"] == 1 for t in masks)
     assert len({t.user_attrs["worker"] for t in masks}) == 2
-    # again: the measurements and the finished trials are reused, nothing is repeated
+    # again: the answers and the finished trials are reused, nothing is repeated
     again = run_autotune(args, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "reusing" in again.stderr + again.stdout
+    assert "reusing the model's answers" in again.stderr + again.stdout
     assert [(t.number, t.params) for t in load(url, f"{model.name}/self_spec/skip_mask")] == [
         (t.number, t.params) for t in masks
     ]

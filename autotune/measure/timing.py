@@ -180,15 +180,15 @@ def measure_with_progress(
     from autotune.progress import step
 
     with step(label, len(prompts)) as advance:
-        return measure_variants(
+        return measure_side_by_side(
             runner,
-            {"method": make_drafter},
+            make_drafter,
             prompts,
             max_new_tokens,
             sampling,
             on_prompt=lambda _: advance(),
             until=until,
-        )["method"]
+        )
 
 
 def measure_side_by_side(
@@ -198,10 +198,11 @@ def measure_side_by_side(
     max_new_tokens: int,
     sampling: SamplingConfig = GREEDY,
     on_prompt: Callable[[PromptMeasurement], None] | None = None,
+    until: Budget | None = None,
 ) -> Measurement:
-    """One method against plain greedy decoding."""
+    """One method against plain greedy decoding (``until``: as ``measure_variants``)."""
     return measure_variants(
-        runner, {"method": make_drafter}, prompts, max_new_tokens, sampling, on_prompt
+        runner, {"method": make_drafter}, prompts, max_new_tokens, sampling, on_prompt, until
     )["method"]
 
 

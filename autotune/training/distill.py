@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from autotune.errors import AutotuneError
-from autotune.progress import step
+from autotune.progress import say, step
 
 # Greedy answers are generated this many prompts at a time (left-padded, prompts of
 # similar length together): on 2 cores SmolLM2-135M took ~12 ms per token at batch 8 and
@@ -95,9 +95,10 @@ def _generate_batch(
     from transformers import GenerationConfig
 
     width = max(map(len, prompts))
-    device = model.get_input_embeddings().weight.device
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor(
+        [[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device
+    )
     config = GenerationConfig(
         do_sample=False,
         max_new_tokens=max_new_tokens,
@@ -224,10 +225,7 @@ def teacher_forced(
             batch = order[start : start + batch_size]
             seqs = [prompts[i] + answers[i][:-1] for i in batch]
             width = max(map(len, seqs))
-            ids = torch.tensor(
-                [s + [0] * (width - len(s)) for s in seqs],
-                device=model.get_input_embeddings().weight.device,
-            )
+            ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs], device=model.device)
             with torch.inference_mode():
                 states = model.model(input_ids=ids).last_hidden_state  # after the final norm
             for row, i in enumerate(batch):
@@ -275,12 +273,23 @@ def shared_answers(
 
 
 def decode_to_cache(
-    model, prompts: list[list[int]], max_new_tokens: int, batch_size: int, cache: AnswerCache
+    model,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    batch_size: int,
+    cache: AnswerCache,
+    say_reused: bool = False,
 ) -> list[list[int]]:
     """The answers' tokens, decoding (and keeping) only those ``cache`` lacks: filling
-    the shared set before the trainers read it, without their hidden states."""
+    the shared set before the trainers read it, without their hidden states.
+    ``say_reused``: say how many were read back (a run that decodes nothing says so)."""
     known = cache.load(prompts, max_new_tokens)
     missing = [i for i, tokens in enumerate(known) if tokens is None]
+    if say_reused and len(missing) < len(prompts):
+        say(
+            f"[dim]reusing the model's answers to {len(prompts) - len(missing)} of "
+            f"{len(prompts)} prompts, decoded earlier[/dim]"
+        )
     if missing:
         decoded = generate_answers(model, [prompts[i] for i in missing], max_new_tokens, batch_size)
         cache.save([prompts[i] for i in missing], max_new_tokens, decoded)

@@ -200,17 +200,25 @@ def training_lists(
     the heads' accuracy on (what `profile` measures them on too; the held-back split
     only when that third is empty: it stays unseen by the heads). ``keep`` filters the
     prompts to train and report on (``answered``: those whose answers are cached)."""
-    from autotune.prompts import split_prompts
-
-    search, held_back = split_prompts(prompts)
-    trained = heads_split(search)
-    reported = [p for p in search if p not in trained] or held_back
+    trained, unseen, held_back = search_thirds(prompts)
+    reported = unseen or held_back
     keep = keep or (lambda ps: ps)
     trained, extras, reported = keep(trained), keep(extras), keep(reported)
     # second turns follow their first: answers to them need the first answers in context
     train_on = sorted(trained + extras, key=lambda p: not p.followups)
     followups = [(p.text, p.followups[0]) for p in train_on if p.followups]
     return trained, train_on, reported, followups
+
+
+def search_thirds(prompts: list) -> tuple[list, list, list]:
+    """(trained on, not trained on, held back): the search split of ``prompts`` in the
+    two thirds heads train on and the third they are measured on, and the held-back
+    split, which heads never see."""
+    from autotune.prompts import split_prompts
+
+    search, held_back = split_prompts(prompts)
+    trained = heads_split(search)
+    return trained, [p for p in search if p not in trained], held_back
 
 
 def answered(target, answer_tokens: int) -> Callable[[list], list]:
@@ -256,21 +264,18 @@ def decode_calibration(
     most needed first: the workload's search split (every method's calibration and the
     heads' report, alternating with what heads train on), the packaged calibration
     prompts (in an order that spreads every prefix over the files' categories), then
-    second turns. A
-    chunk is started only when, at the rate measured so far, it ends within the time.
+    second turns. A chunk is started only when, at the rate measured so far, it ends
+    within the time.
     Returns the calibration prompts that were answered: the trainers' extras."""
     from autotune.budget import Budget
-    from autotune.prompts import split_prompts
     from autotune.training.distill import GENERATION_BATCH, decode_to_cache
 
     budget = Budget(seconds)
     cache = answer_cache(target.fingerprint)
     pool = calibration_extras(prompts_path)
     pool = [pool[i] for i in sorted(range(len(pool)), key=lambda i: (i * 0.6180339887) % 1)]
-    search = split_prompts(prompts)[0]
-    trained = heads_split(search)
+    trained, reported, _ = search_thirds(prompts)
     # alternating: the first chunk (always decoded) serves both calibration and training
-    reported = [p for p in search if p not in trained]
     firsts = [p for pair in itertools.zip_longest(reported, trained) for p in pair if p]
     rate = _Rate()
 
