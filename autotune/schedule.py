@@ -16,6 +16,9 @@ class Phase:
     name: str
     seconds: float  # planned
     why: str = ""  # how the figure was reached, for the printed plan
+    # kept whole while other phases ahead can give up time (the final measurements: a run
+    # that overran in its searches still measures what it reports on enough prompts)
+    reserved: bool = False
 
 
 def parse_duration(text: str) -> float:
@@ -42,7 +45,8 @@ def clock(seconds: float) -> str:
 
 class Schedule:
     """Phases run in order within ``budget``; a phase that starts late gets its planned
-    share of the time that is left, so the run shrinks instead of overrunning."""
+    share of the time that is left, so the run shrinks instead of overrunning. Reserved
+    phases shrink last: the others ahead give up their time first."""
 
     def __init__(self, budget: Budget, phases: list[Phase]):
         self.budget = budget
@@ -70,9 +74,9 @@ class Schedule:
         self._done.add(name)
         planned_ahead = sum(p.seconds for p in ahead) or 1.0
         left = self.budget.left()
-        scale = 1.0 if left is None else min(1.0, left / planned_ahead)
-        seconds = phase.seconds * scale
-        end = time.strftime("%H:%M", time.localtime(time.time() + planned_ahead * scale))
+        seconds = phase.seconds * (1.0 if left is None else self._scale(phase, ahead, left))
+        expected = planned_ahead if left is None else min(planned_ahead, max(left, 0.0))
+        end = time.strftime("%H:%M", time.localtime(time.time() + expected))
         index = self.phases.index(phase) + 1
         say(
             f"[bold][{index}/{len(self.phases)}] {name}[/bold] (~{clock(seconds)}; "
@@ -85,6 +89,18 @@ class Schedule:
                 "--budget for a fuller run[/yellow]"
             )
         return Budget(seconds)
+
+    @staticmethod
+    def _scale(phase: Phase, ahead: list[Phase], left: float) -> float:
+        """The share of its planned time that ``phase`` gets, with ``left`` seconds for
+        it and the phases ``ahead`` (itself included)."""
+        reserved = sum(p.seconds for p in ahead if p.reserved)
+        flexible = sum(p.seconds for p in ahead if not p.reserved)
+        if phase.reserved:  # what is left, shared in proportion (as every phase once was)
+            share = left / ((reserved + flexible) or 1.0)
+        else:  # what the reserved phases ahead leave
+            share = (left - reserved) / (flexible or 1.0)
+        return max(0.0, min(1.0, share))
 
     def _phase(self, name: str) -> Phase:
         for phase in self.phases:

@@ -30,6 +30,11 @@ class Workspace:
     storage: str
     hardware: dict = field(default_factory=dict)
     _cache: MeasurementCache | None = None
+    # False once a profile's answers phase decoded what its time allowed: the tuners then
+    # calibrate on those answers, decoding at most enough for CALIBRATION_LEAST prompts
+    decode_missing: bool = True
+    # what this run measured or checked already: not checked again (each check times)
+    _this_run: dict[tuple[str, str, str], Any] = field(default_factory=dict)
 
     @classmethod
     def open(
@@ -84,6 +89,8 @@ class Workspace:
         (timings) measures one point again and returns how far off the cached value is
         (relative): past ``SPOT_CHECK_TOLERANCE`` the cache is dropped and rebuilt."""
         hw = hardware.key(self.hardware, self.target.dtype) if device_bound else "any"
+        if (kind, key, hw) in self._this_run:
+            return self._this_run[kind, key, hw]
         if self._cache is not None:
             hit = self._cache.get(kind, self.target.fingerprint, hw, key)
             value = _cached_value(hit, labelled=device_bound)
@@ -92,8 +99,10 @@ class Workspace:
                     f"[dim]reusing {kind} measured earlier for this model"
                     f"{' on this device' if device_bound else ''}[/dim]"
                 )
+                self._this_run[kind, key, hw] = value
                 return value
         value = build()
+        self._this_run[kind, key, hw] = value
         if self._cache is not None:
             label = {
                 "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -126,59 +135,59 @@ class Workspace:
     def continuations(self, prompts: list[EncodedPrompt], tokens: int):
         """The target's greedy continuations: what a drafter must predict. They are the
         model's shared self-distillation answers (``training.distill.AnswerCache``): the
-        ones missing are decoded in batches, once for every method and head trainer."""
+        ones missing are decoded in batches, once for every method and head trainer (only
+        up to ``CALIBRATION_LEAST`` prompts when ``decode_missing`` is off)."""
         from autotune.training.distill import GENERATION_BATCH, decode_to_cache
         from autotune.training.job import answer_cache
 
+        cache = answer_cache(self.target.fingerprint)
+        if not self.decode_missing:
+            prompts = _answered_first(prompts, tokens, cache)
         continuations = decode_to_cache(
             self.target.model,
             [p.ids for p in prompts],
             tokens,
             GENERATION_BATCH,
-            answer_cache(self.target.fingerprint),
+            cache,
             say_reused=True,
         )
         return [(p.ids, cont) for p, cont in zip(prompts, continuations) if len(cont) > 1]
 
     def device_costs(self, max_tokens: int = 16) -> tuple[LatencyCurve, SublayerCosts]:
-        from autotune.measure.costs import measure_sublayer_costs, measure_verify_curve
+        from autotune.measure.costs import measure_sublayer_costs
 
         def build():
-            repeats = 7
-            with step("latency: verify curve and sublayer costs", repeats + 2) as advance:
-                curve = measure_verify_curve(
-                    self.runner, max_tokens, repeats, progress=advance, say=say
-                )
-                costs = measure_sublayer_costs(self.runner)
-                advance()
-            return {"curve": curve.seconds, "costs": costs.__dict__}
+            with step("latency: sublayer costs", 1):
+                return measure_sublayer_costs(self.runner).__dict__
 
-        data = self.cached_measurement(
+        costs = self.cached_measurement(
             "latency",
-            f"verify<= {max_tokens}",
+            "sublayer costs",
             build,
-            spot_check=lambda d: self._off(d["curve"][0]),
+            spot_check=lambda d: self._off(SublayerCosts(**d).forward_seconds()),
         )
-        return LatencyCurve(data["curve"]), SublayerCosts(**data["costs"])
+        return self.verify_curve(max_tokens), SublayerCosts(**costs)
 
-    def verify_curve(self, max_tokens: int, repeats: int = 3) -> LatencyCurve:
-        """One target forward over n = 1..max_tokens new tokens (tree verification)."""
+    def verify_curve(self, max_tokens: int, repeats: int = 5) -> LatencyCurve:
+        """One target forward over n = 1..max_tokens new tokens (tree verification). One
+        sparse curve, as long as the longest any method asks for, serves them all."""
         from autotune.measure.costs import measure_verify_curve
 
+        size = max(max_tokens, SHARED_CURVE_TOKENS)
+
         def build():
-            with step(f"latency: verify curve n = 1..{max_tokens}", repeats + 1) as advance:
+            with step(f"latency: verify curve n = 1..{size}", repeats + 1) as advance:
                 return measure_verify_curve(
-                    self.runner, max_tokens, repeats, progress=advance, say=say
+                    self.runner, size, repeats, progress=advance, say=say, sparse=True
                 ).seconds
 
-        return LatencyCurve(
-            self.cached_measurement(
-                "latency",
-                f"verify curve <= {max_tokens} x{repeats}",
-                build,
-                spot_check=lambda seconds: self._off(seconds[0]),
-            )
+        seconds = self.cached_measurement(
+            "latency",
+            f"verify curve grid <= {size} x{repeats}",
+            build,
+            spot_check=lambda seconds: self._off(seconds[0]),
         )
+        return LatencyCurve(seconds[:max_tokens])
 
     def _off(self, cached_seconds: float) -> float:
         return self.forward_seconds_now() / max(cached_seconds, 1e-12) - 1.0
@@ -186,6 +195,24 @@ class Workspace:
 
 # A cached timing whose spot check is off by more than this is measured again.
 SPOT_CHECK_TOLERANCE = 0.15
+# Tuners calibrate on at least this many prompts' continuations, decoding them if need be.
+CALIBRATION_LEAST = 8
+# The verify curve's length when no method asks for more (Medusa's largest tree, 128).
+SHARED_CURVE_TOKENS = 128
+
+
+def _answered_first(prompts: list[EncodedPrompt], tokens: int, cache) -> list[EncodedPrompt]:
+    """``prompts`` whose answers are cached, and missing ones only up to the least."""
+    known = cache.load([p.ids for p in prompts], tokens)
+    answered = [i for i, k in enumerate(known) if k is not None]
+    missing = [i for i, k in enumerate(known) if k is None]
+    keep = sorted(answered + missing[: max(0, CALIBRATION_LEAST - len(answered))])
+    if len(keep) < len(prompts):
+        say(
+            f"[dim]calibrating on {len(keep)} of {len(prompts)} prompts: those the answers "
+            "phase decoded in its time[/dim]"
+        )
+    return [prompts[i] for i in keep]
 
 
 def _cached_value(hit: Any, labelled: bool) -> Any:

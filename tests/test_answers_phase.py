@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from autotune import profiling
+from autotune import profiling, workspace
 from autotune.prompts import load_prompts, split_prompts
 from autotune.schedule import Phase
 from autotune.training import distill, job
@@ -56,7 +56,8 @@ def test_the_answers_phase_stops_when_the_next_chunk_would_not_fit(tiny_target, 
 def test_tuners_calibrate_on_the_shared_answers(tiny_target, workload, monkeypatch):
     ids = [tiny_target.encode_chat(f"Say {w}.") for w in WORDS[:5]]
     prompts = [SimpleNamespace(ids=i) for i in ids]
-    ws = SimpleNamespace(target=tiny_target)
+    real = distill.generate_answers
+    ws = SimpleNamespace(target=tiny_target, decode_missing=True)
     first = Workspace.continuations(ws, prompts, 10)  # type: ignore[arg-type]
     alone = distill.generate_answers(tiny_target.model, ids, 10, batch_size=1)
     assert [c for _, c in first] == [a.tokens for a in alone if len(a.tokens) > 1]
@@ -68,6 +69,22 @@ def test_tuners_calibrate_on_the_shared_answers(tiny_target, workload, monkeypat
     # a shorter continuation is the kept answer's prefix: read back, not decoded
     again = Workspace.continuations(ws, prompts, 6)  # type: ignore[arg-type]
     assert [c for _, c in again] == [c[:6] for _, c in first if len(c[:6]) > 1]
+    # after a profile's answers phase: new prompts are decoded only up to the least
+    monkeypatch.setattr(distill, "generate_answers", counting := Counting(real))
+    monkeypatch.setattr(workspace, "CALIBRATION_LEAST", 6)
+    ws.decode_missing = False
+    more = [SimpleNamespace(ids=tiny_target.encode_chat(f"Say {w}.")) for w in WORDS[5:8]]
+    Workspace.continuations(ws, prompts + more, 6)  # type: ignore[arg-type]
+    assert counting.prompts == [more[0].ids]
+
+
+class Counting:
+    def __init__(self, decode):
+        self.decode, self.prompts = decode, []
+
+    def __call__(self, model, prompts, *args, **kwargs):
+        self.prompts += prompts
+        return self.decode(model, prompts, *args, **kwargs)
 
 
 def _plan_and_workspace(kinds: dict[str, str]):

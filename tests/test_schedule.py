@@ -49,6 +49,21 @@ def test_a_late_phase_gets_its_share_of_what_is_left():
     assert len(schedule.lines()) == 4 and "~1:40" in schedule.lines()[0]
 
 
+def test_the_searches_give_up_their_time_before_the_final_measurement():
+    budget = FrozenBudget(100, 0)
+    phases = [Phase("a", 40), Phase("b", 20), Phase("c", 20), Phase("held-back", 20, reserved=True)]
+    schedule = Schedule(budget, phases)
+    schedule.begin("a")
+    budget.now = 70  # a overran by 30: b and c share what the reserved 20 s leave
+    assert schedule.begin("b").seconds == pytest.approx(5)
+    budget.now = 75
+    assert schedule.begin("c").seconds == pytest.approx(5)
+    budget.now = 90  # c overran too: the reserved phase gets what is left
+    assert schedule.begin("held-back").seconds == pytest.approx(10)
+    budget.now = 101
+    assert Schedule(budget, [Phase("d", 10), Phase("e", 5, reserved=True)]).begin("d").seconds == 0
+
+
 def test_without_a_budget_every_phase_gets_its_plan():
     schedule = Schedule(Budget(None), [Phase("a", 50), Phase("b", 30)])
     assert schedule.begin("b").seconds == 30

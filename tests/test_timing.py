@@ -106,6 +106,46 @@ def test_a_curve_that_stays_implausible_is_refused(tiny_llama, monkeypatch):
     assert costs.measure_verify_curve(Runner(tiny_llama), 2, 1).seconds == [0.030, 0.032]
 
 
+def test_a_sparse_curve_times_the_grid_and_interpolates_between(tiny_llama):
+    from autotune.measure import costs
+
+    assert costs.grid_sizes(7) == [1, 2, 3, 4, 5, 6, 7]
+    assert costs.grid_sizes(50) == [1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 50]
+    assert costs.interpolated({1: 1.0, 4: 4.0, 8: 6.0}, 8) == [1, 2, 3, 4, 4.5, 5, 5.5, 6]
+    curve = costs.measure_verify_curve(Runner(tiny_llama), 20, 1, sparse=True)
+    assert len(curve.seconds) == 20 and all(s > 0 for s in curve.seconds)
+    # 9 lies between the timed 8 and 10
+    low, high = sorted((curve(8), curve(10)))
+    assert low <= curve(9) <= high
+
+
+def test_one_verify_curve_serves_every_length_in_a_run(tiny_target, tmp_path, monkeypatch):
+    """Methods ask for curves of different lengths: one sparse curve is timed, once."""
+    from autotune import hardware, workspace
+    from autotune.measure import costs
+
+    timed = []
+    real = costs.measure_verify_curve
+
+    def counting(runner, max_tokens, *args, **kwargs):
+        timed.append((max_tokens, kwargs.get("sparse")))
+        return real(runner, max_tokens, *args, **kwargs)
+
+    monkeypatch.setattr(costs, "measure_verify_curve", counting)
+    ws = workspace.Workspace(
+        ref=None,
+        target=tiny_target,
+        runner=Runner(tiny_target.model),
+        prompts_path=tmp_path,
+        prompts=[],
+        storage="",
+        hardware=hardware.describe(),
+    )
+    short, long = ws.verify_curve(17), ws.verify_curve(64)
+    assert timed == [(workspace.SHARED_CURVE_TOKENS, True)]
+    assert len(short.seconds) == 17 and long.seconds[:17] == short.seconds
+
+
 def test_a_measurement_with_a_time_limit_stops_after_its_least(tiny_target):
     """Past its time, a side-by-side measurement starts no more prompts, yet still pairs
     ``MIN_PROMPTS`` of them (a tuner's confirmation never overruns by a whole list)."""

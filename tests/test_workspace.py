@@ -31,15 +31,22 @@ def test_timings_are_labelled_and_reused_while_they_hold(workspace):
         built.append(1)
         return [0.010, 0.012]
 
-    first = workspace.cached_measurement("latency", "k", build, spot_check=lambda v: 0.05)
-    again = workspace.cached_measurement("latency", "k", build, spot_check=lambda v: 0.05)
+    def not_in_this_run(value):
+        raise AssertionError("a timing taken in this run is checked again")
+
+    first = workspace.cached_measurement("latency", "k", build, spot_check=not_in_this_run)
+    again = workspace.cached_measurement("latency", "k", build, spot_check=not_in_this_run)
     assert first == again == [0.010, 0.012] and len(built) == 1
+    workspace._this_run.clear()  # the next run: the cached value is checked, and holds
+    assert workspace.cached_measurement("latency", "k", build, spot_check=lambda v: 0.05) == first
+    assert len(built) == 1
     stored = workspace._cache.get(
         "latency", workspace.target.fingerprint, next(iter(_keys(workspace))), "k"
     )
     assert stored["label"]["dtype"] == "float32" and stored["label"]["measured_at"]
     assert stored["label"]["machine"]["threads"] == workspace.hardware["threads"]
     # the spot check says the machine is 40% slower now: measured again
+    workspace._this_run.clear()
     workspace.cached_measurement("latency", "k", build, spot_check=lambda v: 0.40)
     assert len(built) == 2
 

@@ -101,12 +101,14 @@ def implausible(curve: LatencyCurve) -> str | None:
 
 
 def measure_verify_curve(
-    runner: Runner, max_tokens: int, repeats: int, progress=None, say=None
+    runner: Runner, max_tokens: int, repeats: int, progress=None, say=None, sparse: bool = False
 ) -> LatencyCurve:
     """``measure_latency_curve``, measured again while it is implausible (the machine was
-    busy), and refused with one line if it stays so."""
+    busy), and refused with one line if it stays so. ``sparse``: only the sizes of
+    ``grid_sizes`` are timed, the others interpolated."""
+    sizes = grid_sizes(max_tokens) if sparse else None
     for attempt in range(1, CURVE_TRIES + 1):
-        curve = measure_latency_curve(runner, max_tokens, repeats, progress=progress)
+        curve = measure_latency_curve(runner, max_tokens, repeats, progress=progress, sizes=sizes)
         problem = implausible(curve)
         if problem is None:
             return curve
@@ -122,25 +124,54 @@ def measure_verify_curve(
     )
 
 
+# The sizes a sparse curve times: every size up to 6, then about a quarter apart. Timing
+# all 128 sizes took ~3 minutes of a 20-minute profile on 2 cores; this grid takes ~20 s.
+CURVE_GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128)
+
+
+def grid_sizes(max_tokens: int) -> list[int]:
+    """The grid's sizes below ``max_tokens``, and ``max_tokens`` itself."""
+    return sorted({n for n in CURVE_GRID if n < max_tokens} | {max_tokens})
+
+
 def measure_latency_curve(
     runner: Runner,
     max_tokens: int = 16,
     repeats: int = 7,
     context: int = CONTEXT_TOKENS,
     progress=None,
+    sizes: list[int] | None = None,
 ) -> LatencyCurve:
-    """Rounds over all sizes, so that a slow spell of the machine hits every size alike."""
+    """Rounds over all sizes (or over ``sizes``, the others interpolated linearly), so
+    that a slow spell of the machine hits every size alike."""
+    timed = sizes or list(range(1, max_tokens + 1))
     cache = _prepared_cache(runner, context)
-    samples: list[list[float]] = [[] for _ in range(max_tokens)]
+    samples: dict[int, list[float]] = {n: [] for n in timed}
     for _ in range(repeats + 1):  # the first round is warm-up
         # an untimed forward first: the smallest size right after the largest ran ~1.7x
         # slow (measured on 2 cores), which made n = 2 look cheaper than n = 1
         _time_forward(runner, cache, context, 1, NO_SKIP)
-        for n in range(1, max_tokens + 1):
-            samples[n - 1].append(_time_forward(runner, cache, context, n, NO_SKIP))
+        for n in timed:
+            samples[n].append(_time_forward(runner, cache, context, n, NO_SKIP))
         if progress:
             progress()
-    return LatencyCurve([statistics.median(s[1:]) for s in samples])
+    medians = {n: statistics.median(s[1:]) for n, s in samples.items()}
+    return LatencyCurve(interpolated(medians, max_tokens))
+
+
+def interpolated(points: dict[int, float], max_tokens: int) -> list[float]:
+    """seconds[n - 1] for n = 1..max_tokens, linear between the measured sizes."""
+    sizes = sorted(points)
+    seconds = []
+    for n in range(1, max_tokens + 1):
+        above = next(m for m in sizes if m >= n)
+        below = max((m for m in sizes if m <= n), default=above)
+        if above == below:
+            seconds.append(points[n] if n in points else points[above])
+            continue
+        weight = (n - below) / (above - below)
+        seconds.append(points[below] + weight * (points[above] - points[below]))
+    return seconds
 
 
 def time_one_forward(runner: Runner, repeats: int = 5, context: int = CONTEXT_TOKENS) -> float:

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 from autotune.errors import AutotuneError
 
-DEFAULT_REPEATS = 7  # as the tuners measure it (Workspace.device_costs)
+DEFAULT_REPEATS = 7  # every size timed; the tuners time a sparse grid (Workspace.verify_curve)
 
 
 @dataclass
