@@ -293,34 +293,37 @@ def _phases(
     plan: Plan, ws: Workspace, request: ProfileRequest, tokens_per_s: float, seconds: float
 ) -> list[Phase]:
     """The selection and the held-back measurement are planned from the tokens they
-    decode (at most ``MEASURE_SHARE`` of the time: beyond it they take fewer prompts);
-    head training and the searches share the rest."""
+    decode (at most ``MEASURE_SHARE`` of the time, but never under their least: the
+    selection takes fewer prompts); head training and the searches share the rest."""
     chains = sum(m.chain for m in plan.methods) if plan.expansions else 0
     decoders = 1 + len(plan.methods)  # plain greedy and every method, side by side
     # a method decodes faster than greedy or is dropped; the first look usually decides
     cost = 1 + SPECULATIVE_COST * len(plan.methods)
     held_back = min(request.heldback_prompts, FIRST_LOOK)
+    per_select_prompt = SELECT_TOKENS * (cost + SPECULATIVE_COST * chains) / tokens_per_s
+    # the held-back measurement takes its first look whatever the budget (its least); the
+    # selection gets what the measuring share leaves, down to its least, two prompts
+    held_back_s = held_back * request.max_new_tokens * cost / tokens_per_s
+    select = min(
+        request.select_prompts,
+        max(2, int((MEASURE_SHARE * seconds - held_back_s) / per_select_prompt)),
+    )
     measuring = [
         Phase(
             "selection (search prompts)",
-            request.select_prompts
-            * SELECT_TOKENS
-            * (cost + SPECULATIVE_COST * chains)
-            / tokens_per_s,
-            f"{request.select_prompts} prompts x {decoders + chains} decoders",
+            select * per_select_prompt,
+            f"{select} prompts x {decoders + chains} decoders",
             reserved=True,
+            count=select,
         ),
         Phase(
             "held-back measurement",
-            held_back * request.max_new_tokens * cost / tokens_per_s,
+            held_back_s,
             f"{held_back} prompts x {decoders} decoders (more when undecided), "
             f"{tokens_per_s:.0f} tokens/s greedy",
             reserved=True,
         ),
     ]
-    total = sum(p.seconds for p in measuring)
-    for phase in measuring:
-        phase.seconds *= min(1.0, MEASURE_SHARE * seconds / total)
     rest = max(seconds - sum(p.seconds for p in measuring), 0.0)
     training: list[Phase] = []
     if plan.train:
@@ -466,7 +469,9 @@ def select(
     share = schedule.begin("selection (search prompts)").seconds
     planned = schedule.planned("selection (search prompts)")
     count = (
-        request.select_prompts if share is None else _fit(request.select_prompts, share, planned)
+        request.select_prompts
+        if share is None
+        else _fit(planned.count or request.select_prompts, share, planned.seconds)
     )
     prompts = spread(ws.encode(ws.search_prompts()), count)
     with step(

@@ -19,6 +19,7 @@ class Phase:
     # kept whole while other phases ahead can give up time (the final measurements: a run
     # that overran in its searches still measures what it reports on enough prompts)
     reserved: bool = False
+    count: int | None = None  # what the seconds were planned for (prompts), where it counts
 
 
 def parse_duration(text: str) -> float:
@@ -61,8 +62,8 @@ class Schedule:
             lines.append(f"  {i}. {phase.name:<34} ~{clock(phase.seconds):>6}{why}")
         return lines
 
-    def planned(self, name: str) -> float:
-        return self._phase(name).seconds
+    def planned(self, name: str) -> Phase:
+        return self._phase(name)
 
     def begin(self, name: str) -> Budget:
         """The budget of the phase ``name``, which starts now, and one line with the run's

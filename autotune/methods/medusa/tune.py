@@ -48,7 +48,14 @@ def tune(ctx: TuneContext) -> MedusaSettings:
     )
     candidates = predicted_candidates(accuracy, curve, head_seconds, space)
     tree, study_info = tree_study(ctx, heads, accuracy, candidates, confirm)
-    typical = tune_typical(ws, heads, tree, search[: space.typical.prompts], space.typical)
+    typical = tune_typical(
+        ws, heads, tree, search[: space.typical.prompts], space.typical, until=ctx.budget
+    )
+    if len(typical.sweep) < len(space.typical.pairs):
+        ctx.note(
+            f"typical acceptance: {len(typical.sweep)} of {len(space.typical.pairs)} (eps, delta) "
+            "pairs swept in the time (Medusa's own pair first)"
+        )
     return MedusaSettings(
         heads=heads_dir,
         num_heads=max(len(p) for p in tree),
