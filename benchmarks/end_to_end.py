@@ -39,8 +39,8 @@ def main(argv: list[str]) -> int:
         command, cwd=work, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     assert process.stderr is not None and process.stdout is not None
-    for line in process.stderr:
-        sys.stderr.write(line)
+    for line in process.stderr:  # echoed with the time since start, to see each step's cost
+        sys.stderr.write(f"{_clock(time.monotonic() - started)} {line}")
         found = PHASE.match(line.strip())
         if found:
             marks.append((found.group(3), time.monotonic()))
