@@ -478,7 +478,12 @@ def select(
         "selection: every method side by side (search prompts)", len(prompts) * len(variants)
     ) as advance:
         measured = measure_variants(
-            ws.runner, variants, prompts, SELECT_TOKENS, on_prompt=lambda _: advance()
+            ws.runner,
+            variants,
+            prompts,
+            SELECT_TOKENS,
+            on_prompt=lambda _: advance(),
+            until=None if share is None else Budget(share),
         )
     figures = {}
     for name, settings in tuned.items():

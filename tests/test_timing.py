@@ -166,3 +166,19 @@ def test_a_measurement_with_a_time_limit_stops_after_its_least(tiny_target):
     assert len(measured["ngram"].prompts) == MIN_PROMPTS
     unlimited = measure_variants(runner, {"ngram": lambda: NgramDrafter(config)}, prompts, 6)
     assert len(unlimited["ngram"].prompts) == len(prompts)
+
+
+def test_a_held_back_first_look_short_of_time_takes_the_least_an_interval_needs(tiny_llama):
+    from autotune.budget import Budget
+    from autotune.measure.sequential import measure_until_decided
+    from autotune.measure.stats import MIN_PROMPTS
+
+    prompts = [EncodedPrompt(f"q{i}", [1, 7 + i, 9, 33]) for i in range(12)]
+    session = SideBySide(Runner(tiny_llama), {"m": drafter}, 4)
+    result = measure_until_decided(session, prompts, "m", 1.0, budget=Budget(0.0))
+    assert len(session.measurements["m"].prompts) == MIN_PROMPTS < 8
+    assert result.looks == 1 and result.stopped in {"time", "decided"}
+    # with time, the first look is whole
+    session = SideBySide(Runner(tiny_llama), {"m": drafter}, 4)
+    measure_until_decided(session, prompts, None, 1.0, budget=Budget(600.0))
+    assert len(session.measurements["m"].prompts) == 8

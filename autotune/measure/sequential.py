@@ -13,7 +13,9 @@ from autotune.budget import Budget
 from autotune.measure.stats import MIN_PROMPTS, planned_looks
 from autotune.measure.timing import EncodedPrompt, Measurement, PromptMeasurement, SideBySide
 
-FIRST_LOOK = 8  # prompts before the first look: a bootstrap over fewer says little
+# prompts before the first look: a bootstrap over fewer says little (when the time is
+# short the first look takes fewer, down to stats.MIN_PROMPTS)
+FIRST_LOOK = 8
 EVERY = 4  # prompts between later looks
 
 
@@ -47,8 +49,10 @@ def measure_until_decided(
     stopped = "prompts"
     while done < len(prompts):
         batch = prompts[done : done + (first if looks == 0 else every)]
-        session.measure(batch, on_prompt)
-        done, looks = done + len(batch), looks + 1
+        # the first look fits the time down to the least prompts an interval needs
+        least = MIN_PROMPTS if looks == 0 else len(batch)
+        measured = session.measure(batch, on_prompt, until=budget, least=least)
+        done, looks = done + measured, looks + 1
         if between is not None:
             between()
         if candidate is None:

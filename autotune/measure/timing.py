@@ -268,13 +268,18 @@ class SideBySide:
         prompts: Sequence[EncodedPrompt],
         on_prompt: Callable[[PromptMeasurement], None] | None = None,
         until: Budget | None = None,
-    ) -> None:
+        least: int = MIN_PROMPTS,
+    ) -> int:
+        """Measure ``prompts`` in turn (past ``until``'s time, no more than ``least``);
+        the number measured."""
         if prompts and not self._warm:
             self.warm_up(prompts[0])
         names: list[str | None] = [None, *self.variants]  # None: plain greedy
+        measured = 0
         for i, prompt in enumerate(prompts):
-            if until is not None and i >= MIN_PROMPTS and until.spent():
+            if until is not None and i >= least and until.spent():
                 break
+            measured += 1
             shift = self._measured % len(names)
             self._measured += 1
             runs: dict[str | None, tuple[DecodeResult, float]] = {}
@@ -310,6 +315,7 @@ class SideBySide:
                 self.measurements[name].prompts.append(row)
                 if on_prompt:
                     on_prompt(row)
+        return measured
 
 
 def _timed(decode: Callable[..., DecodeResult], *args) -> tuple[DecodeResult, float]:
