@@ -22,6 +22,7 @@ from autotune.engine.sampling import GREEDY
 from autotune.errors import AutotuneError
 from autotune.measure.noise import NoiseRecord, probe, settle
 from autotune.measure.sequential import FIRST_LOOK
+from autotune.measure.timing import MIN_PROMPTS as LEAST_COMPARED  # prompts, side by side
 from autotune.measure.timing import EncodedPrompt, Measurement, Variant, interval_text
 from autotune.methods import registry
 from autotune.methods.base import DraftEnv, Entry, Method, TuneContext
@@ -302,11 +303,11 @@ def _phases(
     held_back = min(request.heldback_prompts, FIRST_LOOK)
     per_select_prompt = SELECT_TOKENS * (cost + SPECULATIVE_COST * chains) / tokens_per_s
     # the held-back measurement takes its first look whatever the budget (its least); the
-    # selection gets what the measuring share leaves, down to its least, two prompts
+    # selection gets what the measuring share leaves, down to its least
     held_back_s = held_back * request.max_new_tokens * cost / tokens_per_s
     select = min(
         request.select_prompts,
-        max(2, int((MEASURE_SHARE * seconds - held_back_s) / per_select_prompt)),
+        max(LEAST_COMPARED, int((MEASURE_SHARE * seconds - held_back_s) / per_select_prompt)),
     )
     measuring = [
         Phase(
@@ -531,7 +532,7 @@ def keep_faster(
 
 def _fit(count: int, seconds: float, planned: float) -> int:
     """``count`` prompts planned to take ``planned`` seconds, cut to fit ``seconds``."""
-    return max(2, min(count, int(count * seconds / max(planned, 1e-9))))
+    return max(LEAST_COMPARED, min(count, int(count * seconds / max(planned, 1e-9))))
 
 
 def spread(prompts: list[EncodedPrompt], count: int) -> list[EncodedPrompt]:

@@ -140,17 +140,21 @@ class Workspace:
         from autotune.training.distill import GENERATION_BATCH, decode_to_cache
         from autotune.training.job import answer_cache
 
-        cache = answer_cache(self.target.fingerprint)
-        if not self.decode_missing:
-            prompts = _answered_first(prompts, tokens, cache)
         continuations = decode_to_cache(
             self.target.model,
             [p.ids for p in prompts],
             tokens,
             GENERATION_BATCH,
-            cache,
+            answer_cache(self.target.fingerprint),
             say_reused=True,
+            least=None if self.decode_missing else CALIBRATION_LEAST,
         )
+        answered = sum(1 for cont in continuations if cont)
+        if not self.decode_missing and answered < len(prompts):
+            say(
+                f"[dim]calibrating on {answered} of {len(prompts)} prompts: those the answers "
+                "phase decoded in its time[/dim]"
+            )
         return [(p.ids, cont) for p, cont in zip(prompts, continuations) if len(cont) > 1]
 
     def device_costs(self, max_tokens: int = 16) -> tuple[LatencyCurve, SublayerCosts]:
@@ -199,20 +203,6 @@ SPOT_CHECK_TOLERANCE = 0.15
 CALIBRATION_LEAST = 8
 # The verify curve's length when no method asks for more (Medusa's largest tree, 128).
 SHARED_CURVE_TOKENS = 128
-
-
-def _answered_first(prompts: list[EncodedPrompt], tokens: int, cache) -> list[EncodedPrompt]:
-    """``prompts`` whose answers are cached, and missing ones only up to the least."""
-    known = cache.load([p.ids for p in prompts], tokens)
-    answered = [i for i, k in enumerate(known) if k is not None]
-    missing = [i for i, k in enumerate(known) if k is None]
-    keep = sorted(answered + missing[: max(0, CALIBRATION_LEAST - len(answered))])
-    if len(keep) < len(prompts):
-        say(
-            f"[dim]calibrating on {len(keep)} of {len(prompts)} prompts: those the answers "
-            "phase decoded in its time[/dim]"
-        )
-    return [prompts[i] for i in keep]
 
 
 def _cached_value(hit: Any, labelled: bool) -> Any:

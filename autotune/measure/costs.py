@@ -166,8 +166,8 @@ def interpolated(points: dict[int, float], max_tokens: int) -> list[float]:
     for n in range(1, max_tokens + 1):
         above = next(m for m in sizes if m >= n)
         below = max((m for m in sizes if m <= n), default=above)
-        if above == below:
-            seconds.append(points[n] if n in points else points[above])
+        if above == below:  # a measured size (or one below the smallest)
+            seconds.append(points[above])
             continue
         weight = (n - below) / (above - below)
         seconds.append(points[below] + weight * (points[above] - points[below]))

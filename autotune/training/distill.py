@@ -279,12 +279,17 @@ def decode_to_cache(
     batch_size: int,
     cache: AnswerCache,
     say_reused: bool = False,
+    least: int | None = None,
 ) -> list[list[int]]:
     """The answers' tokens, decoding (and keeping) only those ``cache`` lacks: filling
     the shared set before the trainers read it, without their hidden states.
-    ``say_reused``: say how many were read back (a run that decodes nothing says so)."""
+    ``say_reused``: say how many were read back (a run that decodes nothing says so).
+    ``least``: missing answers are decoded only until that many prompts have one; the
+    others come back empty."""
     known = cache.load(prompts, max_new_tokens)
     missing = [i for i, tokens in enumerate(known) if tokens is None]
+    if least is not None:
+        missing = missing[: max(0, least - (len(prompts) - len(missing)))]
     if say_reused and len(missing) < len(prompts):
         say(
             f"[dim]reusing the model's answers to {len(prompts) - len(missing)} of "

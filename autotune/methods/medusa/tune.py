@@ -18,7 +18,7 @@ from autotune.methods.heads import (
 from autotune.methods.medusa.settings import MedusaAcceptance, MedusaSettings
 from autotune.methods.medusa.space import MedusaSpace
 from autotune.methods.medusa.trials import MedusaTreeObjective, build_tree, load_heads_for
-from autotune.methods.medusa.typical import tune_typical
+from autotune.methods.medusa.typical import swept_pairs, tune_typical
 from autotune.methods.studies import completed, run_method_study
 from autotune.progress import say, step
 from autotune.tuners.medusa_tree import (
@@ -51,10 +51,10 @@ def tune(ctx: TuneContext) -> MedusaSettings:
     typical = tune_typical(
         ws, heads, tree, search[: space.typical.prompts], space.typical, until=ctx.budget
     )
-    if len(typical.sweep) < len(space.typical.pairs):
+    if len(typical.sweep) < (pairs := len(swept_pairs(space.typical))):
         ctx.note(
-            f"typical acceptance: {len(typical.sweep)} of {len(space.typical.pairs)} (eps, delta) "
-            "pairs swept in the time (Medusa's own pair first)"
+            f"typical acceptance: {len(typical.sweep)} of {pairs} (eps, delta) pairs swept in "
+            "the time (Medusa's own pair first)"
         )
     return MedusaSettings(
         heads=heads_dir,

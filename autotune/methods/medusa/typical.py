@@ -66,6 +66,12 @@ def typical_statistics(
     }
 
 
+def swept_pairs(space: TypicalSpace) -> list[TypicalAcceptance]:
+    """The (eps, delta) pairs a sweep measures, in order: Medusa's own first."""
+    pairs = [TypicalAcceptance(e, d) for e, d in space.pairs]
+    return [MEDUSA_DEFAULT_TYPICAL] + [p for p in pairs if p != MEDUSA_DEFAULT_TYPICAL]
+
+
 def tune_typical(
     ws: Workspace, heads, tree, prompts, space: TypicalSpace, until: Budget | None = None
 ) -> TypicalSettings:
@@ -74,8 +80,7 @@ def tune_typical(
     is measured first; the others only while ``until`` has time (each decodes for real:
     a whole sweep took ~2 minutes on 2 cores)."""
     sampling = SamplingConfig(temperature=space.temperature, seed=0)
-    pairs = [TypicalAcceptance(e, d) for e, d in space.pairs]
-    pairs = [MEDUSA_DEFAULT_TYPICAL] + [p for p in pairs if p != MEDUSA_DEFAULT_TYPICAL]
+    pairs = swept_pairs(space)
     rows: list[dict] = []
     with step("medusa: typical acceptance sweep", len(pairs)) as advance:
         for rule in pairs:
