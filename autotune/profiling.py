@@ -146,7 +146,7 @@ def run_profile(request: ProfileRequest) -> tuple[ProfileBase, Path]:
     fit_expansions(plan, ws, tuned, schedule)
     ranking = select(ws, tuned, request, schedule)
     held = measure_held_back(ws, tuned, ranking, request, noise, schedule)
-    verdict = decide(tuned, ranking, held, request.margin)
+    verdict = decide(tuned, ranking, held, request.margin, plan.skipped)
     profile = assemble(ws, tuned, held, verdict, noise, request)
     write_profile(profile, out)
     write_verdict_plot(profile, plot_path(out))
@@ -589,14 +589,24 @@ def _selection_speedup(settings: MethodSettings) -> float:
 
 
 def decide(
-    tuned: dict[str, MethodSettings], ranking: list[str], held: HeldBack, margin: float
+    tuned: dict[str, MethodSettings],
+    ranking: list[str],
+    held: HeldBack,
+    margin: float,
+    skipped: dict[str, str] | None = None,
 ) -> Verdict:
     """The method ranked first on the search prompts is recommended when its held-back
     interval clears 1 + margin; otherwise none, with the reason. (One candidate, chosen
-    before the held-back prompts were seen: the held-back figures choose nothing.)"""
+    before the held-back prompts were seen: the held-back figures choose nothing.)
+    ``skipped``: the methods not run, with why; the verdict keeps them."""
     bound = 1.0 + margin
     verdict = Verdict(
-        recommended="none", reason="", margin=margin, ranking=ranking, held_back_looks=held.looks
+        recommended="none",
+        reason="",
+        margin=margin,
+        ranking=ranking,
+        held_back_looks=held.looks,
+        skipped=dict(skipped or {}),
     )
     if not ranking:
         verdict.reason = "no method was tuned"
@@ -682,6 +692,8 @@ def verdict_lines(profile: ProfileBase) -> list[str]:
         if method.measured is not None and cape is not None and cape.enabled:
             lines.append(f"{name} keeps cape: {cape.policy().describe()}")
         lines += [f"{name} note: {note}" for note in method.notes]
+    if profile.verdict is not None:
+        lines += [f"{name} skipped: {why}" for name, why in profile.verdict.skipped.items()]
     noise = profile.environment.noise if profile.environment else {}
     if noise.get("busy"):
         lines.append(f"the machine was busy while timing: {'; '.join(noise['reasons'])}")

@@ -106,6 +106,21 @@ def test_yaml_layout_follows_the_design(tmp_path):
     assert data["recommended"] == "self_spec"
 
 
+def test_verdict_keeps_the_methods_not_run_and_says_why(tmp_path):
+    from autotune.profiling import HeldBack, decide, verdict_lines
+
+    why = "too little time to train glide heads: train them with `autotune heads train`"
+    profile = make_profile()
+    tuned = {"self_spec": profile.methods.self_spec}
+    held = HeldBack(measured={}, looks=1, stopped="")
+    profile.verdict = decide(tuned, [], held, 0.0, {"glide": why})
+    path = tmp_path / "p.yaml"
+    write_profile(profile, path)
+    assert yaml.safe_load(path.read_text())["verdict"]["skipped"] == {"glide": why}
+    assert read_profile(path).verdict.skipped == {"glide": why}
+    assert f"glide skipped: {why}" in verdict_lines(profile)
+
+
 def test_round_trip_without_adaptive_and_method(tmp_path):
     profile = make_profile()
     profile.methods.self_spec = self_spec(adaptive=False)

@@ -58,6 +58,8 @@ class Verdict(Block):
     margin: float  # the held-back interval's low end must clear 1 + margin
     ranking: list[str]  # methods by their speedup on search prompts, best first
     held_back_looks: int = 1  # how often the sequential measurement looked
+    # methods that were not run, each with why and what would run it
+    skipped: dict[str, str] = Field(default_factory=dict)
 
 
 class Figures(Block):
