@@ -32,7 +32,7 @@ from autotune.training.eagle import (
     unrolled_mask,
 )
 from autotune.training.job import HeadsJob, run_heads_train, trained_on
-from autotune.training.loss import IGNORE
+from autotune.training.loss import IGNORE, TrainingVocab
 from autotune.training.medusa import MedusaOptions
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -119,6 +119,29 @@ def test_pairs_and_targets_on_a_hand_made_example():
     assert truth.tolist() == [[20, 21, 22, IGNORE, IGNORE], [IGNORE] * 5]
 
 
+def test_prompt_rows_are_trained_on_with_the_targets_own_next_tokens():
+    long, _ = hand_made()
+    labelled = EagleSequence(long.tokens, long.features, long.answer_start, torch.tensor([41, 42]))
+    # index 1 and 2 of the prompt [10, 11, 12]: what the target would write after 10, 10 11
+    assert labelled.labels().tolist() == [IGNORE, 41, 42, 20, 21, 22]
+    assert labelled.counted == long.counted + 1 == 4  # x_2's row (t = 0) joins
+    read, _, _, truth = Batch.of([labelled], unroll=2).step(1)
+    assert read[0].tolist() == [11, 12, 20, 21, 22]  # the text is still what it reads
+    assert truth[0].tolist() == [42, 20, 21, 22, IGNORE]
+
+
+def test_sequence_labels_its_prompt_with_the_targets_greedy_next_tokens(tiny_target):
+    model = tiny_target.model
+    prompt = tiny_target.encode_chat("Write a poem about rain, please.")
+    answer = generate_answers(model, [prompt], max_new_tokens=6, prefill=True)[0]
+    seq = EagleSequence.of(prompt, answer, model.lm_head.weight)
+    with torch.inference_mode():
+        logits = model(input_ids=seq.tokens[None]).logits[0]
+    greedy = logits.argmax(-1)
+    assert seq.labels()[1:].tolist() == greedy[:-1].tolist()  # the answer is greedy too
+    assert EagleSequence.of(prompt, answer).labels()[: len(prompt)].eq(IGNORE).all()
+
+
 def test_unrolled_mask_sees_the_prefix_and_its_own_earlier_steps():
     allowed = unrolled_mask(3, 2, torch.tensor([4, 3]), torch.float32)[:, 0] == 0
     expected = torch.tensor(
@@ -181,6 +204,20 @@ def test_loss_counts_only_rows_whose_token_is_in_the_answer(tiny_llama):
     feature = F.smooth_l1_loss(out[rows] / scale, seq.features[rows + 1] / scale)
     token = F.cross_entropy(out[rows] @ weight.T, seq.tokens[rows + 2])
     assert loss.item() == pytest.approx((feature + 0.1 * token).item(), rel=1e-5)
+    # over a training vocabulary: the softmax ranks only its tokens
+    vocab = TrainingVocab.of(seq.labels(), weight.shape[0], size=len(set(seq.tokens.tolist())))
+    small = eagle_loss(
+        head,
+        embed,
+        Batch.of([seq], 1),
+        vocab.weight(weight),
+        options(noise=0.0),
+        scale,
+        None,
+        vocab,
+    )
+    token = F.cross_entropy(out[rows] @ vocab.weight(weight).T, vocab.map(seq.tokens[rows + 2]))
+    assert small.item() == pytest.approx((feature + 0.1 * token).item(), rel=1e-5)
     # a second step adds the loss of its own counted rows
     assert (
         eagle_loss(

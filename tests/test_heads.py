@@ -17,7 +17,7 @@ from autotune.cli import app
 from autotune.heads.medusa import HeadsError, MedusaHeads, load_medusa_heads
 from autotune.training.distill import Answer, generate_answers
 from autotune.training.job import trained_on
-from autotune.training.loss import IGNORE
+from autotune.training.loss import IGNORE, TrainingVocab
 from autotune.training.medusa import (
     HeadData,
     MedusaOptions,
@@ -97,6 +97,56 @@ def test_labels_look_k_plus_2_ahead_and_each_head_counts_its_own_positions():
     ]
     assert data.positions() == [4, 3, 2]
     assert data.tokens == 5
+
+
+def test_prompt_positions_are_labelled_with_what_the_target_would_write_there(tiny_target):
+    model = tiny_target.model
+    prompt = encode(tiny_target, ["Write a poem about rain, please."])[0]
+    answer = generate_answers(model, [prompt], max_new_tokens=6, prefill=True)[0]
+    data = HeadData.from_answers([answer], num_heads=2, lm_head=model.lm_head.weight)
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([prompt + answer.tokens])).logits[0]
+    # index i of the whole sequence: what the target writes after its first i tokens
+    written = logits.argmax(-1)[: len(prompt) - 1].tolist() + answer.tokens
+    rows = len(prompt) - 1 + len(answer.tokens) - 1
+    assert data.labels.tolist() == [
+        [written[i + k + 1] if i + k + 1 < len(written) else IGNORE for k in range(2)]
+        for i in range(rows)
+    ]
+    assert written[: len(prompt) - 1] != prompt[1:]  # the labels are not the prompt's text
+    # without the lm_head, only the answer's positions, as before
+    alone = HeadData.from_answers([answer], num_heads=2)
+    assert alone.features.shape[0] == len(answer.tokens) - 1
+    assert torch.equal(data.features[-alone.features.shape[0] :], alone.features)
+
+
+def test_training_vocabulary_is_the_most_frequent_labels():
+    labels = torch.tensor([[3, 3, 3], [5, 5, IGNORE], [7, 3, 9]])
+    vocab = TrainingVocab.of(labels, vocab_size=10, size=2)
+    assert vocab.ids.tolist() == [3, 5]
+    assert vocab.map(labels).tolist() == [[0, 0, 0], [1, 1, IGNORE], [IGNORE, 0, IGNORE]]
+    weight = torch.arange(10.0)[:, None].repeat(1, 4)
+    assert vocab.weight(weight)[:, 0].tolist() == [3, 5]
+    whole = TrainingVocab.of(labels, vocab_size=10, size=0)
+    assert whole.ids.tolist() == list(range(10)) and torch.equal(whole.map(labels), labels)
+
+
+def test_heads_trained_over_a_training_vocabulary_learn_as_well(tiny_target):
+    """The tiny model's answers loop over a few tokens: a training vocabulary that holds
+    them loses nothing, and the heads reach the same accuracy over the whole vocabulary."""
+    model = tiny_target.model
+    answers = generate_answers(model, encode(tiny_target, PROMPTS), max_new_tokens=24)
+    train, held = HeadData.from_answers(answers[:6], 2), HeadData.from_answers(answers[6:], 2)
+    scores = []
+    for size in (0, 16):
+        torch.manual_seed(0)
+        heads = tiny_heads(model, 2)
+        options = MedusaOptions(
+            num_heads=2, epochs=60, lr=1e-2, loss_dtype="float32", train_vocab=size
+        )
+        train_heads(heads, train, options)
+        scores.append([s.top1 for s in head_accuracy(heads, held)])
+    assert scores[1][0] >= 0.5 and scores[1][0] >= scores[0][0] - 0.15, scores
 
 
 def test_accuracy_divides_each_head_by_its_own_positions():
