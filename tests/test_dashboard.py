@@ -77,6 +77,9 @@ def test_dashboard_serves_the_study_database(tmp_path):
         text=True,
         env=env,
         cwd=tmp_path,
+        # as from a terminal: a suite run in the background ignores SIGINT, and a child
+        # started with SIGINT ignored never turns Ctrl-C into KeyboardInterrupt
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         line = first_line(server.stdout, START_S)
