@@ -36,22 +36,6 @@ class Answer:
     #                       positions' states, when asked for (EAGLE reads every position)
 
 
-# States per product in ``greedy_next``: 512 x 49152 float32 logits are ~100 MB.
-GREEDY_CHUNK = 512
-
-
-@torch.inference_mode()
-def greedy_next(states: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
-    """[N] the target's greedy next token after each of ``states`` [N, H] (normed last
-    hidden states): what it would write there, a label for heads on text it did not write."""
-    out = torch.empty(states.shape[0], dtype=torch.long)
-    weight = lm_head_weight.detach()
-    for start in range(0, states.shape[0], GREEDY_CHUNK):
-        part = states[start : start + GREEDY_CHUNK].to(weight.device, weight.dtype)
-        out[start : start + GREEDY_CHUNK] = (part @ weight.T).argmax(-1).cpu()
-    return out
-
-
 def eos_token_ids(model) -> set[int]:
     ids: set[int] = set()
     for config in (model.config, getattr(model, "generation_config", None)):

@@ -28,13 +28,7 @@ import torch.nn.functional as F
 
 from autotune.errors import AutotuneError
 from autotune.heads.eagle import EagleHead, head_config, save_draft_vocab, save_eagle_head
-from autotune.training.distill import (
-    GENERATION_BATCH,
-    Answer,
-    AnswerCache,
-    answer_prompts,
-    greedy_next,
-)
+from autotune.training.distill import GENERATION_BATCH, Answer, AnswerCache, answer_prompts
 from autotune.training.loop import (
     TrainResult,
     TrainStats,
@@ -42,7 +36,13 @@ from autotune.training.loop import (
     train_loop,
     training_time,
 )
-from autotune.training.loss import IGNORE, FrozenProjectionCE, TrainingVocab, loss_dtype
+from autotune.training.loss import (
+    IGNORE,
+    FrozenProjectionCE,
+    TrainingVocab,
+    greedy_next,
+    loss_dtype,
+)
 
 INITS = ("random", "identity", "last-layer")
 

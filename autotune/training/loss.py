@@ -1,5 +1,6 @@
 """Losses through the target's frozen lm_head: cross-entropy over the vocabulary without
-holding every logit, and the dtype its product runs in."""
+holding every logit, the labels the target itself gives, and the dtype its product runs
+in."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import torch
 from autotune.errors import AutotuneError
 
 IGNORE = -100  # label of a row that has no target (past an answer's end, or in a prompt)
-# Logit rows per matrix product in the loss: 512 x 49152 floats is ~100 MB.
-LOSS_CHUNK_ROWS = 512
+# Logit rows per matrix product with the lm_head: 512 x 49152 floats is ~100 MB.
+LOGIT_CHUNK_ROWS = 512
 
 
 class FrozenProjectionCE(torch.autograd.Function):
@@ -24,8 +25,8 @@ class FrozenProjectionCE(torch.autograd.Function):
     def forward(ctx, rows, weight, targets, row_weights):
         total = rows.new_zeros(())
         grad = torch.empty_like(rows)
-        for start in range(0, rows.shape[0], LOSS_CHUNK_ROWS):
-            part = slice(start, start + LOSS_CHUNK_ROWS)
+        for start in range(0, rows.shape[0], LOGIT_CHUNK_ROWS):
+            part = slice(start, start + LOGIT_CHUNK_ROWS)
             logits = (rows[part].to(weight.dtype) @ weight.T).float()  # [c, V]
             target = targets[part, None]
             lse = logits.logsumexp(-1, keepdim=True)
@@ -42,6 +43,18 @@ class FrozenProjectionCE(torch.autograd.Function):
     def backward(ctx, grad_output):
         (grad,) = ctx.saved_tensors
         return grad * grad_output, None, None, None
+
+
+@torch.inference_mode()
+def greedy_next(states: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
+    """[N] the target's greedy next token after each of ``states`` [N, H] (normed last
+    hidden states): what it would write there, a label for heads on text it did not write."""
+    out = torch.empty(states.shape[0], dtype=torch.long)
+    weight = lm_head_weight.detach()
+    for start in range(0, states.shape[0], LOGIT_CHUNK_ROWS):
+        part = states[start : start + LOGIT_CHUNK_ROWS].to(weight.device, weight.dtype)
+        out[start : start + LOGIT_CHUNK_ROWS] = (part @ weight.T).argmax(-1).cpu()
+    return out
 
 
 def loss_dtype(name: str) -> torch.dtype:

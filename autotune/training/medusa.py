@@ -22,13 +22,7 @@ import torch
 
 from autotune.errors import AutotuneError
 from autotune.heads.medusa import MedusaHeads, save_medusa_heads
-from autotune.training.distill import (
-    GENERATION_BATCH,
-    Answer,
-    AnswerCache,
-    answer_prompts,
-    greedy_next,
-)
+from autotune.training.distill import GENERATION_BATCH, Answer, AnswerCache, answer_prompts
 from autotune.training.loop import (
     TrainResult,
     TrainStats,
@@ -36,7 +30,13 @@ from autotune.training.loop import (
     train_loop,
     training_time,
 )
-from autotune.training.loss import IGNORE, FrozenProjectionCE, TrainingVocab, loss_dtype
+from autotune.training.loss import (
+    IGNORE,
+    FrozenProjectionCE,
+    TrainingVocab,
+    greedy_next,
+    loss_dtype,
+)
 
 # Positions per chunk when measuring accuracy (all heads' logits at once, float32).
 EVAL_CHUNK_POSITIONS = 96
