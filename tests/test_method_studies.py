@@ -51,3 +51,23 @@ def test_a_study_whose_budget_cannot_finish_a_trial_is_not_started(monkeypatch):
         budget=60.0,  # above the least a study needs, under one trial's ~54 s plus that
     )
     assert len(opened) == 1 and notes and "first trial needs about 74 s" in notes[0]
+
+
+@dataclass
+class Progressive(Trial):
+    grace: int = 3
+
+    @property
+    def fidelities(self) -> int:
+        return len(self.prompts)
+
+    def steps(self, config: dict):
+        raise AssertionError("a trial ran")
+
+
+def test_a_progressive_trial_is_costed_to_its_first_rung():
+    ctx, _ = context(0.07)
+    # 12 prompts, pruned at the earliest after 3: the method and plain greedy on those
+    objective = Progressive([0] * 12, 64)
+    assert isinstance(objective, studies.Progressive)
+    assert studies.first_trial_seconds(ctx, objective) == 2 * 3 * 64 * 0.07

@@ -3,7 +3,7 @@ measures, bound to the run's study database, workers and time budget."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from autotune.methods.base import TuneContext
@@ -11,6 +11,12 @@ from autotune.methods.base import TuneContext
 # Seconds a study needs at the least: Ray's workers start and load the model, and a
 # measured trial decodes a few prompts.
 MIN_STUDY_S = 20.0
+# ASHA keeps the best third of the trials at each rung (Ray's and the paper's default):
+# rungs at grace, 3 x grace, ... results.
+REDUCTION_FACTOR = 3
+# A study whose trials may be pruned runs until it holds ``trials`` whole ones, or this
+# many times as many trials of every kind (or until its time is spent).
+PRUNED_CAP = 3
 
 
 def run_method_study(
@@ -31,7 +37,11 @@ def run_method_study(
     """Run study ``<model>/<name>`` until it holds ``trials`` finished trials or ``budget``
     seconds are spent; return the Optuna study. With less than ``MIN_STUDY_S`` seconds
     left no trial is started (starting Ray's workers alone takes some of that): the
-    study is returned as it stands, and the caller falls back on what it predicted."""
+    study is returned as it stands, and the caller falls back on what it predicted.
+
+    A ``Progressive`` objective runs under ASHA (``asha``): trials behind the others at a
+    rung are pruned; ``trials`` then counts whole trials, and the study stops at
+    ``PRUNED_CAP`` times as many of every kind."""
     from autotune.studies.tune import StudySpec, open_study, run_study
 
     ws = ctx.workspace
@@ -46,6 +56,7 @@ def run_method_study(
         seeds=list(seeds),
         time_budget_s=budget,
         timed=timed,
+        max_trials=PRUNED_CAP * trials if isinstance(objective, Progressive) else None,
         threads=ws.hardware["threads"],
         user_attrs={
             "model": ws.target.name,
@@ -62,7 +73,8 @@ def run_method_study(
             f"trial needs about {least:.0f} s here)"
         )
         return open_study(spec)
-    return run_study(spec, objective, label=label, workers=ctx.workers)
+    scheduler = asha(objective) if isinstance(objective, Progressive) else None
+    return run_study(spec, objective, label=label, workers=ctx.workers, scheduler=scheduler)
 
 
 @runtime_checkable
@@ -73,14 +85,48 @@ class TimedObjective(Protocol):
     max_new_tokens: int
 
 
+@runtime_checkable
+class Progressive(Protocol):
+    """A trial that reports as it goes, cheapest fidelity first: ``steps(config)`` yields
+    ``fidelities`` results (e.g. one after each prompt, the speedup over the prompts so
+    far), the last the trial's final one; a scheduler may stop it after ``grace`` or more.
+    Calling it returns the final result alone."""
+
+    fidelities: int
+    grace: int
+
+    def steps(self, config: dict) -> Iterator[dict]: ...
+
+    def __call__(self, config: dict) -> dict: ...
+
+
+def asha(objective: Progressive):
+    """Ray Tune's ASHA over a progressive objective's results: rungs at ``grace``,
+    ``REDUCTION_FACTOR`` x ``grace``, ... results, up to a whole trial."""
+    from ray.tune.schedulers import ASHAScheduler
+
+    return ASHAScheduler(
+        time_attr="training_iteration",  # results so far: the objective's fidelity
+        metric="objective",
+        mode="max",
+        max_t=objective.fidelities,
+        grace_period=min(objective.grace, objective.fidelities),
+        reduction_factor=REDUCTION_FACTOR,
+    )
+
+
 def first_trial_seconds(ctx: TuneContext, objective: Any) -> float:
-    """About how long one measured trial takes on this machine: both decoders' tokens at
-    a forward each (a study whose budget cannot finish one is not started: on 2 cores a
-    Medusa study once spent 37 s of a 48 s budget on a trial it could not finish)."""
+    """About how long one measured trial's first rung takes on this machine: both
+    decoders' tokens at a forward each, over all its prompts or, for a progressive
+    objective, its ``grace`` prompts (its method on them, and plain greedy timed once).
+    A study whose budget cannot finish that is not started: on 2 cores a Medusa study
+    once spent 37 s of a 48 s budget on a trial it could not finish."""
     if not isinstance(objective, TimedObjective):
         return 0.0
-    tokens = len(objective.prompts) * objective.max_new_tokens
-    return 2 * tokens * ctx.workspace.verify_curve(1)(1)
+    prompts = len(objective.prompts)
+    if isinstance(objective, Progressive):
+        prompts = min(prompts, objective.grace)
+    return 2 * prompts * objective.max_new_tokens * ctx.workspace.verify_curve(1)(1)
 
 
 def completed(study) -> list:

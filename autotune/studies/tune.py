@@ -7,6 +7,8 @@ Faults, and where each is handled:
   ``_reporting`` and ``RecordingOptunaSearch.on_trial_complete`` record it as FAIL with
   its reason (Optuna refuses NaN in ``tell`` and OptunaSearch swallows that refusal,
   which would leave the trial RUNNING); the study goes on;
+- a trial that a scheduler (ASHA) stops after an intermediate result: PRUNED, not
+  counted against the study's trials (only against its cap);
 - a Ray worker or node that dies under a trial, or a trial Tune stops before it reports
   (time budget, Ctrl-C): FAIL with the reason, parameters queued once more;
 - a `profile` process that dies: its RUNNING trials are failed and queued again by the
@@ -30,7 +32,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +54,7 @@ class StudySpec:
     storage_url: str
     space: dict[str, Any]  # parameter name -> optuna distribution
     metric: str
-    trials: int  # total wanted, counting trials finished in earlier runs
+    trials: int  # total wanted, counting trials finished in earlier runs (pruned ones not)
     sampler: Any = None
     seeds: list[dict] = field(default_factory=list)
     time_budget_s: float | None = None
@@ -60,6 +62,12 @@ class StudySpec:
     threads: int | None = None  # torch threads of a timed trial: the main process's, so
     # trial timings compare with its own (default: cores reserved)
     user_attrs: dict[str, Any] = field(default_factory=dict)
+    max_trials: int | None = None  # finished trials at most, pruned ones included
+    # (default: ``trials``; a study whose scheduler prunes needs more)
+
+    @property
+    def cap(self) -> int:
+        return max(self.trials, self.max_trials or 0)
 
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -138,18 +146,29 @@ def open_study(spec: StudySpec) -> optuna.Study:
 
 
 def run_study(
-    spec: StudySpec, objective: Callable[[dict], dict], *, label: str, workers: Workers = Workers()
+    spec: StudySpec,
+    objective: Callable[[dict], dict],
+    *,
+    label: str,
+    workers: Workers = Workers(),
+    scheduler: Any = None,
 ):
     """Run until ``spec.trials`` trials have finished in the study, counting those of
-    earlier runs and of runs beside this one (or until the time budget is spent);
-    return the Optuna study."""
+    earlier runs and of runs beside this one, or ``spec.cap`` trials pruned ones
+    included (or until the time budget is spent); return the Optuna study.
+
+    ``scheduler``: a Ray Tune scheduler (e.g. ``ASHAScheduler`` on ``metric="objective"``,
+    ``mode="max"``) that may stop a trial after one of its intermediate results. The
+    objective then reports as it goes (``Progressive``); a trial it stops is PRUNED in
+    the study, and counts against the cap but not against ``spec.trials``."""
     from ray import tune
     from ray.tune.search import ConcurrencyLimiter
 
     study = open_study(spec)
     storage = study._storage
-    remaining = spec.trials - held.counted(study.get_trials(deepcopy=False))
-    if remaining <= 0:
+    before = study.get_trials(deepcopy=False)
+    remaining = spec.trials - budgeted(before)
+    if remaining <= 0 or held.counted(before) >= spec.cap:
         return study
     for seed in spec.seeds:  # seeds already tried (or queued) here or elsewhere are skipped
         study.enqueue_trial(seed, skip_if_exists=True)
@@ -164,6 +183,7 @@ def run_study(
         study_name=spec.name,
         storage=storage,
         budget=spec.trials,
+        cap=spec.cap,
         key=key,
     )
     # the bar counts what the budget counts: the study's trials, in the database
@@ -180,7 +200,8 @@ def run_study(
                 # trials queued again (each at most once) and for workers at once
                 tune_config=tune.TuneConfig(
                     search_alg=ConcurrencyLimiter(searcher, max_concurrent=at_once),
-                    num_samples=2 * remaining + _waiting(study) + at_once,
+                    scheduler=scheduler,
+                    num_samples=2 * (spec.cap - held.counted(before)) + _waiting(study) + at_once,
                     time_budget_s=spec.time_budget_s,
                     reuse_actors=True,
                 ),
@@ -205,37 +226,75 @@ def run_study(
 
 
 ATTR_PREFIX = "attr_"
+# Keys of every reported result: whether it is the trial's final one (a trial stopped
+# after a result that is not was pruned), and how many results came before it, itself
+# included (Tune's training_iteration: the step of Optuna's intermediate values).
+FINAL = "final"
+FIDELITY = "fidelity"
+
+
+def budgeted(trials) -> int:
+    """Trials that count against a study's ``trials``: those ``held.counted`` counts,
+    less the pruned (which count against its cap alone)."""
+    trials = list(trials)
+    pruned = sum(t.state == optuna.trial.TrialState.PRUNED for t in trials)
+    return held.counted(trials) - pruned
+
+
+def _results(objective, config: dict) -> Iterator[dict]:
+    """The results of a trial: those of a progressive objective's ``steps`` as they come,
+    or a plain objective's one; the last is final."""
+    steps = getattr(objective, "steps", None)
+    if steps is None:
+        yield objective(config)
+        return
+    yield from steps(config)
 
 
 def _reporting(objective: Callable[[dict], dict], threads: int | None = None):
     """Wrap an objective so that every outcome reaches the searcher as a result: a
-    crash inside the objective becomes a NaN objective with its reason attached."""
+    crash inside the objective becomes a NaN objective with its reason attached. An
+    objective with a ``steps(config)`` method (``methods.studies.Progressive``) reports
+    each result it yields; a scheduler may stop it after any but the last."""
 
     def trainable(config: dict) -> None:
         from ray import tune
 
-        from autotune.process_cache import built
-
         _set_threads(threads)
+        full = getattr(objective, "fidelities", 1)  # results of a whole trial
+        done, last = 0, None
         try:
-            result = objective(config)
+            for result in _results(objective, config):
+                done, last = done + 1, result
+                tune.report(_row(result, done, final=done >= full))
+            if last is None:
+                raise RuntimeError("the objective gave no result")
         except Exception as exc:  # recorded as a failed trial; the study goes on
-            result = {"objective": math.nan, "fail_reason": _failure(exc)}
-        # which worker ran it, and how often that worker has loaded the target (once)
-        result = {
-            **result,
-            "worker": f"{socket.gethostname()}:{os.getpid()}",
-            "target_loads": built("target"),
-        }
-        tune.report(
-            {
-                "objective": result.get("objective", math.nan),
-                **{ATTR_PREFIX + k: v for k, v in result.items()},
-            }
-        )
+            done, last = done + 1, {"objective": math.nan, "fail_reason": _failure(exc)}
+            tune.report(_row(last, done, final=True))
+            return
+        if done < full:  # its steps ended early: the last result is its final one
+            tune.report(_row(last, done + 1, final=True))
 
     trainable.__name__ = getattr(objective, "__name__", type(objective).__name__)
     return trainable
+
+
+def _row(result: dict, done: int, *, final: bool) -> dict:
+    from autotune.process_cache import built
+
+    # which worker ran it, and how often that worker has loaded the target (once)
+    result = {
+        **result,
+        "worker": f"{socket.gethostname()}:{os.getpid()}",
+        "target_loads": built("target"),
+    }
+    return {
+        "objective": result.get("objective", math.nan),
+        FINAL: final,
+        FIDELITY: done,
+        **{ATTR_PREFIX + k: v for k, v in result.items()},
+    }
 
 
 def _failure(exc: Exception) -> str:
@@ -273,22 +332,27 @@ def _set_threads(threads: int | None) -> None:
 class RecordingOptunaSearch(OptunaSearch):
     """OptunaSearch that
     - stops asking once the study (in the database, all processes together) has
-      ``budget`` counted trials, or the trials running could reach it (waiting for its
-      own, which may yet fail and be queued again);
+      ``budget`` counted trials (``budgeted``: pruned ones not) or ``cap`` counted trials
+      of every kind, or the trials running could reach either (waiting for its own,
+      which may yet fail, be pruned or be queued again);
     - marks each trial it asks for as held by this process (``trials.claim``);
     - keeps each trial's reported figures as user attributes;
     - records a NaN or failed trial as FAIL with its reason (OptunaSearch would swallow
       Optuna's refusal of NaN and leave the trial RUNNING);
+    - records a trial that a scheduler stopped after a result that was not its final one
+      as PRUNED, its intermediate values reported (OptunaSearch would record it COMPLETE
+      with its partial figure);
     - fails a trial whose worker died, or that Tune stopped before it reported, and
       queues its parameters again;
     - writes no checkpoint: the study database is the checkpoint (and a pickled storage
       is how a password would reach the disk)."""
 
-    def __init__(self, *args, budget: int, key: str = "", **kwargs):
+    def __init__(self, *args, budget: int, cap: int | None = None, key: str = "", **kwargs):
         if not kwargs.get("study_name"):  # OptunaSearch would call every study "optuna"
             raise ValueError("RecordingOptunaSearch needs an explicit study_name")
         super().__init__(*args, **kwargs)
         self._budget = budget
+        self._cap = max(budget, cap or 0)
         self._key = key
         self._checked = -math.inf  # monotonic time of the last "wait" verdict
 
@@ -307,11 +371,11 @@ class RecordingOptunaSearch(OptunaSearch):
             time.sleep(0.1)  # Tune asks again at once: don't spin while waiting
             return None
         trials = self._study().get_trials(deepcopy=False)
-        counted = held.counted(trials)
-        if counted >= self._budget:
+        counted, done = held.counted(trials), budgeted(trials)
+        if done >= self._budget or counted >= self._cap:
             return Searcher.FINISHED
         running = [t._trial_id for t in trials if t.state == optuna.trial.TrialState.RUNNING]
-        if counted + len(running) >= self._budget:
+        if done + len(running) >= self._budget or counted + len(running) >= self._cap:
             if not set(running) & set(self.held_trial_ids()):
                 # the rest is in other processes' hands; waiting here would keep this
                 # run's idle workers, and so the cores their trials wait for
@@ -363,6 +427,15 @@ class RecordingOptunaSearch(OptunaSearch):
             if not result.get(ATTR_PREFIX + "fail_reason"):
                 ot_trial.set_user_attr("fail_reason", f"objective was {value!r}")
             self._study().tell(ot_trial, None, state=optuna.trial.TrialState.FAIL)
+            return
+        # Tune passes a result at which a scheduler stops the trial to on_trial_complete
+        # alone: Optuna hears of it here (a step already reported is ignored)
+        step = result.get("training_iteration") or result.get(FIDELITY) or 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ot_trial.report(float(value), int(step))
+        if result.get(FINAL) is False:  # a scheduler stopped it: Optuna's word is pruned
+            self._study().tell(ot_trial, state=optuna.trial.TrialState.PRUNED)
             return
         self._study().tell(ot_trial, float(value))
 
@@ -464,7 +537,8 @@ class _RunCallback(Callback):
         if self.key not in _RUNS:
             return
         run = _RUNS[self.key]
-        value = (trial.last_result or {}).get("objective")
+        last = trial.last_result or {}
+        value = last.get("objective") if last.get(FINAL, True) else None  # pruned: partial
         if value is not None and math.isfinite(value) and value > run["best"]:
             run["best"] = value
             run["bar"].update(run["task"], best=f"{value:.3f}")
@@ -482,7 +556,7 @@ def _count(run: dict) -> None:
     counts once, through its re-run; another process's trials on the study count too:
     the budget is the study's)."""
     with contextlib.suppress(Exception):  # a database hiccup costs a bar update, no more
-        done = held.counted(run["study"].get_trials(deepcopy=False)) - run["before"]
+        done = budgeted(run["study"].get_trials(deepcopy=False)) - run["before"]
         run["bar"].update(run["task"], completed=max(0, min(done, run["total"])))
 
 
@@ -504,7 +578,7 @@ class _progress:
             console=console,
         )
         task = bar.add_task(self.label, total=self.total, best="-")
-        before = held.counted(self.study.get_trials(deepcopy=False))
+        before = budgeted(self.study.get_trials(deepcopy=False))
         _RUNS[self.key] = {
             "bar": bar,
             "task": task,

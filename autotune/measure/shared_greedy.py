@@ -1,0 +1,139 @@
+"""Plain greedy timings shared by the measured trials of one process.
+
+A measured trial compares a method's decoding of each prompt with plain greedy decoding
+of the same prompt. Plain greedy decoding does not depend on the trial's setting, so a
+process (a Ray worker that Tune reuses from trial to trial) times it once per prompt and
+lends that timing to every trial, halving what a trial decodes. So that a drift of the
+machine's speed still cancels, a prompt's greedy decoding is timed again once
+``retime_every`` trials have used its timing; the re-timing and that trial's method
+decoding take turns to go first. The greedy tokens are kept: a method's output must equal
+them token for token (greedy speculative decoding is lossless), else ``LossyDecoding``.
+
+The rows are ``timing.PromptMeasurement``: a trial's rows make a ``timing.Measurement``
+with its speedup, interval and summary.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+from autotune.engine.decoding import DecodeResult, decode_plain, decode_speculative
+from autotune.engine.proposal import Drafter
+from autotune.engine.runner import Runner
+from autotune.measure.timing import WARMUP_TOKENS, EncodedPrompt, PromptMeasurement
+
+# A prompt's greedy timing serves this many trials before it is timed again: often
+# enough that trials an hour apart do not compare with one stale figure, seldom enough
+# that a trial decodes little besides its method.
+RETIME_EVERY = 3
+
+
+class LossyDecoding(RuntimeError):
+    """A method's greedy output differed from plain greedy decoding."""
+
+
+@dataclass
+class _Greedy:
+    tokens: list[int]
+    seconds: float
+    timings: int = 1  # how often this prompt's greedy decoding was timed
+    uses: int = 0  # trials that used the latest timing
+
+
+class SharedGreedy:
+    """Greedy decodings of prompts, timed in this process and lent to its trials."""
+
+    def __init__(self, max_new_tokens: int, retime_every: int = RETIME_EVERY):
+        if retime_every < 1:
+            raise ValueError("retime_every must be at least 1")
+        self.max_new_tokens = max_new_tokens
+        self.retime_every = retime_every
+        self._greedy: dict[tuple[int, ...], _Greedy] = {}
+        self._warm = False
+
+    def warm_up(self, runner: Runner, drafter: Drafter, prompt: EncodedPrompt) -> None:
+        """A few tokens of each decoder before timing: plain greedy once per process, the
+        drafter once per trial (its first prompt)."""
+        if not self._warm:
+            decode_plain(runner, prompt.ids, WARMUP_TOKENS)
+            self._warm = True
+        decode_speculative(runner, drafter, prompt.ids, WARMUP_TOKENS)
+
+    def method_row(
+        self, runner: Runner, prompt: EncodedPrompt, drafter: Drafter
+    ) -> PromptMeasurement:
+        """The drafter's decoding of ``prompt``, timed, beside this process's greedy timing
+        of it (taken now when it has none, or when its latest has served its trials).
+        Raises ``LossyDecoding`` when the outputs differ."""
+        key = tuple(prompt.ids)
+        greedy = self._greedy.get(key)
+        if greedy is None:  # first timing: plain first
+            plain, plain_s = _timed(decode_plain, runner, prompt.ids, self.max_new_tokens)
+            method, method_s = self._method(runner, drafter, prompt)
+            greedy = self._greedy[key] = _Greedy(plain.tokens, plain_s)
+        elif greedy.uses >= self.retime_every:  # re-timing: plain and method take turns
+            first_plain = greedy.timings % 2 == 0
+            if first_plain:
+                plain, plain_s = _timed(decode_plain, runner, prompt.ids, self.max_new_tokens)
+            method, method_s = self._method(runner, drafter, prompt)
+            if not first_plain:
+                plain, plain_s = _timed(decode_plain, runner, prompt.ids, self.max_new_tokens)
+            if plain.tokens != greedy.tokens:
+                raise RuntimeError(f"prompt {prompt.id}: plain greedy decoding is not repeatable")
+            greedy.seconds, greedy.timings, greedy.uses = plain_s, greedy.timings + 1, 0
+        else:
+            method, method_s = self._method(runner, drafter, prompt)
+        greedy.uses += 1
+        _check_lossless(prompt, method.tokens, greedy.tokens)
+        return PromptMeasurement(
+            prompt_id=prompt.id,
+            baseline_tokens=len(greedy.tokens),
+            baseline_seconds=greedy.seconds,
+            method_tokens=len(method.tokens),
+            method_seconds=method_s,
+            steps=method.steps,
+            drafted=method.drafted,
+            accepted=method.accepted,
+            lossless=True,
+            category=prompt.category,
+        )
+
+    def timings(self, prompt: EncodedPrompt) -> int:
+        """How often this process timed the prompt's greedy decoding."""
+        greedy = self._greedy.get(tuple(prompt.ids))
+        return greedy.timings if greedy else 0
+
+    def _method(
+        self, runner: Runner, drafter: Drafter, prompt: EncodedPrompt
+    ) -> tuple[DecodeResult, float]:
+        return _timed(decode_speculative, runner, drafter, prompt.ids, self.max_new_tokens)
+
+
+def for_process(key: Hashable, max_new_tokens: int) -> SharedGreedy:
+    """This process's shared greedy timings for a target (``key``, e.g. its ``TargetRef``)
+    at ``max_new_tokens``: built on first use, kept while the process lives."""
+    from autotune.process_cache import cached
+
+    return cached(("shared_greedy", key, max_new_tokens), lambda: SharedGreedy(max_new_tokens))
+
+
+def _check_lossless(prompt: EncodedPrompt, method: list[int], greedy: list[int]) -> None:
+    if method == greedy:
+        return
+    at = next((i for i, (m, g) in enumerate(zip(method, greedy, strict=False)) if m != g), None)
+    where = (
+        f"token {at} is {method[at]}, plain greedy's {greedy[at]}"
+        if at is not None
+        else f"{len(method)} tokens against plain greedy's {len(greedy)}"
+    )
+    raise LossyDecoding(
+        f"prompt {prompt.id}: the method's output differs from plain greedy output ({where})"
+    )
+
+
+def _timed(decode: Callable[..., DecodeResult], *args) -> tuple[DecodeResult, float]:
+    start = time.perf_counter()
+    result = decode(*args)
+    return result, time.perf_counter() - start

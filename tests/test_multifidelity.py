@@ -1,0 +1,152 @@
+"""Shared greedy timings and studies whose trials report as they go (ASHA prunes them)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import optuna
+import pytest
+from optuna.distributions import IntDistribution
+from optuna.trial import TrialState
+
+from autotune.drafters.ngram import LookupConfig, NgramDrafter
+from autotune.engine.decoding import DecodeResult
+from autotune.engine.runner import Runner
+from autotune.measure import shared_greedy
+from autotune.measure.shared_greedy import LossyDecoding, SharedGreedy
+from autotune.measure.timing import EncodedPrompt, Measurement
+
+PROMPT = EncodedPrompt("p0", [1, 5, 9, 33, 5, 9], category="a")
+
+
+def drafter() -> NgramDrafter:
+    return NgramDrafter(LookupConfig(1, 2, 4, 1, 1, 4, "first"))
+
+
+def logged(monkeypatch) -> list[str]:
+    """The decodings the shared timings run, in order."""
+    order: list[str] = []
+    plain, speculative = shared_greedy.decode_plain, shared_greedy.decode_speculative
+    monkeypatch.setattr(
+        shared_greedy, "decode_plain", lambda *a: order.append("plain") or plain(*a)
+    )
+    monkeypatch.setattr(
+        shared_greedy,
+        "decode_speculative",
+        lambda *a: order.append("method") or speculative(*a),
+    )
+    return order
+
+
+def test_greedy_is_timed_once_then_again_after_its_trials(tiny_llama, monkeypatch, one_thread):
+    runner = Runner(tiny_llama)
+    order = logged(monkeypatch)
+    greedy = SharedGreedy(max_new_tokens=6, retime_every=3)
+    rows = [greedy.method_row(runner, PROMPT, drafter()) for _ in range(7)]
+    # first: plain then method; 3 trials use it; then re-timed with the method first;
+    # 3 more trials; then again, plain first
+    assert order == (
+        ["plain", "method", "method", "method"]
+        + ["method", "plain", "method", "method"]
+        + ["plain", "method"]
+    )
+    assert greedy.timings(PROMPT) == 3
+    assert rows[0].baseline_seconds == rows[2].baseline_seconds != rows[3].baseline_seconds
+    assert all(r.lossless and r.baseline_tokens == 6 == r.method_tokens for r in rows)
+    assert Measurement(rows).summary()["prompts"] == 7  # the timing module's figures
+
+
+def test_a_lossy_method_fails_with_the_token_where_it_differs(tiny_llama, monkeypatch, one_thread):
+    runner = Runner(tiny_llama)
+    greedy = SharedGreedy(max_new_tokens=6)
+    greedy.method_row(runner, PROMPT, drafter())  # greedy tokens kept
+
+    def wrong(runner, drafter, ids, max_new_tokens):
+        right = shared_greedy.decode_plain(runner, ids, max_new_tokens).tokens
+        return DecodeResult(right[:2] + [right[2] + 1] + right[3:], steps=3)
+
+    monkeypatch.setattr(shared_greedy, "decode_speculative", wrong)
+    with pytest.raises(LossyDecoding, match=r"prompt p0: .* differs .*\(token 2 is"):
+        greedy.method_row(runner, PROMPT, drafter())
+
+
+def test_the_timings_are_the_process_s(tiny_llama):
+    first = shared_greedy.for_process("tiny-test-key", 6)
+    assert shared_greedy.for_process("tiny-test-key", 6) is first
+    assert shared_greedy.for_process("tiny-test-key", 7) is not first
+
+
+# --- a progressive objective under ASHA (Ray) ---------------------------------------------
+
+
+@dataclass
+class Climb:
+    """Reports x, x, ... after each of ``fidelities`` steps: a trial of a lower x falls
+    behind at every rung."""
+
+    fidelities: int = 9
+    grace: int = 1
+
+    def steps(self, config: dict):
+        import time
+
+        for step in range(self.fidelities):
+            time.sleep(0.05)
+            yield {"objective": float(config["x"]), "step": step}
+
+    def __call__(self, config: dict) -> dict:
+        *_, final = self.steps(config)
+        return final
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import ray
+    from ray import cloudpickle
+
+    from autotune.studies.tune import init_ray
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    init_ray()
+    yield
+    ray.shutdown()
+    cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.mark.ray
+def test_asha_prunes_trials_and_the_budget_counts_whole_ones(tmp_path, ray_session):
+    from autotune.methods.studies import Progressive, asha
+    from autotune.studies import trials as held
+    from autotune.studies.tune import StudySpec, budgeted, run_study
+
+    objective = Climb()
+    assert isinstance(objective, Progressive)
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    spec = StudySpec(
+        name="tiny/climb",
+        storage_url=url,
+        space={"x": IntDistribution(0, 6)},
+        metric="objective",
+        trials=3,
+        max_trials=12,
+        sampler=optuna.samplers.RandomSampler(seed=0),
+        # the best first: the next, far behind, is pruned at the first rung
+        seeds=[{"x": 6}, {"x": 0}],
+        timed=True,  # one trial at a time: the order above holds
+        user_attrs={"method": "test"},
+    )
+    run_study(spec, objective, label="climb", scheduler=asha(objective))
+    trials = optuna.load_study(study_name="tiny/climb", storage=url).get_trials()
+    states = [t.state for t in trials]
+    assert set(states) <= {TrialState.COMPLETE, TrialState.PRUNED}
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    pruned = [t for t in trials if t.state == TrialState.PRUNED]
+    assert trials[0].state == TrialState.COMPLETE and trials[0].value == 6.0
+    assert trials[1].state == TrialState.PRUNED and trials[1].params == {"x": 0}
+    # Optuna knows how far a pruned trial got; a whole trial reported every step
+    assert all(max(t.intermediate_values) < objective.fidelities for t in pruned)
+    assert all(len(t.intermediate_values) == objective.fidelities for t in complete)
+    # whole trials reach the budget, unless pruned ones reached the cap first
+    assert len(complete) == budgeted(trials) and len(trials) <= spec.cap
+    assert budgeted(trials) == 3 or held.counted(trials) == spec.cap
