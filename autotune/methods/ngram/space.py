@@ -78,6 +78,7 @@ class SearchSpace(Strict):
 
 class StudySpace(Strict):
     trials: int = Field(ge=0)  # measured trials (0: the proxy's finalists are measured alone)
+    grace: int = Field(ge=1)  # prompts every trial decodes before ASHA may prune it
 
 
 class PerCategory(Strict):

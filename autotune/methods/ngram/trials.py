@@ -3,6 +3,7 @@ both kinds (``kind`` picks which parameters count), and real decoding."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from autotune.drafters.ngram import LookupConfig, NgramDrafter
@@ -59,24 +60,42 @@ def params_from_config(config: Config, space: NgramSpace) -> dict:
 
 @dataclass
 class NgramObjective:
-    """A trial: measured speedup of the setting a config names. Times wall clock, so
-    trials must not share the machine's cores."""
+    """A trial: measured speedup of the setting a config names, reported after each
+    prompt (``methods.studies.Progressive``: the speedup over the prompts so far) so that
+    ASHA may prune it after ``grace`` of them. Plain greedy timings are this worker's,
+    shared by its trials (``measure.shared_greedy``). Times wall clock, so trials must
+    not share the machine's cores."""
 
     target: TargetRef
     prompts: list[EncodedPrompt]
     max_new_tokens: int
+    grace: int = 3
 
-    def __call__(self, config: dict) -> dict:
-        from autotune.measure.timing import measure_side_by_side
+    @property
+    def fidelities(self) -> int:
+        return len(self.prompts)
+
+    def steps(self, config: dict) -> Iterator[dict]:
+        from autotune.measure.shared_greedy import for_process
+        from autotune.measure.timing import Measurement
 
         setting = config_from_params(config)
-        measured = measure_side_by_side(
-            self.target.runner(), lambda: NgramDrafter(setting), self.prompts, self.max_new_tokens
-        )
-        if measured.lossless is False:
-            raise RuntimeError("n-gram output differed from plain greedy output")
-        return {
-            "objective": measured.speedup,
-            "draft": block_of(setting).model_dump(),
-            **measured.summary(),
-        }
+        draft = block_of(setting).model_dump()
+        runner, drafter = self.target.runner(), NgramDrafter(setting)
+        greedy = for_process(self.target, self.max_new_tokens)
+        greedy.warm_up(runner, drafter, self.prompts[0])
+        measured = Measurement()
+        for prompt in self.prompts:
+            # raises LossyDecoding (the trial fails, with its reason) on a differing output
+            measured.prompts.append(greedy.method_row(runner, prompt, drafter))
+            if len(measured.prompts) < len(self.prompts):
+                yield {
+                    "objective": measured.speedup,
+                    "prompts": len(measured.prompts),
+                    "draft": draft,
+                }
+        yield {"objective": measured.speedup, "draft": draft, **measured.summary()}
+
+    def __call__(self, config: dict) -> dict:
+        *_, final = self.steps(config)
+        return final

@@ -260,7 +260,9 @@ def measured_study(
         ctx,
         f"ngram/{prompts_id(prompts)}",
         ngram_trials.distributions(space),
-        ngram_trials.NgramObjective(ctx.workspace.ref, prompts, space.trials.tokens),
+        ngram_trials.NgramObjective(
+            ctx.workspace.ref, prompts, space.trials.tokens, grace=space.study.grace
+        ),
         trials=wanted,
         seeds=seeds[:wanted],
         sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=min(len(seeds), wanted)),
@@ -269,6 +271,8 @@ def measured_study(
         objective_text="measured speedup",
     )
     done = completed(study)
+    pruned = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,))
+    say(f"n-gram study: {len(done)} trials decoded every prompt, {len(pruned)} were pruned")
     if not done:
         ctx.note("the n-gram study finished no trial in time: the proxy's best are measured")
     winners = {}
