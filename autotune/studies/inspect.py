@@ -2,7 +2,9 @@
 
 Reads the database only (and, for `show`, profile YAML files): no model, no Ray, no torch,
 so it works as well on a database written by another machine, copied here or served by
-PostgreSQL.
+PostgreSQL. Reading writes nothing: no table is created or migrated, and a SQLite file is
+opened read-only (a full disk, a file of another user's: still readable); only `delete`
+opens it for writing.
 """
 
 from __future__ import annotations
@@ -15,17 +17,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import StorageError, StudyNotFoundError
-from autotune.studies.database import redact, storage_url
-from autotune.studies.storage import open_storage
+from autotune.studies.database import check_url, redact, storage_url
 
 FAIL_REASON = "fail_reason"  # trial user attr: why the trial failed (autotune.studies.tune)
 CLOSE_NAMES = 3  # suggestions for a mistyped study name
+
+if TYPE_CHECKING:
+    from autotune.studies.rdb import SchemaMismatch
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -157,7 +161,8 @@ class StudyDatabase:
     def __init__(self, url: str | None = None):
         self.url = storage_url(url)
         _require_existing(self.url)
-        self.storage = open_storage(self.url)
+        check_url(self.url)  # an unparsable URL: one line that says how to write one
+        self.storage = self._open(read_only=True)
 
     @property
     def where(self) -> str:
@@ -197,8 +202,39 @@ class StudyDatabase:
 
     @_database_errors
     def delete(self, name: str) -> None:
-        """The study and its trials; nothing else (the measurement cache stays)."""
-        self.storage.delete_study(self._study_id(name))
+        """The study and its trials; nothing else (the measurement cache stays). The one
+        command that writes: it opens the database for writing just for this."""
+        self._open(read_only=False).delete_study(self._study_id(name))
+
+    def _open(self, read_only: bool) -> optuna.storages.RDBStorage:
+        """The storage as it is: no table created or migrated (SQLite: opened read-only
+        unless asked). A schema of another Optuna, or no Optuna database: one line."""
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from autotune.studies.rdb import SchemaMismatch, open_existing
+
+        try:
+            return open_existing(self.url, read_only=read_only)
+        except SchemaMismatch as exc:
+            raise StorageError(_schema_line(exc, self.where)) from None
+        except (
+            SQLAlchemyError,
+            optuna.exceptions.StorageInternalError,  # Optuna's wrapper: the cause says why
+            ImportError,
+            ValueError,
+            AssertionError,  # Optuna's version check on a database without its tables
+        ) as exc:
+            cause = exc.__cause__ or exc
+            reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:300]
+            if "no such table" in reason or "does not exist" in reason:
+                raise StorageError(
+                    f"{self.where} is no Optuna study database ({reason}); check --storage "
+                    "or AUTOTUNE_STORAGE"
+                ) from None
+            raise StorageError(
+                f"cannot open the study database {self.where}: {reason}; "
+                "check --storage or AUTOTUNE_STORAGE"
+            ) from None
 
     def _summary(self, study_id: int, name: str, attrs: dict, directions) -> StudySummary:
         direction = directions[0].name.lower() if len(directions) == 1 else "multi-objective"
@@ -210,6 +246,19 @@ class StudyDatabase:
             return self.storage.get_study_id_from_name(name)
         except KeyError:
             raise StudyNotFoundError(unknown_study(name, self.names(), self.where)) from None
+
+
+def _schema_line(exc: SchemaMismatch, where: str) -> str:
+    if exc.older:
+        return (
+            f"the study database {where} has the table schema of an older Optuna "
+            f"({exc.current}; Optuna {optuna.__version__} reads {exc.head}): upgrade it with "
+            f"`optuna storage upgrade --storage {where}` (a copy first keeps the old one)"
+        )
+    return (
+        f"the study database {where} has the table schema of a newer Optuna "
+        f"({exc.current}) than this one ({optuna.__version__}): `pip install -U optuna`"
+    )
 
 
 def unknown_study(name: str, names: list[str], where: str) -> str:
@@ -236,7 +285,7 @@ def _require_existing(url: str) -> None:
     try:
         parsed = make_url(url)
     except ArgumentError:
-        return  # open_storage says what is wrong with it
+        return  # check_url says what is wrong with it
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return
     path = Path(parsed.database).expanduser()
@@ -516,6 +565,7 @@ def show_lines(
         lines += [f"    {k}: {_param(v)}" for k, v in sorted(best.user_attrs.items())] or [
             "    (nothing recorded)"
         ]
+    lines += trial_lines(summary)
     if not uses:
         lines.append(
             f"profile: none in {profiles_dir}/ names this study (--profiles DIR looks elsewhere)"
@@ -535,6 +585,34 @@ def show_lines(
     return lines
 
 
+SHOWN_TRIALS = 20  # `studies show` lists this many; `studies trials` lists them all
+
+
+def trial_lines(summary: StudySummary) -> list[str]:
+    """The study's trials, best first, one line each: number, state, value, the parameters
+    that differ between them, and duration."""
+    rows = summary.trials
+    if not rows:
+        return ["trials: none"]
+    varied = varied_params(rows)
+    lines = [f"trials, best first ({len(rows)}):"]
+    for row in rows[:SHOWN_TRIALS]:
+        params = " ".join(f"{k}={_param(row.params[k])}" for k in varied if k in row.params)
+        seconds = "" if row.duration_s is None else f" in {_number(row.duration_s, 1)} s"
+        reason = f" ({row.fail_reason})" if row.fail_reason else ""
+        lines.append(
+            f"  #{row.number} {row.state} {_number(row.value)}{seconds}{reason} {params}".rstrip()
+        )
+    if len(rows) > SHOWN_TRIALS:
+        lines.append(
+            f"  and {len(rows) - SHOWN_TRIALS} more: `autotune studies trials {summary.name}`"
+        )
+    note = constant_params_note(rows)
+    if note and len(rows) > 1:
+        lines.append(f"  {note}")
+    return lines
+
+
 def show_data(summary: StudySummary, uses: list[ProfileUse], where: str) -> dict[str, Any]:
     """What `studies show` prints, for programs (`-f json|yaml`)."""
     best = summary.best
@@ -543,6 +621,7 @@ def show_data(summary: StudySummary, uses: list[ProfileUse], where: str) -> dict
         "storage": where,
         "user_attrs": summary.user_attrs,
         "best": None if best is None else best.as_dict(),
+        "trials_best_first": [row.as_dict() for row in summary.trials],
         "profiles": [
             {
                 "path": str(use.path),

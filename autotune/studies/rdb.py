@@ -155,3 +155,60 @@ def _sqlite_wal(url: str) -> None:
             conn.close()
     except sqlite3.Error:
         pass  # e.g. a read-only file: Optuna's own error says more
+
+
+def open_existing(url: str, *, read_only: bool = True) -> optuna.storages.RDBStorage:
+    """Optuna's storage of a study database that is already there, as the study commands
+    open it: no table created, no schema migrated or stamped, no journal mode changed, and
+    a SQLite file opened read-only (SQLite's ``mode=ro``) unless ``read_only`` is False.
+
+    Raises SchemaMismatch when another Optuna version wrote the schema; SQLAlchemy's
+    errors when the database cannot be read (not an Optuna database, say).
+    """
+    kwargs: dict[str, Any] = {}
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        kwargs = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}}
+        if read_only:
+            kwargs = {"creator": _read_only_sqlite(parsed.database)}
+    storage = optuna.storages.RDBStorage(
+        url, engine_kwargs=kwargs, skip_compatibility_check=True, skip_table_creation=True
+    )
+    _check_schema(storage)
+    return storage
+
+
+class SchemaMismatch(RuntimeError):
+    """The database's tables are of another Optuna version's schema."""
+
+    def __init__(self, current: str, head: str, older: bool):
+        super().__init__(current, head, older)
+        self.current, self.head, self.older = current, head, older
+
+
+def _check_schema(storage: optuna.storages.RDBStorage) -> None:
+    """Optuna's own check, without its writes: Optuna stamps a schema version it cannot
+    find (a read-only file refuses that), and says "upgrade" in a paragraph."""
+    current, head = storage.get_current_version(), storage.get_head_version()
+    if current != head:
+        raise SchemaMismatch(current, head, older=current in storage.get_all_versions())
+
+
+def _read_only_sqlite(path: str):
+    """A connection factory: ``path`` as a SQLite URI filename with ``mode=ro``. A read
+    takes the shared lock as any reader does; nothing is written, no journal created
+    (a WAL database gets the ``-wal``/``-shm`` files its readers need, if absent)."""
+    import sqlite3
+    from pathlib import Path
+    from urllib.parse import quote
+
+    uri = f"file:{quote(str(Path(path).expanduser().resolve()))}?mode=ro"
+
+    def connect() -> sqlite3.Connection:
+        # SQLAlchemy's pool hands a connection to one thread at a time (the dashboard
+        # serves each request in a thread of its own)
+        return sqlite3.connect(
+            uri, uri=True, timeout=SQLITE_BUSY_TIMEOUT_S, check_same_thread=False
+        )
+
+    return connect
