@@ -1,14 +1,18 @@
-"""`autotune profile`: tune every method that applies, choose on search prompts, measure
-each final setting once on held-back prompts, write the profile.
+"""`autotune profile`: tune the methods that can win, choose on search prompts, measure
+the finalists once on held-back prompts, write the profile.
 
-The steps, in order: ``make_plan`` (which methods, their search spaces and heads; cheap
-checks before any long work), ``open_workspace`` (the model and prompts),
-``check_machine`` (is it quiet enough to time?), ``tune_methods`` (each method's choice,
-on the search split), ``fit_expansions`` (CAPE on the chain methods), ``select`` (every
-method's final candidates side by side on search prompts: whether CAPE is kept, and the
-ranking of the methods), ``measure_held_back`` (every final setting against plain greedy
-decoding, interleaved, on prompts no choice was made on, until the top-ranked method's
-interval decides), ``decide`` (the verdict, with its reason) and ``assemble``.
+The run goes cheapest evidence first, re-planning before every phase from what it has
+learned (``autotune.plan`` holds every share of the time): ``make_setup`` (which methods,
+their search spaces and heads; cheap checks before any long work), ``open_workspace``
+(the model and prompts), ``check_machine`` (is it quiet enough to time?), then ``Run``:
+the answers to the search prompts; each method's probe (the draft-free ones measure a
+first leader; the others get an optimistic bound, and are skipped when it cannot beat
+the leader's lower bound); the training and tuning of the methods left, the leader's
+study taking the time the skipped left; CAPE. Then ``select`` (the finalists side by
+side on search prompts), ``measure_held_back`` (against plain greedy decoding, on
+prompts no choice was made on), ``decide`` (the fastest finalist whose simultaneous
+interval clears the bar) and ``assemble``; the ledger of where the time went goes into
+the verdict.
 """
 
 from __future__ import annotations
@@ -17,12 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune import plan
 from autotune.budget import Budget
 from autotune.engine.sampling import GREEDY
 from autotune.errors import AutotuneError
 from autotune.measure.noise import NoiseRecord, probe, settle
-from autotune.measure.sequential import FIRST_LOOK
-from autotune.measure.timing import MIN_PROMPTS as LEAST_COMPARED  # prompts, side by side
 from autotune.measure.timing import EncodedPrompt, Measurement, Variant, interval_text
 from autotune.methods import registry
 from autotune.methods.base import DraftEnv, Entry, Method, TuneContext
@@ -42,39 +45,17 @@ from autotune.profile.schema import ProfileBase, methods_block, profile_model
 from autotune.progress import say, step
 from autotune.schedule import Phase, Schedule, clock
 from autotune.studies.workers import Workers
-from autotune.training.job import ANSWERS_SHARE
 from autotune.workspace import Workspace
 
-# The held-back measurement: at most this many prompts (``--heldback-prompts``), of this
-# many tokens each (``--max-new-tokens``); the selection's: search prompts and tokens.
-HELDBACK_PROMPTS = 24
-HELDBACK_TOKENS = 128
-SELECT_PROMPTS = 8
-SELECT_TOKENS = 64
-# A method is recommended when its held-back interval's low end clears 1 + MARGIN.
-MARGIN = 0.0
-# The whole run's time (``--budget``): head training, searches, selection, measurement.
-BUDGET_S = 20 * 60.0
-# Heads are trained within the run on models up to this size on a CPU (larger ones take
-# `autotune heads train` on a GPU, or longer than a profile's budget).
-CPU_TRAINABLE_PARAMS = 1_000_000_000
-# Heads trained within the run learn from answers this long (all trainers share them).
-ANSWER_TOKENS = 128
-# Shares of the time left after measurement: training (when heads are trained).
-TRAINING_SHARE = 0.55
-# Decoding with a method costs about this much of greedy's time (for the plan only;
-# measured on 2 cores: 0.71 to 1.23, 0.93 on average over four methods).
-SPECULATIVE_COST = 0.95
-# The selection and held-back measurement take at most this share of the budget: beyond
-# it they measure fewer prompts.
-MEASURE_SHARE = 0.35
-# Of the searches' time, what fitting CAPE on the chain methods takes.
-CAPE_SHARE = 0.15
-# Too little time to train a head kind usefully: it is skipped, with the command to run.
-# A GLIDE draft first runs the target over every training sequence for its cache (about
-# a minute on 2 cores for SmolLM2-135M), and learned nothing measurable (top-1 0.002) in
-# the 100 s after it that a 20-minute budget leaves.
-MIN_TRAINING_S = {"default": 45.0, "glide": 300.0}
+# The run's sizes and shares of time live in ``autotune.plan``; these are the defaults of
+# `autotune profile`'s options.
+HELDBACK_PROMPTS = plan.HELDBACK_PROMPTS
+HELDBACK_TOKENS = plan.HELDBACK_TOKENS
+SELECT_PROMPTS = plan.SELECT_PROMPTS
+SELECT_TOKENS = plan.SELECT_TOKENS
+MARGIN = plan.MARGIN
+BUDGET_S = plan.BUDGET_S
+ANSWER_TOKENS = plan.ANSWER_TOKENS
 LOSSLESS_REFERENCE = (
     "plain greedy decoding by autotune's own runner (the same weights and "
     "kernels); see the README for its parity with transformers' generate"
@@ -107,8 +88,9 @@ class ProfileRequest:
 
 
 @dataclass
-class Plan:
-    """The methods to tune, with their search spaces and head folders."""
+class Setup:
+    """The methods asked for, with their search spaces and head folders: what the run
+    starts from (the plan, ``autotune.plan``, decides what of it runs)."""
 
     methods: list[Method]
     expansions: list[Entry]
@@ -116,12 +98,6 @@ class Plan:
     heads: dict[str, Path]
     skipped: dict[str, str]  # method -> why it does not run
     train: dict[str, str] = field(default_factory=dict)  # method -> head kind to train
-
-    def skip(self, name: str, why: str) -> None:
-        """``name`` does not run (nor are its heads trained), for the reason ``why``."""
-        self.skipped[name] = why
-        self.train.pop(name, None)
-        self.methods = [m for m in self.methods if m.name != name]
 
 
 @dataclass
@@ -135,18 +111,20 @@ class HeldBack:
 
 def run_profile(request: ProfileRequest) -> tuple[ProfileBase, Path]:
     budget = Budget(request.budget_s)
-    plan = make_plan(request)
+    setup = make_setup(request)
     ws = open_workspace(request)
+    ws.deadline = budget
     out = request.out or default_out(ws.target.name)
     check_writable(out)
     noise = check_machine(ws)
-    schedule = make_schedule(plan, ws, request, budget)
-    train_heads(plan, ws, schedule)
-    tuned = tune_methods(plan, ws, request, schedule)
-    fit_expansions(plan, ws, tuned, schedule)
-    ranking = select(ws, tuned, request, schedule)
-    held = measure_held_back(ws, tuned, ranking, request, noise, schedule)
-    verdict = decide(tuned, ranking, held, request.margin, plan.skipped)
+    run = Run(setup, ws, request, budget, noise)
+    tuned = run.tune()
+    ranking, tuned = select(ws, tuned, request, run.begin("selection (search prompts)"))
+    run.end(f"{len(ranking)} methods ranked")
+    held = measure_held_back(ws, tuned, ranking, request, noise, run.begin("held-back measurement"))
+    run.end(f"{max((len(m.prompts) for m in held.measured.values()), default=0)} prompts")
+    verdict = decide(tuned, ranking, held, request.margin, run.evidence.skipped)
+    verdict.time = run.ledger
     profile = assemble(ws, tuned, held, verdict, noise, request)
     write_profile(profile, out)
     write_verdict_plot(profile, plot_path(out))
@@ -168,7 +146,7 @@ def parse_methods(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def make_plan(request: ProfileRequest) -> Plan:
+def make_setup(request: ProfileRequest) -> Setup:
     """Which methods run, with what search spaces and heads; every check that needs no
     model is made here, before any long work."""
     asked = request.methods or tuple(registry.names())
@@ -194,7 +172,7 @@ def make_plan(request: ProfileRequest) -> Plan:
     skipped = {name: why for name, why in skipped.items() if why != TRAIN}
     methods = [m for m in methods if m.name not in skipped]
     spaces = {e.name: e.space(request.search_spaces.get(e.name)) for e in methods + expansions}
-    return Plan(methods, expansions, spaces, heads, skipped, train)
+    return Setup(methods, expansions, spaces, heads, skipped, train)
 
 
 def find_heads(
@@ -259,167 +237,323 @@ def check_machine(ws: Workspace) -> NoiseRecord:
     return noise
 
 
-def make_schedule(plan: Plan, ws: Workspace, request: ProfileRequest, budget: Budget) -> Schedule:
-    """The run's phases and their seconds, from this machine's measured speed, printed.
-    Heads that cannot be trained here, or not in the time there is, are dropped first
-    (with the command that trains them), and the time is planned without them."""
-    tokens_per_s = 1.0 / ws.forward_seconds_now()  # one greedy sequence, this machine
-    left = budget.left()
-    seconds = 3600.0 if left is None else left
-    phases = _phases(plan, ws, request, tokens_per_s, seconds)
-    # a kind dropped leaves more time to the others: plan again until every kind left fits
-    while (untrainable := _cannot_train(ws, phases, plan)) is not None:
-        kinds, why_not = untrainable
-        for name, kind in [(n, k) for n, k in plan.train.items() if k in kinds]:
-            plan.skip(
-                name,
-                f"{why_not}: train {kind} heads with `autotune heads train --kind {kind} "
-                f"--model {ws.ref.spec}` (profile finds them in its heads cache)",
-            )
-        phases = _phases(plan, ws, request, tokens_per_s, seconds)
-    schedule = Schedule(budget, phases)
-    for line in schedule.lines():
-        say(line)
-    return schedule
+def measure_facts(setup: Setup, ws: Workspace, request: ProfileRequest) -> plan.Facts:
+    """What the plan is made from: this machine's forward time and verify curve, the
+    methods in the order they run (draft-free first, head methods last), and what the
+    answers phase has to decode."""
+    from autotune.training.job import answered, calibration_extras, search_thirds
+    from autotune.training.kinds import KINDS
+
+    order = sorted(setup.methods, key=lambda m: (m.heads is not None, not m.draft_free))
+    curve = ws.verify_curve(plan.PROBE_CURVE_TOKENS)
+    trained, unseen, _ = search_thirds(ws.prompts)
+    search = trained + unseen
+    missing = len(search) - len(answered(ws.target, plan.ANSWER_TOKENS)(search))
+
+    return plan.Facts(
+        forward_s=curve(1),
+        verify_relative=tuple(curve.relative()),
+        methods=tuple(m.name for m in order),
+        draft_free=tuple(m.name for m in order if m.draft_free),
+        train=dict(setup.train),
+        min_training={k: KINDS[k].min_training_s for k in set(setup.train.values())},
+        chain_methods=tuple(m.name for m in setup.methods if m.chain) if setup.expansions else (),
+        answer_prompts=missing,
+        extra_answer_prompts=len(calibration_extras(ws.prompts_path)) if setup.train else 0,
+        heldback_prompts=min(request.heldback_prompts, len(ws.heldback_prompts())),
+        heldback_tokens=request.max_new_tokens,
+        select_prompts=request.select_prompts,
+        params=sum(p.numel() for p in ws.target.model.parameters()),
+        cpu=ws.runner.device.type == "cpu",
+    )
 
 
-def tuning_schedule(plan: Plan, seconds: float = 3600.0) -> Schedule:
+def tuning_schedule(setup: Setup, seconds: float = 3600.0) -> Schedule:
     """The searches alone, ``seconds`` each (the methods' and fitting CAPE): for scripts
     that run ``tune_methods`` and ``fit_expansions`` without a whole profile's plan."""
-    names = [f"tune {m.name}" for m in plan.methods] + ["fit CAPE"]
+    names = [f"tune {m.name}" for m in setup.methods] + ["fit CAPE"]
     return Schedule(Budget(None), [Phase(name, seconds) for name in names])
 
 
-def _phases(
-    plan: Plan, ws: Workspace, request: ProfileRequest, tokens_per_s: float, seconds: float
-) -> list[Phase]:
-    """The selection and the held-back measurement are planned from the tokens they
-    decode (at most ``MEASURE_SHARE`` of the time, but never under their least: the
-    selection takes fewer prompts); head training and the searches share the rest."""
-    chains = sum(m.chain for m in plan.methods) if plan.expansions else 0
-    decoders = 1 + len(plan.methods)  # plain greedy and every method, side by side
-    # a method decodes faster than greedy or is dropped; the first look usually decides
-    cost = 1 + SPECULATIVE_COST * len(plan.methods)
-    held_back = min(request.heldback_prompts, FIRST_LOOK)
-    per_select_prompt = SELECT_TOKENS * (cost + SPECULATIVE_COST * chains) / tokens_per_s
-    # the held-back measurement takes its first look whatever the budget (its least); the
-    # selection gets what the measuring share leaves, down to its least
-    held_back_s = held_back * request.max_new_tokens * cost / tokens_per_s
-    select = min(
-        request.select_prompts,
-        max(LEAST_COMPARED, int((MEASURE_SHARE * seconds - held_back_s) / per_select_prompt)),
-    )
-    measuring = [
-        Phase(
-            "selection (search prompts)",
-            select * per_select_prompt,
-            f"{select} prompts x {decoders + chains} decoders",
-            reserved=True,
-            count=select,
-        ),
-        Phase(
-            "held-back measurement",
-            held_back_s,
-            f"{held_back} prompts x {decoders} decoders (more when undecided), "
-            f"{tokens_per_s:.0f} tokens/s greedy",
-            reserved=True,
-        ),
-    ]
-    rest = max(seconds - sum(p.seconds for p in measuring), 0.0)
-    training: list[Phase] = []
-    if plan.train:
-        share = TRAINING_SHARE * rest
-        answers = min(ANSWERS_SHARE * share, _answers_seconds(ws, tokens_per_s))
-        kinds = list(dict.fromkeys(plan.train.values()))
-        training = [Phase("self-distillation answers (shared)", answers, "decoded once")]
-        training += [Phase(f"train {kind} heads", (share - answers) / len(kinds)) for kind in kinds]
-        rest -= share
-    expansion = CAPE_SHARE * rest if chains else 0.0
-    per_method = (rest - expansion) / max(len(plan.methods), 1)
-    tuning = [Phase(f"tune {m.name}", per_method) for m in plan.methods]
-    if chains:
-        tuning.append(Phase("fit CAPE", expansion, f"{chains} chain methods"))
-    return training + tuning + measuring
+class Run:
+    """One profile's run through its phases, cheapest evidence first. Before each phase
+    the plan is made again from what is known (``autotune.plan.phases``): the phase gets
+    its share of the time left, and the ledger records what it was planned, what it
+    spent and what it bought."""
 
+    def __init__(
+        self,
+        setup: Setup,
+        ws: Workspace,
+        request: ProfileRequest,
+        budget: Budget,
+        noise: NoiseRecord,
+    ):
+        self.setup, self.ws, self.request, self.budget, self.noise = (
+            setup,
+            ws,
+            request,
+            budget,
+            noise,
+        )
+        self.facts = measure_facts(setup, ws, request)
+        self.evidence = plan.Evidence(skipped=dict(setup.skipped))
+        self.ledger: list[dict] = []
+        self.heads = dict(setup.heads)
+        self._open: tuple[str, float, float] | None = None
+        self._refuse_small_budget()
+        self._drop_untrainable()
+        for line in self.schedule().lines():
+            say(line)
 
-def _answers_seconds(ws: Workspace, tokens_per_s: float) -> float:
-    """Decoding every calibration answer: the workload's search split and every packaged
-    prompt's (``training.job.decode_calibration``)."""
-    from autotune.prompts import split_prompts
-    from autotune.training.job import answers_seconds, calibration_extras
+    # --- the plan --------------------------------------------------------------------
 
-    prompts = split_prompts(ws.prompts)[0] + calibration_extras(ws.prompts_path)
-    return answers_seconds(1.0 / tokens_per_s, ANSWER_TOKENS, prompts)
+    def seconds_left(self) -> float:
+        left = self.budget.left()
+        return 3600.0 if left is None else left
 
+    def schedule(self) -> Schedule:
+        return Schedule(self.budget, plan.phases(self.facts, self.evidence, self.seconds_left()))
 
-def _cannot_train(ws: Workspace, phases: list[Phase], plan: Plan) -> tuple[set, str] | None:
-    """Head kinds that cannot be trained here, or usefully in the time planned for them
-    (the one needing the most time first), with the reason; None when every kind can."""
-    if not plan.train:
-        return None
-    params = sum(p.numel() for p in ws.target.model.parameters())
-    if ws.runner.device.type == "cpu" and params > CPU_TRAINABLE_PARAMS:
-        why = f"the model has {params / 1e9:.1f}B parameters, too many to train heads on a CPU"
-        return set(plan.train.values()), why
-    planned = {p.name.removeprefix("train ").removesuffix(" heads"): p.seconds for p in phases}
-    short = [k for k in set(plan.train.values()) if planned[k] < min_training_s(k)]
-    if not short:
-        return None
-    kind = max(short, key=min_training_s)
-    return {kind}, (
-        f"the budget leaves {clock(planned[kind])} (m:s) to train {kind} heads, under the "
-        f"{clock(min_training_s(kind))} they need to be worth measuring; give more --budget, or"
-    )
-
-
-def min_training_s(kind: str) -> float:
-    return MIN_TRAINING_S.get(kind, MIN_TRAINING_S["default"])
-
-
-def train_heads(plan: Plan, ws: Workspace, schedule: Schedule) -> None:
-    """Heads for the methods that have none, trained now on the model's shared
-    self-distillation answers (the packaged calibration prompts that fit the time, and
-    the workload's search split), kept in autotune's heads cache for the next run."""
-    if not plan.train:
-        return
-    from autotune.training.job import decode_calibration, train_kind
-
-    seconds = schedule.begin("self-distillation answers (shared)").seconds
-    extras = decode_calibration(ws.target, ws.prompts_path, ws.prompts, ANSWER_TOKENS, seconds)
-    ws.decode_missing = False  # the tuners calibrate on what fitted the time, too
-    for kind in dict.fromkeys(plan.train.values()):
-        seconds = schedule.begin(f"train {kind} heads").seconds
-        names = [n for n, k in plan.train.items() if k == kind]
+    def begin(self, name: str) -> Budget:
+        """The phase ``name`` starts: its share of the time left, from a fresh plan."""
+        schedule = self.schedule()
         try:
-            folder = train_kind(ws, extras, ANSWER_TOKENS, kind, seconds)
+            share = schedule.begin(name)
+            planned = share.seconds or 0.0
+        except KeyError:  # not in the plan any more (e.g. its time is gone): its least
+            share, planned = Budget(0.0), 0.0
+        self._open = (name, planned, self.budget.elapsed())
+        return share
+
+    def end(self, bought: str) -> None:
+        assert self._open is not None
+        name, planned, started = self._open
+        self.ledger.append(
+            {
+                "phase": name,
+                "planned_s": round(planned, 1),
+                "spent_s": round(self.budget.elapsed() - started, 1),
+                "bought": bought,
+            }
+        )
+        self.evidence.done.add(name)
+        self._open = None
+
+    def skip(self, method: str, why: str) -> None:
+        say(f"[yellow]{method} skipped: {why}[/yellow]")
+        self.evidence.skipped[method] = why
+
+    def _refuse_small_budget(self) -> None:
+        least = plan.least_budget(self.facts)
+        if self.budget.seconds is not None and self.budget.seconds < least:
+            raise AutotuneError(
+                f"--budget {clock(self.budget.seconds)} is too small for this model here (one "
+                f"forward takes {self.facts.forward_s * 1e3:.0f} ms): the least useful run "
+                f"needs about {clock(least)} (m:s); give --budget {int(least // 60) + 1}m or more"
+            )
+
+    def _drop_untrainable(self) -> None:
+        """Head kinds that cannot be trained here, or not in the time the plan gives them,
+        are dropped (with the command that trains them), and the plan made without them."""
+        while True:
+            planned = plan.training_planned(self.facts, self.evidence, self.seconds_left())
+            untrainable = plan.cannot_train(self.facts, planned, self.evidence)
+            if untrainable is None:
+                return
+            kinds, why_not = untrainable
+            for name, kind in self.facts.train.items():
+                if kind in kinds and name not in self.evidence.skipped:
+                    self.skip(
+                        name,
+                        f"{why_not}: train {kind} heads with `autotune heads train --kind "
+                        f"{kind} --model {self.ws.ref.spec}` (profile finds them in its heads "
+                        "cache)",
+                    )
+
+    # --- the phases ------------------------------------------------------------------
+
+    def tune(self) -> dict[str, MethodSettings]:
+        """Answers, probes, training and tuning: every contender's setting, chosen on the
+        search split."""
+        for name, why in self.setup.skipped.items():
+            say(f"[yellow]{name} skipped: {why}[/yellow]")
+        if self.facts.answer_prompts:
+            self.answers()
+        for method in self._methods():
+            if method.name not in self.evidence.skipped:
+                self.probe(method)
+        tuned: dict[str, MethodSettings] = {}
+        kinds = self._kinds_left()
+        if kinds and self.facts.extra_answer_prompts:
+            extras = self.extra_answers()
+        else:
+            extras = []
+        for kind in kinds:
+            self.train(kind, extras)
+        for method in self._methods():
+            if method.name in self.evidence.skipped:
+                continue
+            tuned[method.name] = self.tune_method(method)
+        return self.fit_expansions(tuned)
+
+    def _methods(self) -> list[Method]:
+        return [registry.method(name) for name in self.facts.methods]
+
+    def _kinds_left(self) -> list[str]:
+        return list(
+            dict.fromkeys(
+                kind for name, kind in self.facts.train.items() if name not in self.evidence.skipped
+            )
+        )
+
+    def answers(self) -> None:
+        """The target's greedy answers to the search prompts: what every proxy replays,
+        and what heads train on."""
+        from autotune.training.job import decode_calibration
+
+        seconds = self.begin("answers").seconds
+        decode_calibration(
+            self.ws.target,
+            self.ws.prompts_path,
+            self.ws.prompts,
+            plan.ANSWER_TOKENS,
+            seconds,
+            extras=False,
+        )
+        self.end(f"answers to {self.facts.answer_prompts} search prompts")
+
+    def extra_answers(self) -> list:
+        from autotune.training.job import decode_calibration
+
+        seconds = self.begin("extra answers").seconds
+        extras = decode_calibration(
+            self.ws.target, self.ws.prompts_path, self.ws.prompts, plan.ANSWER_TOKENS, seconds
+        )
+        self.end(f"answers to {len(extras)} packaged calibration prompts")
+        return extras
+
+    def probe(self, method: Method) -> None:
+        """Cheap evidence on ``method``: a bound, and for a draft-free one a first
+        measurement; a method whose bound cannot beat the leader is skipped."""
+        name = method.name
+        if name not in self.facts.train and type(method).probe is Method.probe:
+            return  # nothing cheap to learn: it is tuned
+        budget = self.begin(f"probe {name}")
+        if name in self.facts.train:
+            found = self._probe_heads(name, budget)
+        else:
+            found = method.probe(self._context(method, budget))
+        if found is None:
+            self.end("nothing")
+            return
+        self.evidence.bounds[name] = found.bound
+        if found.measured is not None and found.measured.prompts:
+            interval = found.measured.interval()
+            lead = plan.Lead(
+                name,
+                found.measured.speedup,
+                interval.low,
+                interval.high,
+                len(found.measured.prompts),
+            )
+            if self.evidence.lead is None or lead.low > self.evidence.lead.low:
+                self.evidence.lead = lead
+            say(f"{name} leads: {interval_text(found.measured)} on {lead.prompts} search prompts")
+        self.end(f"bound {found.bound.speedup:.3f}x")
+        # the leader may have changed: every bound is weighed against it again
+        for other, bound in self.evidence.bounds.items():
+            why = plan.skip_reason(bound, self.evidence.lead, self.request.margin)
+            if why is not None and other not in self.evidence.skipped:
+                self.skip(other, why)
+
+    def _probe_heads(self, name: str, budget: Budget):
+        from autotune.methods.base import Probe
+        from autotune.training.job import probe_kind
+
+        kind = self.facts.train[name]
+        full = plan.training_planned(self.facts, self.evidence, self.seconds_left()).get(kind, 0.0)
+        try:
+            top5, trained_s = probe_kind(
+                self.ws, plan.ANSWER_TOKENS, kind, max(budget.seconds or 0.0, 1.0)
+            )
+        except AutotuneError as exc:  # e.g. too few answers to train on
+            self.skip(name, f"its {kind} heads could not be trained: {exc}")
+            return None
+        return Probe(plan.heads_bound(name, top5, self.facts.verify_relative, trained_s, full))
+
+    def train(self, kind: str, extras: list) -> None:
+        from autotune.training.job import train_kind
+
+        names = [n for n, k in self.facts.train.items() if k == kind]
+        seconds = self.begin(f"train {kind} heads").seconds
+        try:
+            folder = train_kind(self.ws, extras, plan.ANSWER_TOKENS, kind, seconds)
         except AutotuneError as exc:  # e.g. too few answers fitted the time to train on
             for name in names:
-                plan.skip(name, f"its {kind} heads could not be trained: {exc}")
-            continue
-        for name in names:
-            plan.heads[name] = folder
+                self.skip(name, f"its {kind} heads could not be trained: {exc}")
+            self.end("nothing")
+            return
+        self.heads.update(dict.fromkeys(names, folder))
+        self.evidence.trained.add(kind)
+        self.end(f"{kind} heads")
+
+    def _context(self, method: Method, budget: Budget) -> TuneContext:
+        return TuneContext(
+            self.ws,
+            self.setup.spaces[method.name],
+            budget,
+            self.request.workers,
+            self.heads.get(method.name),
+            self.request.trials,
+        )
+
+    def tune_method(self, method: Method) -> MethodSettings:
+        share = self.begin(f"tune {method.name}")
+        if self.request.time_budget_s is not None:
+            share = Budget(self.request.time_budget_s)
+        say(f"{method.name}: {method.title}")
+        ctx = self._context(method, share)
+        settings = method.tune(ctx)
+        self.end(_bought(settings))
+        return settings.model_copy(update={"notes": settings.notes + ctx.notes})
+
+    def fit_expansions(self, tuned: dict[str, MethodSettings]) -> dict[str, MethodSettings]:
+        chains = [m for m in self._methods() if m.chain and m.name in tuned]
+        if not chains or not self.setup.expansions:
+            return tuned
+        budget = self.begin("fit CAPE")
+        fitted = fit_expansions(self.setup, self.ws, tuned, budget, chains)
+        self.end(f"CAPE for {', '.join(m.name for m in chains)}")
+        return fitted
 
 
-# --- choices, on the search split -----------------------------------------------------
+def _bought(settings: MethodSettings) -> str:
+    """What a method's tuning bought: its measured trials, as far as it says."""
+    search = settings.search or {}
+    trials = search.get("measured_trials")
+    if isinstance(trials, list):
+        return f"{len(trials)} measured trials"
+    for key in ("mask_trials", "exit_trials", "trials"):
+        if isinstance(search.get(key), int):
+            return f"{search[key]} {key.replace('_', ' ')}"
+    return "a setting"
 
 
 def tune_methods(
-    plan: Plan, ws: Workspace, request: ProfileRequest, schedule: Schedule
+    setup: Setup, ws: Workspace, request: ProfileRequest, schedule: Schedule
 ) -> dict[str, MethodSettings]:
-    """Each method's setting, chosen on the search split within its share of the time
-    (or ``--time-budget`` seconds each, when given)."""
-    for name, why in plan.skipped.items():
-        say(f"[yellow]{name} skipped: {why}[/yellow]")
+    """Each method's setting, chosen on the search split within ``schedule``'s phases
+    (for scripts that tune without a whole profile's plan: ``tuning_schedule``)."""
     tuned = {}
-    for method in plan.methods:
+    for method in setup.methods:
         share = schedule.begin(f"tune {method.name}")
-        say(f"{method.name}: {method.title}")
         ctx = TuneContext(
             ws,
-            plan.spaces[method.name],
+            setup.spaces[method.name],
             share if request.time_budget_s is None else Budget(request.time_budget_s),
             request.workers,
-            plan.heads.get(method.name),
+            setup.heads.get(method.name),
             request.trials,
         )
         settings = method.tune(ctx)
@@ -428,37 +562,41 @@ def tune_methods(
 
 
 def fit_expansions(
-    plan: Plan, ws: Workspace, tuned: dict[str, MethodSettings], schedule: Schedule
-) -> None:
-    """CAPE for every chain method, fitted on the search split (``select`` decides whether
-    the method keeps it)."""
+    setup: Setup,
+    ws: Workspace,
+    tuned: dict[str, MethodSettings],
+    budget: Budget,
+    chains: list[Method] | None = None,
+) -> dict[str, MethodSettings]:
+    """The tuned settings with CAPE fitted for every chain method, on the search split
+    (``select`` decides whether the method keeps it)."""
     from autotune.methods.cape.fit import fit
 
-    if not any(m.chain for m in plan.methods) or not plan.expansions:
-        return
-    budget = schedule.begin("fit CAPE")
-    for expansion in plan.expansions:
-        for method in plan.methods:
-            if not method.chain:
-                continue
+    chains = chains if chains is not None else [m for m in setup.methods if m.chain]
+    out = dict(tuned)
+    for expansion in setup.expansions:
+        for method in chains:
             ctx = TuneContext(
                 ws,
-                plan.spaces[expansion.name],
+                setup.spaces[expansion.name],
                 budget.part(0.5),
                 Workers(),
-                plan.heads.get(method.name),
-                base_space=plan.spaces[method.name],
+                setup.heads.get(method.name),
+                base_space=setup.spaces[method.name],
             )
-            cape = fit(method, tuned[method.name], ctx)
-            tuned[method.name] = tuned[method.name].model_copy(update={"cape": cape})
+            cape = fit(method, out[method.name], ctx)
+            out[method.name] = out[method.name].model_copy(update={"cape": cape})
+    return out
 
 
 def select(
-    ws: Workspace, tuned: dict[str, MethodSettings], request: ProfileRequest, schedule: Schedule
-) -> list[str]:
+    ws: Workspace, tuned: dict[str, MethodSettings], request: ProfileRequest, budget: Budget
+) -> tuple[list[str], dict[str, MethodSettings]]:
     """Every method's final candidates (a chain method with and without its fitted
-    expansion) decoded side by side on search prompts: each chain method keeps CAPE where
-    it was faster there, and the methods are ranked by what they keep, fastest first."""
+    expansion) decoded side by side on search prompts, within ``budget``: the methods
+    ranked by what they keep, fastest first, and their settings with the selection's
+    figures (each chain method keeps CAPE where it was faster there). A lone candidate
+    that measured itself against greedy while tuning keeps those figures."""
     from autotune.measure.timing import measure_variants
 
     env = DraftEnv(ws.ref, ws.runner)
@@ -467,14 +605,9 @@ def select(
         for method_name, settings in tuned.items()
         for name, candidate in candidates(method_name, settings, env).items()
     }
-    share = schedule.begin("selection (search prompts)").seconds
-    planned = schedule.planned("selection (search prompts)")
-    count = (
-        request.select_prompts
-        if share is None
-        else _fit(planned.count or request.select_prompts, share, planned.seconds)
-    )
-    prompts = spread(ws.encode(ws.search_prompts()), count)
+    if len(variants) == 1 and all(s.selection is not None for s in tuned.values()):
+        return list(tuned), dict(tuned)
+    prompts = spread(ws.encode(ws.search_prompts()), request.select_prompts)
     with step(
         "selection: every method side by side (search prompts)", len(prompts) * len(variants)
     ) as advance:
@@ -484,17 +617,17 @@ def select(
             prompts,
             SELECT_TOKENS,
             on_prompt=lambda _: advance(),
-            until=None if share is None else Budget(share),
+            until=budget,
         )
-    figures = {}
+    figures, kept = {}, {}
     for name, settings in tuned.items():
-        tuned[name], figures[name] = keep_faster(settings, name, measured)
-    ranking = sorted(tuned, key=lambda n: -figures[n].speedup)
+        kept[name], figures[name] = keep_faster(settings, name, measured)
+    ranking = sorted(kept, key=lambda n: -figures[n].speedup)
     say(
         "on search prompts: "
         + ", ".join(f"{n} {interval_text(figures[n].model_dump())}" for n in ranking)
     )
-    return ranking
+    return ranking, kept
 
 
 def candidates(name: str, settings: MethodSettings, env: DraftEnv) -> dict[str, Variant]:
@@ -530,11 +663,6 @@ def keep_faster(
     return settings.model_copy(update={"selection": figures}), figures
 
 
-def _fit(count: int, seconds: float, planned: float) -> int:
-    """``count`` prompts planned to take ``planned`` seconds, cut to fit ``seconds``."""
-    return max(LEAST_COMPARED, min(count, int(count * seconds / max(planned, 1e-9))))
-
-
 def spread(prompts: list[EncodedPrompt], count: int) -> list[EncodedPrompt]:
     """``count`` prompts taken evenly through the list (files group prompts by category)."""
     if count >= len(prompts):
@@ -551,7 +679,7 @@ def measure_held_back(
     ranking: list[str],
     request: ProfileRequest,
     noise: NoiseRecord,
-    schedule: Schedule,
+    budget: Budget,
 ) -> HeldBack:
     """Every final setting against one plain greedy decoding per prompt, interleaved, on
     held-back prompts, until the interval of the method ranked first decides against the
@@ -565,7 +693,6 @@ def measure_held_back(
     variants = {
         name: registry.method(name).variant(settings, env) for name, settings in tuned.items()
     }
-    budget = schedule.begin("held-back measurement")
     prompts = ws.encode(ws.heldback_prompts()[: request.heldback_prompts])
     session = SideBySide(ws.runner, variants, request.max_new_tokens)
     top = ranking[0] if ranking and _selection_speedup(tuned[ranking[0]]) > 1.0 else None
@@ -588,6 +715,30 @@ def _selection_speedup(settings: MethodSettings) -> float:
     return settings.selection.speedup if settings.selection is not None else 0.0
 
 
+def finalists(tuned: dict[str, MethodSettings], ranking: list[str], bound: float) -> list[str]:
+    """The methods still in the running after the selection: those whose search-prompt
+    interval reaches above ``bound`` (best first)."""
+    out = []
+    for name in ranking:
+        selection = tuned[name].selection
+        if selection is None:
+            continue
+        high = (selection.speedup_interval or [selection.speedup] * 2)[1]
+        if high > bound and selection.speedup > 1.0:
+            out.append(name)
+    return out
+
+
+def simultaneous_interval(measured: Measurement, among: int):
+    """The speedup's interval allowing for its looks and for ``among`` finalists compared
+    at once (Bonferroni): what a choice between them may be read off."""
+    from autotune.measure.stats import CONFIDENCE, bootstrap_interval, look_confidence
+
+    return bootstrap_interval(
+        measured.pairs(), look_confidence(CONFIDENCE, max(1, measured.looks) * max(1, among))
+    )
+
+
 def decide(
     tuned: dict[str, MethodSettings],
     ranking: list[str],
@@ -595,10 +746,10 @@ def decide(
     margin: float,
     skipped: dict[str, str] | None = None,
 ) -> Verdict:
-    """The method ranked first on the search prompts is recommended when its held-back
-    interval clears 1 + margin; otherwise none, with the reason. (One candidate, chosen
-    before the held-back prompts were seen: the held-back figures choose nothing.)
-    ``skipped``: the methods not run, with why; the verdict keeps them."""
+    """The fastest finalist on the held-back prompts whose simultaneous interval (over
+    the finalists and the looks) clears 1 + margin and whose output matched greedy is
+    recommended; otherwise none, with the reason. ``skipped``: the methods not run, with
+    why; the verdict keeps them."""
     bound = 1.0 + margin
     verdict = Verdict(
         recommended="none",
@@ -611,27 +762,37 @@ def decide(
     if not ranking:
         verdict.reason = "no method was tuned"
         return verdict
-    top = ranking[0]
-    if _selection_speedup(tuned[top]) <= 1.0:
+    chosen = [n for n in finalists(tuned, ranking, bound) if held.measured.get(n)]
+    chosen = [n for n in chosen if held.measured[n].prompts]
+    if not chosen:
+        top = ranking[0]
         verdict.reason = (
             f"no method was faster than plain greedy decoding on the search "
             f"prompts (the fastest, {top}, ran at "
             f"{_selection_speedup(tuned[top]):.3f}x)"
         )
         return verdict
-    measured = held.measured[top]
-    interval = measured.interval()
-    text = (
-        f"{top}, the fastest on the search prompts, measured {interval_text(measured)} "
-        f"on {len(measured.prompts)} held-back prompts"
-    )
-    if measured.lossless is False:
-        verdict.reason = f"{text}, but its output differed from plain greedy decoding"
-    elif interval.above(bound):
-        verdict.recommended = top
-        verdict.reason = f"{text}: its interval lies above {bound:.2f}"
+    among = len(chosen)
+    rows = {n: (held.measured[n], simultaneous_interval(held.measured[n], among)) for n in chosen}
+    scope = f" (simultaneous over {among} finalists)" if among > 1 else ""
+
+    def text(name: str) -> str:
+        measured, interval = rows[name]
+        return (
+            f"{name} measured {measured.speedup:.3f}x [{interval.low:.3f}, {interval.high:.3f}]"
+            f"{scope} on {len(measured.prompts)} held-back prompts"
+        )
+
+    clear = [n for n in chosen if rows[n][0].lossless is not False and rows[n][1].above(bound)]
+    lossy = [n for n in chosen if rows[n][0].lossless is False]
+    if clear:
+        best = max(clear, key=lambda n: rows[n][0].speedup)
+        verdict.recommended = best
+        verdict.reason = f"{text(best)}: its interval lies above {bound:.2f}"
+    elif lossy and len(lossy) == len(chosen):
+        verdict.reason = f"{text(lossy[0])}, but its output differed from plain greedy decoding"
     else:
-        verdict.reason = f"{text}: its interval does not clear {bound:.2f}"
+        verdict.reason = "; ".join(text(n) for n in chosen) + (f": no interval clears {bound:.2f}")
     return verdict
 
 
@@ -694,10 +855,26 @@ def verdict_lines(profile: ProfileBase) -> list[str]:
         lines += [f"{name} note: {note}" for note in method.notes]
     if profile.verdict is not None:
         lines += [f"{name} skipped: {why}" for name, why in profile.verdict.skipped.items()]
+        lines += time_lines(profile.verdict.time)
     noise = profile.environment.noise if profile.environment else {}
     if noise.get("busy"):
         lines.append(f"the machine was busy while timing: {'; '.join(noise['reasons'])}")
     verdict = profile.verdict
     reason = f" ({verdict.reason})" if verdict is not None else ""
     lines.append(f"recommended: {profile.recommended}{reason}")
+    return lines
+
+
+def time_lines(rows: list[dict]) -> list[str]:
+    """Where the run's time went: one line per phase, planned against spent (m:s)."""
+    if not rows:
+        return []
+    planned = sum(r.get("planned_s", 0.0) for r in rows)
+    spent = sum(r.get("spent_s", 0.0) for r in rows)
+    lines = [f"time: {clock(spent)} spent in {len(rows)} phases (planned {clock(planned)})"]
+    lines += [
+        f"  {r['phase']:<30} planned {clock(r.get('planned_s', 0.0)):>6}  spent "
+        f"{clock(r.get('spent_s', 0.0)):>6}  {r.get('bought', '')}"
+        for r in rows
+    ]
     return lines

@@ -36,13 +36,13 @@ def open_workspace(args: argparse.Namespace):
 
 def tune(ws, method: str, heads: str | None = None, trials: int | None = None):
     """``method``'s setting as `autotune profile` chooses it (search split only)."""
-    from autotune.profiling import ProfileRequest, make_plan, tune_methods, tuning_schedule
+    from autotune.profiling import ProfileRequest, make_setup, tune_methods, tuning_schedule
 
     request = ProfileRequest(
         model=ws.ref.spec, methods=(method,), trials=trials, heads={method: heads} if heads else {}
     )
-    plan = make_plan(request)
-    return tune_methods(plan, ws, request, tuning_schedule(plan))[method]
+    setup = make_setup(request)
+    return tune_methods(setup, ws, request, tuning_schedule(setup))[method]
 
 
 def measure(ws, makers: dict, prompts, max_new_tokens: int) -> dict:

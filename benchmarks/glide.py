@@ -30,6 +30,7 @@ from pathlib import Path
 # benchmarks/ is on sys.path when run as a script
 from _report import measure, measuring_arguments, open_workspace, print_report
 
+from autotune.budget import Budget
 from autotune.drafters.cape import CODE_FLOOR10, PAPER_7531, CapeDrafter, CapePolicy
 from autotune.methods import registry
 from autotune.methods.base import DraftEnv
@@ -52,7 +53,7 @@ def tuned_blocks(ws, args) -> tuple:
     from autotune.profiling import (
         ProfileRequest,
         fit_expansions,
-        make_plan,
+        make_setup,
         tune_methods,
         tuning_schedule,
     )
@@ -64,10 +65,9 @@ def tuned_blocks(ws, args) -> tuple:
         heads=heads,
         time_budget_s=args.time_budget,
     )
-    plan = make_plan(request)
-    schedule = tuning_schedule(plan, args.time_budget)
-    tuned = tune_methods(plan, ws, request, schedule)
-    fit_expansions(plan, ws, tuned, schedule)
+    setup = make_setup(request)
+    tuned = tune_methods(setup, ws, request, tuning_schedule(setup, args.time_budget))
+    tuned = fit_expansions(setup, ws, tuned, Budget(args.time_budget))
     glide, eagle = tuned["glide"], tuned.get("eagle")
     return glide, eagle, {"glide": glide.search, "cape": glide.cape.search}
 

@@ -8,11 +8,9 @@ import json
 from types import SimpleNamespace
 
 import pytest
-import torch
 
-from autotune import profiling, workspace
+from autotune import workspace
 from autotune.prompts import load_prompts, split_prompts
-from autotune.schedule import Phase
 from autotune.training import distill, job
 from autotune.workspace import Workspace
 
@@ -85,25 +83,3 @@ class Counting:
     def __call__(self, model, prompts, *args, **kwargs):
         self.prompts += prompts
         return self.decode(model, prompts, *args, **kwargs)
-
-
-def _plan_and_workspace(kinds: dict[str, str]):
-    model = torch.nn.Linear(4, 4)
-    ws = SimpleNamespace(
-        target=SimpleNamespace(model=model), runner=SimpleNamespace(device=torch.device("cpu"))
-    )
-    plan = SimpleNamespace(train=dict(kinds))
-    return plan, ws
-
-
-def test_a_head_kind_without_the_time_it_needs_is_dropped_first():
-    plan, ws = _plan_and_workspace({"medusa": "medusa", "eagle": "eagle", "glide": "glide"})
-    phases = [Phase(f"train {k} heads", 100.0) for k in ("medusa", "eagle", "glide")]
-    kinds, why = profiling._cannot_train(ws, phases, plan)  # type: ignore[arg-type]
-    assert kinds == {"glide"} and "1:40" in why and "train glide heads" in why
-    plan.train.pop("glide")
-    phases = [Phase(f"train {k} heads", 150.0) for k in ("medusa", "eagle")]
-    assert profiling._cannot_train(ws, phases, plan) is None  # type: ignore[arg-type]
-    short = [Phase(f"train {k} heads", 10.0) for k in ("medusa", "eagle")]
-    kinds, _ = profiling._cannot_train(ws, short, plan)  # type: ignore[arg-type]
-    assert len(kinds) == 1 and kinds <= {"medusa", "eagle"}

@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
         "autotune.paths",
         "autotune.output",
         "autotune.schedule",
+        "autotune.plan",
     ),
     ("autotune.engine",),
     ("autotune.heads",),

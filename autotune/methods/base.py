@@ -25,8 +25,9 @@ if TYPE_CHECKING:
     from autotune.engine.proposal import ChainDrafter, Drafter
     from autotune.engine.runner import Runner
     from autotune.export.base import Exporter
-    from autotune.measure.timing import Variant
+    from autotune.measure.timing import Measurement, Variant
     from autotune.models.ref import TargetRef
+    from autotune.plan import Bound
     from autotune.profile.blocks import MethodSettings
     from autotune.studies.workers import Workers
     from autotune.workspace import Workspace
@@ -71,6 +72,16 @@ class TuneContext:
         self.notes.append(line)
 
 
+@dataclass(frozen=True)
+class Probe:
+    """What a method's probe found before its expensive phases: an optimistic bound on
+    the speedup it could reach, and, where the probe decoded against greedy, that
+    measurement (a draft-free method's first figures: the run's first leader)."""
+
+    bound: Bound
+    measured: Measurement | None = None
+
+
 class Entry(ABC):
     """A registered method or expansion."""
 
@@ -95,9 +106,17 @@ class Method(Entry):
     heads: ClassVar[str | None] = None
     # its drafter can run as a chain that reports ranked tokens: CAPE can widen it
     chain: ClassVar[bool] = False
+    # it needs no trained weights and no calibration of its own: it runs first, and its
+    # probe gives the run its first measured leader
+    draft_free: ClassVar[bool] = False
     # engine name -> its exporter; engine name -> why it cannot serve this method
     exporters: ClassVar[Mapping[str, Exporter]] = {}
     cannot_export: ClassVar[Mapping[str, str]] = {}
+
+    def probe(self, ctx: TuneContext) -> Probe | None:
+        """The cheap evidence gathered before this method's training or studies (None:
+        it has none; it is tuned whatever the others measured)."""
+        return None
 
     def check_heads(self, folder: Path) -> None:
         """Fail at once (AutotuneError) if ``folder`` cannot be this method's heads."""

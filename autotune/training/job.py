@@ -14,9 +14,11 @@ from typing import Any
 
 from autotune.errors import AutotuneError, OutputPathError
 from autotune.progress import say
+from autotune.training.kinds import KINDS as HEAD_KINDS
+from autotune.training.kinds import kind as head_kind
 from autotune.training.loss import loss_dtype
 
-KINDS = ("medusa", "eagle", "glide")
+KINDS = tuple(HEAD_KINDS)
 
 
 def heads_split(search: list) -> list:
@@ -43,24 +45,12 @@ def trained_on(heads_dir, prompts_path) -> set[str]:
 
 
 def check_kind(kind: str) -> None:
-    if kind not in KINDS:
-        raise AutotuneError(f"unknown head kind '{kind}': choose from {', '.join(KINDS)}")
+    head_kind(kind)
 
 
 def default_options(kind: str):
     """The options a head kind trains with unless told otherwise."""
-    check_kind(kind)
-    if kind == "eagle":
-        from autotune.training.eagle import EagleOptions
-
-        return EagleOptions()
-    if kind == "glide":
-        from autotune.training.glide import GlideOptions
-
-        return GlideOptions()
-    from autotune.training.medusa import MedusaOptions
-
-    return MedusaOptions()
+    return head_kind(kind).options()
 
 
 def check_out_folder(folder: Path) -> None:
@@ -258,7 +248,12 @@ CALIBRATION_CHUNK = 32
 
 
 def decode_calibration(
-    target, prompts_path: Path, prompts: list, answer_tokens: int, seconds: float | None
+    target,
+    prompts_path: Path,
+    prompts: list,
+    answer_tokens: int,
+    seconds: float | None,
+    extras: bool = True,
 ) -> list:
     """Fill the model's shared self-distillation set while ``seconds`` last (None: all),
     most needed first: the workload's search split (every method's calibration and the
@@ -266,13 +261,14 @@ def decode_calibration(
     prompts (in an order that spreads every prefix over the files' categories), then
     second turns. A chunk is started only when, at the rate measured so far, it ends
     within the time.
-    Returns the calibration prompts that were answered: the trainers' extras."""
+    Returns the calibration prompts that were answered: the trainers' extras (none
+    when ``extras`` is False: the search split's first turns alone are decoded)."""
     from autotune.budget import Budget
     from autotune.training.distill import GENERATION_BATCH, decode_to_cache
 
     budget = Budget(seconds)
     cache = answer_cache(target.fingerprint)
-    pool = calibration_extras(prompts_path)
+    pool = calibration_extras(prompts_path) if extras else []
     pool = [pool[i] for i in sorted(range(len(pool)), key=lambda i: (i * 0.6180339887) % 1)]
     trained, reported, _ = search_thirds(prompts)
     # alternating: the first chunk (always decoded) serves both calibration and training
@@ -296,8 +292,11 @@ def decode_calibration(
             break
         answers.update(((p.id, p.text), a) for p, a in zip(chunk, got))
         taken += sum(p in pool for p in chunk)
-    # second turns last: each needs its first answer in context
+    # second turns last (heads learn from them; no proxy replays them): each needs its
+    # first answer in context
     seconds_due = [p for p in firsts + pool[:taken] if p.followups and (p.id, p.text) in answers]
+    if not extras:
+        seconds_due = []
     for i in range(0, len(seconds_due), CALIBRATION_CHUNK):
         chunk = seconds_due[i : i + CALIBRATION_CHUNK]
         turns = [_second_turn(target, p, answers[p.id, p.text]) for p in chunk]
@@ -370,6 +369,30 @@ def train_kind(ws, extras: list, answer_tokens: int, kind: str, seconds: float |
     return final
 
 
+def probe_kind(ws, answer_tokens: int, kind: str, seconds: float) -> tuple[list[float], float]:
+    """Heads of ``kind`` trained for ``seconds`` on the search split's answers alone, and
+    thrown away: their held-back top-5 accuracy per head (or depth, or step), and the
+    seconds the training took. What ``profile`` bounds a head method by before it spends
+    the method's whole training time."""
+    import dataclasses
+
+    options = dataclasses.replace(
+        default_options(kind), max_new_tokens=answer_tokens, time_budget_s=seconds
+    )
+    started = time.perf_counter()
+    trained = train_heads_on(
+        ws.target,
+        kind,
+        options,
+        ws.prompts_path,
+        ws.prompts,
+        [],
+        started,
+        keep=answered(ws.target, answer_tokens),
+    )
+    return [float(row.top5) for row in trained.result.accuracy], time.perf_counter() - started
+
+
 def train_heads_on(
     target,
     kind: str,
@@ -385,14 +408,7 @@ def train_heads_on(
     ``extras``; the target's answers come from the model's shared self-distillation set.
     ``keep``: as ``training_lists`` takes it."""
     search, train_on, reported, followups = training_lists(prompts, extras, keep)
-    train: Callable[..., Any]
-    if kind == "eagle":
-        from autotune.training.eagle import train_eagle as train
-    elif kind == "glide":
-        from autotune.training.glide import train_glide as train
-    else:
-        from autotune.training.medusa import train_medusa as train
-    result = train(
+    result = head_kind(kind).train()(
         target,
         [target.encode_chat(p.text) for p in train_on],
         [target.encode_chat(p.text) for p in reported],

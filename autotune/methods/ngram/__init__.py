@@ -26,8 +26,14 @@ class Ngram(Method):
     settings_model: ClassVar = NgramSettings
     space_model: ClassVar = NgramSpace
     chain = False
+    draft_free = True
     exporters: ClassVar = EXPORTERS
     cannot_export: ClassVar = CANNOT
+
+    def probe(self, ctx: TuneContext):
+        from autotune.methods.ngram.tune import probe
+
+        return probe(ctx)
 
     def tune(self, ctx: TuneContext) -> NgramSettings:
         from autotune.methods.ngram.tune import tune

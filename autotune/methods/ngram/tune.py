@@ -27,7 +27,7 @@ from autotune.errors import AutotuneError
 from autotune.measure.costs import LatencyCurve
 from autotune.measure.stats import Pairs, bootstrap_interval
 from autotune.measure.timing import EncodedPrompt, Measurement, Variant, measure_variants
-from autotune.methods.base import TuneContext
+from autotune.methods.base import Probe, TuneContext
 from autotune.methods.ngram.replay import Continuation, Costs, Replayer, time_drafting
 from autotune.methods.ngram.search import Scored, ascend
 from autotune.methods.ngram.settings import Config, NgramSettings, block_of, describe
@@ -54,12 +54,58 @@ class Proxy:
     rows: dict[str, dict] = field(default_factory=dict)  # category -> what it predicted
 
 
+def probe(ctx: TuneContext) -> Probe:
+    """The proxy search, then its best setting decoded against greedy on a few search
+    prompts: the run's first measured figures, and a bound (the proxy's prediction or
+    the measurement's upper end, whichever is higher: the measured study that follows
+    starts from this setting)."""
+    from autotune.plan import PROBE_PROMPTS, PROBE_TOKENS, Bound
+
+    space: NgramSpace = ctx.space
+    confirm, sequences = split_search(ctx)
+    curve = ctx.workspace.verify_curve(largest_tree(space) + 1)
+    replayer, _ = make_replayer(ctx, sequences, curve)
+    proxy = cached_proxy(ctx, replayer, sequences)
+    kind = max(KINDS, key=lambda k: proxy.predicted[k])
+    best = proxy.best[kind]
+    with step("n-gram probe: the proxy's best against greedy", PROBE_PROMPTS) as advance:
+        measured = measure_variants(
+            ctx.workspace.runner,
+            {"best": Variant(functools.partial(NgramDrafter, best))},
+            confirm[:PROBE_PROMPTS],
+            PROBE_TOKENS,
+            on_prompt=lambda _: advance(),
+        )["best"]
+    high = measured.interval().high if measured.prompts else 0.0
+    bound = Bound(
+        "ngram",
+        max(proxy.predicted[kind], high),
+        f"the proxy predicted {proxy.predicted[kind]:.3f}x for {describe(best)}, measured "
+        f"{measured.speedup:.3f}x on {len(measured.prompts)} search prompts",
+    )
+    return Probe(bound, measured)
+
+
+def cached_proxy(ctx: TuneContext, replayer: Replayer, sequences: list[Continuation]) -> Proxy:
+    """The proxy search on these continuations, once per process (the probe runs it, the
+    tuning that follows reuses it)."""
+    from autotune.process_cache import cached
+
+    space: NgramSpace = ctx.space
+    key = (
+        "ngram_proxy",
+        hashlib.sha256(repr([(s.prompt, s.tokens) for s in sequences]).encode()).hexdigest(),
+        space.model_dump_json(),
+    )
+    return cached(key, lambda: proxy_search(ctx, replayer))
+
+
 def tune(ctx: TuneContext) -> NgramSettings:
     space: NgramSpace = ctx.space
     confirm, sequences = split_search(ctx)
     curve = ctx.workspace.verify_curve(largest_tree(space) + 1)
     replayer, draft_seconds = make_replayer(ctx, sequences, curve)
-    proxy = proxy_search(ctx, replayer)
+    proxy = cached_proxy(ctx, replayer, sequences)
     winners, study, trials = measured_study(ctx, proxy, confirm)
     candidates = with_default(space, winners)
     chosen, selection, verdicts = side_by_side(ctx, candidates, proxy.by_category, confirm)

@@ -23,6 +23,11 @@ class SelfSpec(Method):
     exporters: ClassVar = EXPORTERS
     cannot_export: ClassVar = CANNOT
 
+    def probe(self, ctx: TuneContext):
+        from autotune.methods.self_spec.tune import probe
+
+        return probe(ctx)
+
     def tune(self, ctx: TuneContext) -> SelfSpecSettings:
         from autotune.methods.self_spec.tune import tune
 

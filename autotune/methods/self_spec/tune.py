@@ -11,7 +11,8 @@ from autotune.drafters.self_spec import DV_DEFAULT_POLICY, DraftExitPolicy, Laye
 from autotune.engine.skip import SkipMask
 from autotune.measure.costs import LatencyCurve, SublayerCosts
 from autotune.measure.timing import measure_with_progress
-from autotune.methods.base import TuneContext
+from autotune.methods.base import Probe, TuneContext
+from autotune.methods.heads import confirm_and_calibration
 from autotune.methods.self_spec import trials
 from autotune.methods.self_spec.settings import SelfSpecSettings
 from autotune.methods.self_spec.space import SelfSpecSpace
@@ -32,11 +33,47 @@ class MaskCandidate:
     proxy: float  # predicted speedup
 
 
-def tune(ctx: TuneContext) -> SelfSpecSettings:
+def split_search(ctx: TuneContext) -> tuple[list, list]:
+    """Prompts to time trials on, and the continuations of others for the proxy: no
+    trial times a prompt the proxy was fitted on (the rule of every method)."""
     space: SelfSpecSpace = ctx.space
     ws = ctx.workspace
-    search = ws.encode(ws.search_prompts())
-    calibration = ws.continuations(search[: space.calibration.prompts], space.calibration.tokens)
+    timed, rest = confirm_and_calibration(ws.encode(ws.search_prompts()), space.trials.prompts)
+    calibration = ws.continuations(rest[: space.calibration.prompts], space.calibration.tokens)
+    return timed, calibration
+
+
+def probe(ctx: TuneContext) -> Probe:
+    """The seed masks scored on the proxy (the draft's agreement with the target along its
+    greedy continuations, costed by this device's curves): a bound with headroom for the
+    search that would follow."""
+    from autotune.plan import proxy_bound
+
+    space = ctx.space.skip_mask
+    ws = ctx.workspace
+    _, calibration = split_search(ctx)
+    curve, costs = ws.device_costs()
+    announce_costs(curve)
+    layers = ws.runner.num_layers
+    objective = trials.SkipMaskObjective(ws.ref, calibration, costs, curve.relative(), space)
+    seeds = seed_masks(
+        space.skippable_layers(layers), layers, space.min_skip_ratio, space.max_skip_ratio
+    )
+    scores: list[float] = []
+    for mask in seeds:
+        if scores and ctx.budget.spent():
+            break
+        result = objective.evaluate(mask)
+        if result.get("feasible"):
+            scores.append(result["objective"])
+    if not scores:
+        raise_no_mask(space)
+    return Probe(proxy_bound("self_spec", max(scores), len(scores)))
+
+
+def tune(ctx: TuneContext) -> SelfSpecSettings:
+    ws = ctx.workspace
+    search, calibration = split_search(ctx)
     curve, costs = ws.device_costs()
     announce_costs(curve)
     candidates, mask_trials = search_masks(ctx, calibration, costs, curve)

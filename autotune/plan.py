@@ -1,0 +1,372 @@
+"""The time plan of `autotune profile`: numbers in, phases out.
+
+Pure: no model, no clock, no printing. ``profiling`` measures (this machine's forward
+time and verify curve, what each phase found) and asks this module, after every phase,
+what to do with the time left: which phases remain and their seconds, whether a method
+can still win (its optimistic bound against the leader's lower bound), and the least
+budget worth starting. Every share of the run's time is set here.
+
+The order is cheapest evidence first: the shared answers of the search prompts; the
+draft-free methods' probes (no training: they give the run its first leader and an
+interval to beat); the other methods' probes (a skip mask scored on the proxy, a head
+trained for a slice of its time); then only the methods whose bound can beat the leader
+are trained and tuned, the leader's study taking the time the others left.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from autotune.schedule import Phase, clock
+
+# --- the run's size --------------------------------------------------------------------
+BUDGET_S = 20 * 60.0  # the whole run (``--budget``)
+# The held-back measurement: at most this many prompts (``--heldback-prompts``), of this
+# many tokens each (``--max-new-tokens``); the selection's: search prompts and tokens.
+HELDBACK_PROMPTS = 24
+HELDBACK_TOKENS = 128
+SELECT_PROMPTS = 8
+SELECT_TOKENS = 64
+# The held-back measurement's first look (``measure.sequential``), and the fewest
+# prompts it takes when short of time (``measure.stats.MIN_PROMPTS``).
+HELDBACK_LEAST = 8
+LEAST_INTERVAL_PROMPTS = 6
+# A method is recommended when its held-back interval's low end clears 1 + MARGIN.
+MARGIN = 0.0
+# Heads are trained within the run on models up to this size on a CPU.
+CPU_TRAINABLE_PARAMS = 1_000_000_000
+# Heads trained within the run learn from answers this long (all trainers share them).
+ANSWER_TOKENS = 128
+# Answers are decoded in batches: this many times faster than one sequence (2 cores).
+BATCHED_DECODING_GAIN = 4.0
+# Start-up after the first forward: Ray's first worker loads the model (2 cores).
+STARTUP_S = 30.0
+
+# --- shares of the time ------------------------------------------------------------------
+# Decoding with a method costs about this much of greedy's time (for the plan only;
+# measured on 2 cores: 0.71 to 1.23, 0.93 on average over four methods).
+SPECULATIVE_COST = 0.95
+# The selection and held-back measurement take at most this share of the budget: beyond
+# it they measure fewer prompts.
+MEASURE_SHARE = 0.35
+# Of the time for training and tuning: training (when heads are trained), and of the
+# training share, the answers to the packaged calibration prompts heads also learn from.
+TRAINING_SHARE = 0.55
+ANSWERS_SHARE = 0.35
+# Of the searches' time, what fitting CAPE on the chain methods takes.
+CAPE_SHARE = 0.15
+
+# --- probes and bounds ------------------------------------------------------------------
+# The verify curve the bounds read (n = 1 .. this many tokens).
+PROBE_CURVE_TOKENS = 16
+# A draft-free method's probe: its proxy's best decoded against greedy on this many
+# search prompts of PROBE_TOKENS tokens: the run's first leader and its interval.
+PROBE_PROMPTS = 6
+PROBE_TOKENS = 64
+# A head kind's probe trains for this share of its planned training (at least
+# PROBE_LEAST_S); the rest of the training happens only if its bound can win.
+PROBE_SHARE = 0.2
+PROBE_LEAST_S = 25.0
+# Optimistic learning curve: accuracy after t seconds grows at most as t ** EXPONENT
+# (on 2 cores Medusa's head-1 top-1 went 0.077 -> 0.115 from 60 s to 120 s: exponent
+# 0.58; heads of this size level off well before that), capped at ACCURACY_CAP.
+LEARNING_EXPONENT = 0.7
+ACCURACY_CAP = 0.95
+# A search scored on its seeds only (self-spec's masks on the proxy) may still find a
+# setting this much faster than its best seed.
+SEARCH_HEADROOM = 1.2
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the plan is made from, measured once at the start."""
+
+    forward_s: float  # one greedy forward (one new token) on this machine
+    verify_relative: tuple[float, ...]  # verifying n tokens over one, n = 1, 2, ...
+    methods: tuple[str, ...]  # to tune, in the order they run: draft-free first
+    draft_free: tuple[str, ...] = ()  # those that need no training (their probe measures)
+    train: dict[str, str] = field(default_factory=dict)  # method -> head kind to train
+    min_training: dict[str, float] = field(default_factory=dict)  # kind -> least useful s
+    chain_methods: tuple[str, ...] = ()  # those CAPE widens (empty: no expansion asked)
+    answer_prompts: int = 0  # search prompts whose answers are not cached yet
+    extra_answer_prompts: int = 0  # packaged calibration prompts heads may learn from
+    heldback_prompts: int = HELDBACK_PROMPTS
+    heldback_tokens: int = HELDBACK_TOKENS
+    select_prompts: int = SELECT_PROMPTS
+    params: int = 0
+    cpu: bool = True
+
+
+@dataclass(frozen=True)
+class Lead:
+    """The method ahead so far, measured against greedy: speedup and interval."""
+
+    method: str
+    speedup: float
+    low: float
+    high: float
+    prompts: int
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The most a method could reach in the time left, from what its probe measured."""
+
+    method: str
+    speedup: float
+    evidence: str  # how it was reached, with the numbers
+
+
+@dataclass
+class Evidence:
+    """What the run has learned so far: the phases done, the leader, the bounds, the
+    methods skipped (with why)."""
+
+    done: set[str] = field(default_factory=set)
+    lead: Lead | None = None
+    bounds: dict[str, Bound] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    trained: set[str] = field(default_factory=set)  # head kinds trained in full
+
+    def contenders(self, facts: Facts) -> list[str]:
+        return [m for m in facts.methods if m not in self.skipped]
+
+
+# --- bounds ------------------------------------------------------------------------------
+
+
+def chain_speedup(
+    acceptance: Sequence[float], verify_relative: Sequence[float], draft_relative: float = 0.0
+) -> tuple[float, int]:
+    """The best (speedup, depth) of a chain whose i-th drafted token is accepted with
+    probability ``acceptance[i]`` given the ones before it: expected tokens per step
+    over the step's cost (verifying depth + 1 tokens, plus drafting ``depth`` tokens at
+    ``draft_relative`` of a forward each)."""
+    best, depth_of_best = 1.0, 0
+    expected, reach = 1.0, 1.0
+    for depth, rate in enumerate(acceptance, 1):
+        if depth >= len(verify_relative):
+            break
+        reach *= max(0.0, min(1.0, rate))
+        expected += reach
+        speedup = expected / (verify_relative[depth] + depth * draft_relative)
+        if speedup > best:
+            best, depth_of_best = speedup, depth
+    return best, depth_of_best
+
+
+def extrapolated_accuracy(accuracy: float, trained_s: float, full_s: float) -> float:
+    """An optimistic accuracy after ``full_s`` seconds of training, from ``accuracy``
+    measured after ``trained_s``."""
+    if trained_s <= 0:
+        return ACCURACY_CAP
+    growth = max(1.0, full_s / trained_s) ** LEARNING_EXPONENT
+    return min(ACCURACY_CAP, accuracy * growth)
+
+
+def heads_bound(
+    method: str,
+    top5: Sequence[float],
+    verify_relative: Sequence[float],
+    trained_s: float,
+    full_s: float,
+) -> Bound:
+    """A head method's bound: each position accepted as often as the head's top-5 holds
+    the target's token (a tree as wide as five, priced as a chain), after the full
+    training's optimistic growth, drafting free."""
+    grown = [extrapolated_accuracy(a, trained_s, full_s) for a in top5]
+    speedup, depth = chain_speedup(grown, verify_relative)
+    return Bound(
+        method,
+        speedup,
+        f"top-5 accuracy {', '.join(f'{a:.2f}' for a in top5)} after a {trained_s:.0f} s "
+        f"probe, at most {', '.join(f'{a:.2f}' for a in grown)} after {full_s:.0f} s of "
+        f"training; a free draft of depth {depth} verified at this device's cost",
+    )
+
+
+def proxy_bound(method: str, proxy_best: float, scored: int) -> Bound:
+    """A method scored on a proxy over its seed settings: the best seed with headroom for
+    the search that would follow."""
+    return Bound(
+        method,
+        proxy_best * SEARCH_HEADROOM,
+        f"the best of {scored} seed settings scored {proxy_best:.3f}x on the proxy; the "
+        f"search could add at most {SEARCH_HEADROOM - 1:.0%}",
+    )
+
+
+def skip_reason(bound: Bound, lead: Lead | None, margin: float = MARGIN) -> str | None:
+    """Why a method whose bound cannot beat the leader is skipped (None: it may win)."""
+    floor = 1.0 + margin
+    if bound.speedup <= floor:
+        return (
+            f"its optimistic bound {bound.speedup:.3f}x cannot clear plain greedy decoding "
+            f"({bound.evidence})"
+        )
+    if lead is None or lead.method == bound.method or bound.speedup >= lead.low:
+        return None
+    return (
+        f"its optimistic bound {bound.speedup:.3f}x is below {lead.method}'s measured "
+        f"{lead.speedup:.3f}x [{lead.low:.3f}, {lead.high:.3f}] on {lead.prompts} search "
+        f"prompts ({bound.evidence})"
+    )
+
+
+# --- the phases --------------------------------------------------------------------------
+
+
+def answers_seconds(facts: Facts, prompts: int) -> float:
+    """Decoding ``prompts`` answers of ``ANSWER_TOKENS`` tokens, batched."""
+    return prompts * ANSWER_TOKENS * facts.forward_s / BATCHED_DECODING_GAIN
+
+
+def probe_seconds(facts: Facts, method: str, training_s: float) -> float:
+    """A method's probe: a draft-free one decodes its proxy's best side by side; a head
+    method trains a slice of its training time; a proxy-scored one scores its seeds."""
+    if method in facts.train:
+        return max(PROBE_LEAST_S, PROBE_SHARE * training_s)
+    decode = PROBE_PROMPTS * PROBE_TOKENS * facts.forward_s * (1 + SPECULATIVE_COST)
+    return decode + 20.0  # its proxy search or seed scoring, about
+
+
+def measuring_phases(facts: Facts, methods: int, chains: int, seconds: float) -> list[Phase]:
+    """The selection and the held-back measurement of ``methods`` (``chains`` of them
+    with CAPE), planned from the tokens they decode (at most ``MEASURE_SHARE`` of
+    ``seconds``, but never under their least)."""
+    tokens_per_s = 1.0 / facts.forward_s
+    cost = 1 + SPECULATIVE_COST * methods
+    held_back = min(facts.heldback_prompts, HELDBACK_LEAST)
+    held_back_s = held_back * facts.heldback_tokens * cost / tokens_per_s
+    phases = []
+    if methods > 1 or chains:  # one method alone has nothing to choose between
+        per_prompt = SELECT_TOKENS * (cost + SPECULATIVE_COST * chains) / tokens_per_s
+        select = min(
+            facts.select_prompts,
+            max(2, int((MEASURE_SHARE * seconds - held_back_s) / per_prompt)),
+        )
+        phases.append(
+            Phase(
+                "selection (search prompts)",
+                select * per_prompt,
+                f"{select} prompts x {1 + methods + chains} decoders",
+                reserved=True,
+                count=select,
+            )
+        )
+    phases.append(
+        Phase(
+            "held-back measurement",
+            held_back_s,
+            f"{held_back} prompts x {1 + methods} decoders (more when undecided), "
+            f"{tokens_per_s:.0f} tokens/s greedy",
+            reserved=True,
+        )
+    )
+    return phases
+
+
+def phases(facts: Facts, evidence: Evidence, seconds: float) -> list[Phase]:
+    """The phases still to run, in order, with ``seconds`` left for them all: the
+    answers; each contender's probe not yet run; the answers heads also learn from and
+    the training of each head kind still in the race (its probe's slice taken from it);
+    each contender's tuning (the time the skipped left goes to those that remain); CAPE;
+    the selection and the held-back measurement."""
+    contenders = evidence.contenders(facts)
+    chains = sum(m in facts.chain_methods for m in contenders)
+    measuring = measuring_phases(facts, len(contenders), chains, seconds)
+    rest = max(seconds - sum(p.seconds for p in measuring), 0.0)
+    out: list[Phase] = []
+    if "answers" not in evidence.done and facts.answer_prompts:
+        answers = answers_seconds(facts, facts.answer_prompts)
+        out.append(Phase("answers", answers, f"{facts.answer_prompts} search prompts, batched"))
+        rest = max(rest - answers, 0.0)
+    kinds = [
+        k
+        for k in dict.fromkeys(facts.train[m] for m in contenders if m in facts.train)
+        if k not in evidence.trained
+    ]
+    training = TRAINING_SHARE * rest if kinds else 0.0
+    tuning = rest - training
+    extra = 0.0
+    if kinds and "extra answers" not in evidence.done and facts.extra_answer_prompts:
+        extra = min(ANSWERS_SHARE * training, answers_seconds(facts, facts.extra_answer_prompts))
+    per_kind = {k: (training - extra) / len(kinds) for k in kinds}
+    for method in contenders:
+        if f"probe {method}" in evidence.done:
+            continue
+        kind = facts.train.get(method)
+        if kind is not None and kind not in kinds:
+            continue  # trained already: nothing left to probe
+        probe = probe_seconds(facts, method, per_kind.get(kind or "", 0.0))
+        out.append(Phase(f"probe {method}", probe, _probe_why(facts, method)))
+        if kind is not None:
+            per_kind[kind] = max(per_kind[kind] - probe, 0.0)
+        else:
+            tuning = max(tuning - probe, 0.0)
+    if extra:
+        out.append(Phase("extra answers", extra, "packaged calibration prompts, for heads"))
+    out += [Phase(f"train {kind} heads", per_kind[kind]) for kind in kinds]
+    tuned = [m for m in contenders if f"tune {m}" not in evidence.done]
+    expansion = CAPE_SHARE * tuning if chains and tuned else 0.0
+    out += [Phase(f"tune {m}", (tuning - expansion) / len(tuned)) for m in tuned]
+    if expansion:
+        out.append(Phase("fit CAPE", expansion, f"{chains} chain methods"))
+    return out + measuring
+
+
+def _probe_why(facts: Facts, method: str) -> str:
+    if method in facts.train:
+        return f"{facts.train[method]} heads trained for a slice: a bound on their accuracy"
+    if method in facts.draft_free:
+        return f"its proxy's best against greedy on {PROBE_PROMPTS} search prompts"
+    return "its seed settings on the proxy: a bound"
+
+
+def least_budget(facts: Facts) -> float:
+    """The smallest budget worth starting: start-up, the answers a draft-free method's
+    proxy replays, its probe on two prompts, and the least held-back measurement an
+    interval needs (``LEAST_INTERVAL_PROMPTS``) of one method against greedy."""
+    per_token = facts.forward_s * (1 + SPECULATIVE_COST)
+    measure = LEAST_INTERVAL_PROMPTS * facts.heldback_tokens * per_token
+    probe = 2 * PROBE_TOKENS * per_token
+    answers = answers_seconds(facts, min(facts.answer_prompts, 2 * PROBE_PROMPTS))
+    return math.ceil((STARTUP_S + answers + probe + measure) / 10.0) * 10.0
+
+
+def cannot_train(
+    facts: Facts, planned: dict[str, float], evidence: Evidence
+) -> tuple[set[str], str] | None:
+    """Head kinds still in the race that cannot be trained here, or usefully in the time
+    ``planned`` for them (the one needing the most time first), with the reason; None
+    when every kind can."""
+    kinds = {k for m, k in facts.train.items() if m not in evidence.skipped}
+    if not kinds:
+        return None
+    if facts.cpu and facts.params > CPU_TRAINABLE_PARAMS:
+        why = (
+            f"the model has {facts.params / 1e9:.1f}B parameters, too many to train heads on a CPU"
+        )
+        return kinds, why
+    least = facts.min_training
+    short = [k for k in kinds if planned.get(k, 0.0) < least.get(k, 0.0)]
+    if not short:
+        return None
+    kind = max(short, key=lambda k: least.get(k, 0.0))
+    return {kind}, (
+        f"the budget leaves {clock(planned.get(kind, 0.0))} (m:s) to train {kind} heads, "
+        f"under the {clock(least.get(kind, 0.0))} they need to be worth measuring; give "
+        "more --budget, or"
+    )
+
+
+def training_planned(facts: Facts, evidence: Evidence, seconds: float) -> dict[str, float]:
+    """Head kind -> the seconds the plan gives its training (probe included)."""
+    planned: dict[str, float] = {}
+    for phase in phases(facts, evidence, seconds):
+        for method, kind in facts.train.items():
+            if phase.name in (f"probe {method}", f"train {kind} heads"):
+                planned[kind] = planned.get(kind, 0.0) + phase.seconds
+    return planned

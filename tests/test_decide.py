@@ -1,0 +1,72 @@
+"""The verdict (``profiling.decide``): the fastest finalist whose simultaneous interval
+clears the bar, never `none` while one does."""
+
+from __future__ import annotations
+
+import random
+
+from autotune.measure.timing import Measurement, PromptMeasurement
+from autotune.profile.blocks import Figures
+from autotune.profiling import HeldBack, decide, finalists
+
+
+class Settings:
+    """What ``decide`` reads of a method's settings: its selection figures."""
+
+    def __init__(self, speedup: float, low: float, high: float):
+        self.selection = Figures(
+            speedup=speedup,
+            speedup_interval=[low, high],
+            tokens_per_step=1.0,
+            acceptance_rate=0.5,
+            tokens_per_s=1.0,
+            baseline_tokens_per_s=1.0,
+            lossless=True,
+            prompts=8,
+        )
+
+
+def measured(speedup: float, prompts: int = 8, spread: float = 0.05, seed: int = 0) -> Measurement:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(prompts):
+        greedy = 4.0 * (1 + 0.2 * rng.random())
+        rows.append(
+            PromptMeasurement(
+                f"p{i}",
+                128,
+                greedy,
+                128,
+                greedy / (speedup * (1 + spread * rng.uniform(-1, 1))),
+                64,
+                100,
+                60,
+                True,
+            )
+        )
+    return Measurement(rows)
+
+
+def test_the_issue_case_recommends_the_method_that_clears_the_bar():
+    # ranked first on search prompts, slower than greedy held back (the issue's Medusa);
+    # ranked second, clearly faster held back (its n-gram)
+    tuned = {"medusa": Settings(1.116, 0.906, 1.422), "ngram": Settings(1.10, 1.0, 1.3)}
+    held = HeldBack({"medusa": measured(0.85), "ngram": measured(1.33, seed=1)}, 1, "prompts")
+    verdict = decide(tuned, ["medusa", "ngram"], held, 0.0)  # type: ignore[arg-type]
+    assert verdict.recommended == "ngram"
+    assert "simultaneous over 2 finalists" in verdict.reason
+
+
+def test_none_when_no_finalist_clears_the_bar():
+    tuned = {"medusa": Settings(1.05, 0.95, 1.2)}
+    held = HeldBack({"medusa": measured(0.98, spread=0.3)}, 1, "prompts")
+    verdict = decide(tuned, ["medusa"], held, 0.0)  # type: ignore[arg-type]
+    assert verdict.recommended == "none" and "no interval clears 1.00" in verdict.reason
+
+
+def test_a_method_slower_on_search_prompts_is_no_finalist():
+    tuned = {"a": Settings(0.9, 0.8, 0.99), "b": Settings(1.2, 1.1, 1.3)}
+    assert finalists(tuned, ["b", "a"], 1.0) == ["b"]  # type: ignore[arg-type]
+    held = HeldBack({"a": measured(1.5), "b": measured(1.1, seed=2)}, 1, "prompts")
+    # "a" was never a finalist: its held-back figures choose nothing
+    assert decide(tuned, ["b", "a"], held, 0.0).recommended == "b"  # type: ignore[arg-type]

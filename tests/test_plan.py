@@ -1,0 +1,123 @@
+"""The run's plan (``autotune.plan``), from numbers alone: no model is loaded."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune import plan
+from autotune.plan import Bound, Evidence, Facts, Lead
+
+# verifying n tokens over one, as measured on 2 cores (the 4 -> 8 step included)
+CPU_CURVE = (1.0, 1.13, 1.26, 1.39, 1.7, 2.0, 2.5, 3.16, 3.17, 3.18, 3.19, 3.2, 3.21, 3.21)
+
+
+def facts(**overrides) -> Facts:
+    values = {
+        "forward_s": 0.03,
+        "verify_relative": CPU_CURVE,
+        "methods": ("ngram", "self_spec", "medusa", "eagle"),
+        "train": {"medusa": "medusa", "eagle": "eagle"},
+        "min_training": {"medusa": 45.0, "eagle": 45.0},
+        "answer_prompts": 60,
+        "extra_answer_prompts": 200,
+    }
+    return Facts(**{**values, **overrides})
+
+
+def seconds_of(phases, prefix: str) -> dict[str, float]:
+    return {p.name: p.seconds for p in phases if p.name.startswith(prefix)}
+
+
+def test_a_chain_bound_pays_for_its_verification():
+    # every token accepted: the deepest chain, paid at its verification cost
+    best, depth = plan.chain_speedup([1.0] * 10, CPU_CURVE)
+    assert depth == 10 and best == pytest.approx(11 / CPU_CURVE[10])
+    # acceptance that halves with depth: the 4 -> 8 step makes deeper chains dear
+    best, depth = plan.chain_speedup([0.5] * 10, CPU_CURVE)
+    assert depth == 2 and best == pytest.approx(1.75 / CPU_CURVE[2])
+    # nothing accepted: drafting cannot pay
+    assert plan.chain_speedup([0.0] * 4, CPU_CURVE) == (1.0, 0)
+    # a costly draft lowers the bound
+    assert (
+        plan.chain_speedup([0.5] * 4, CPU_CURVE, 0.2)[0]
+        < plan.chain_speedup([0.5] * 4, CPU_CURVE)[0]
+    )
+
+
+def test_accuracy_grows_optimistically_but_never_past_the_cap():
+    assert plan.extrapolated_accuracy(0.2, 30, 30) == pytest.approx(0.2)
+    assert plan.extrapolated_accuracy(0.2, 30, 300) > 0.2 * 10**0.5
+    assert plan.extrapolated_accuracy(0.5, 1, 1000) == plan.ACCURACY_CAP
+
+
+def test_a_method_whose_bound_cannot_beat_the_leader_is_skipped_with_the_numbers():
+    lead = Lead("ngram", 1.45, 1.3, 1.6, 6)
+    weak = plan.heads_bound("medusa", [0.12, 0.05, 0.02], CPU_CURVE, 30.0, 150.0)
+    why = plan.skip_reason(weak, lead)
+    assert why is not None and "ngram" in why and f"{weak.speedup:.3f}x" in why
+    assert "1.300" in why  # the leader's lower bound it could not reach
+    strong = plan.heads_bound("medusa", [0.8, 0.7, 0.6], CPU_CURVE, 30.0, 150.0)
+    assert plan.skip_reason(strong, lead) is None
+    # no leader yet: only a bound under greedy itself skips
+    assert plan.skip_reason(weak, None) is None or weak.speedup <= 1.0
+    assert plan.skip_reason(Bound("x", 0.9, "a proxy"), None) is not None
+
+
+def test_the_skipped_methods_time_goes_to_the_leaders_study():
+    f = facts()
+    evidence = Evidence(done={"answers", "probe ngram"})
+    evidence.lead = Lead("ngram", 1.45, 1.3, 1.6, 6)
+    before = plan.phases(f, evidence, 900.0)
+    assert "tune ngram" in seconds_of(before, "tune")
+    assert {"probe self_spec", "probe medusa", "probe eagle"} <= {p.name for p in before}
+    # every other method probed, and bound under the leader's low end: all skipped
+    for name, speedup in (("self_spec", 0.9), ("medusa", 1.1), ("eagle", 1.2)):
+        bound = Bound(name, speedup, "probe")
+        evidence.bounds[name] = bound
+        evidence.done.add(f"probe {name}")
+        why = plan.skip_reason(bound, evidence.lead)
+        assert why is not None
+        evidence.skipped[name] = why
+    after = plan.phases(f, evidence, 900.0)
+    names = [p.name for p in after]
+    assert names[0] == "tune ngram" and not any(n.startswith(("train", "probe")) for n in names)
+    assert "fit CAPE" not in names and "selection (search prompts)" not in names
+    assert seconds_of(after, "tune")["tune ngram"] > 3 * seconds_of(before, "tune")["tune ngram"]
+    assert sum(p.seconds for p in after) == pytest.approx(900.0, rel=0.01)
+
+
+def test_a_phase_plan_fits_the_time_and_keeps_the_measurements_least():
+    f = facts()
+    phases = plan.phases(f, Evidence(), 1200.0)
+    names = [p.name for p in phases]
+    assert names[0] == "answers" and names[1] == "probe ngram"
+    assert names.index("probe medusa") < names.index("train medusa heads")
+    assert names[-1] == "held-back measurement"
+    assert sum(p.seconds for p in phases) <= 1200.0 * 1.01
+    # a tiny budget still keeps the held-back measurement's first look
+    tiny = plan.phases(f, Evidence(), 60.0)
+    held = next(p for p in tiny if p.name == "held-back measurement")
+    assert held.seconds == pytest.approx(8 * 128 * 0.03 * (1 + 4 * plan.SPECULATIVE_COST))
+
+
+def test_the_least_budget_grows_with_the_forward_time():
+    quick, slow = plan.least_budget(facts()), plan.least_budget(facts(forward_s=0.3))
+    assert 60 <= quick < slow and slow > 5 * 60
+
+
+def test_a_kind_without_the_time_it_needs_is_dropped_first():
+    f = facts(
+        train={"medusa": "medusa", "glide": "glide"},
+        min_training={"medusa": 45.0, "glide": 300.0},
+        methods=("ngram", "medusa", "glide"),
+    )
+    evidence = Evidence()
+    planned = plan.training_planned(f, evidence, 1200.0)
+    assert set(planned) == {"medusa", "glide"}
+    kinds, why = plan.cannot_train(f, planned, evidence)
+    assert kinds == {"glide"} and "train glide heads" in why
+    evidence.skipped["glide"] = why
+    assert plan.cannot_train(f, plan.training_planned(f, evidence, 1200.0), evidence) is None
+    big = facts(params=2_000_000_000)
+    kinds, why = plan.cannot_train(big, {"medusa": 1e6, "eagle": 1e6}, Evidence())
+    assert kinds == {"medusa", "eagle"} and "2.0B" in why
