@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune import hardware
+from autotune.budget import Budget
 from autotune.engine.runner import Runner
 from autotune.measure.costs import LatencyCurve, SublayerCosts
 from autotune.measure.timing import EncodedPrompt
@@ -33,6 +34,8 @@ class Workspace:
     # False once a profile's answers phase decoded what its time allowed: the tuners then
     # calibrate on those answers, decoding at most enough for CALIBRATION_LEAST prompts
     decode_missing: bool = True
+    # the run's deadline: re-measurements of a timing stop at it (None: no deadline)
+    deadline: Budget | None = None
     # what this run measured or checked already: not checked again (each check times)
     _this_run: dict[tuple[str, str, str], Any] = field(default_factory=dict)
 
@@ -182,7 +185,13 @@ class Workspace:
         def build():
             with step(f"latency: verify curve n = 1..{size}", repeats + 1) as advance:
                 return measure_verify_curve(
-                    self.runner, size, repeats, progress=advance, say=say, sparse=True
+                    self.runner,
+                    size,
+                    repeats,
+                    progress=advance,
+                    say=say,
+                    sparse=True,
+                    until=self.deadline,
                 ).seconds
 
         seconds = self.cached_measurement(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from dataclasses import dataclass
 
 import torch
 
+from autotune.budget import Budget
 from autotune.engine.runner import Runner
 from autotune.engine.skip import NO_SKIP, SkipMask
 from autotune.errors import AutotuneError
@@ -101,18 +103,37 @@ def implausible(curve: LatencyCurve) -> str | None:
 
 
 def measure_verify_curve(
-    runner: Runner, max_tokens: int, repeats: int, progress=None, say=None, sparse: bool = False
+    runner: Runner,
+    max_tokens: int,
+    repeats: int,
+    progress=None,
+    say=None,
+    sparse: bool = False,
+    until: Budget | None = None,
 ) -> LatencyCurve:
     """``measure_latency_curve``, measured again while it is implausible (the machine was
-    busy), and refused with one line if it stays so. ``sparse``: only the sizes of
-    ``grid_sizes`` are timed, the others interpolated."""
+    busy), at most ``CURVE_TRIES`` times and not past ``until``; then refused with one
+    line, or, with ``until`` (a run that must end in time), evened out to its running
+    maximum and said so. ``sparse``: only the sizes of ``grid_sizes`` are timed, the
+    others interpolated."""
     sizes = grid_sizes(max_tokens) if sparse else None
     for attempt in range(1, CURVE_TRIES + 1):
         curve = measure_latency_curve(runner, max_tokens, repeats, progress=progress, sizes=sizes)
         problem = implausible(curve)
         if problem is None:
             return curve
-        if say is not None and attempt < CURVE_TRIES:
+        last = attempt == CURVE_TRIES or (until is not None and until.spent())
+        if last and until is not None:
+            if say is not None:
+                say(
+                    f"[yellow]the verify-latency curve is not plausible ({problem}): the "
+                    "machine is busy, and the time is spent; its running maximum is used, "
+                    "and the profile says the machine was busy[/yellow]"
+                )
+            return LatencyCurve(list(itertools.accumulate(curve.seconds, max)))
+        if last:
+            break
+        if say is not None:
             say(
                 f"[yellow]the verify-latency curve is not plausible ({problem}): the machine "
                 f"was busy; measuring it again[/yellow]"
