@@ -1,6 +1,9 @@
 """Time README command 1 (`autotune profile --model smollm2-135m`, every method, heads
 trained as needed) and print the time of each phase, the heads' accuracy and each
-method's held-back speedup with its interval.
+method's held-back speedup with its interval. Then, on the held-back prompts the profile
+measured on, every method's section of the profile and the published defaults of the
+recommended method side by side against plain greedy (one process, interleaved): is the
+recommended method the fastest there, and how much faster than its published defaults?
 
     .venv/bin/python benchmarks/end_to_end.py              # the README command, as is
     .venv/bin/python benchmarks/end_to_end.py --budget 10m  # extra flags go to profile
@@ -85,6 +88,67 @@ def _figures(path: Path, env: dict) -> None:
             f"prompts, {m.tokens_per_step:.2f} tokens/step, lossless {m.lossless}"
         )
     print(f"recommended: {profile.recommended}")
+    verdict = profile.verdict
+    if verdict is not None:
+        from autotune.profiling import time_lines
+
+        print("\n".join(time_lines(verdict.time)))
+        for name, why in verdict.skipped.items():
+            print(f"{name} skipped: {why}")
+    _against_defaults(profile)
+
+
+# What the engines ship: the setting a user deploys without tuning (benchmarks/ngram.py
+# has the sources).
+def _published(method: str) -> dict:
+    from autotune.drafters.ngram import LookupConfig, NgramDrafter
+    from autotune.drafters.suffix import SuffixConfig
+    from autotune.measure.timing import Variant
+    from autotune.methods import registry
+
+    if method != "ngram":
+        return {}
+    suffix = registry.method("ngram").space().suffix.start  # the packaged space's start
+    configs = {
+        "transformers prompt lookup": LookupConfig(1, 2, 10, 1, 1, 10, "first"),
+        "vLLM ngram": LookupConfig(5, 5, 5, 1, 1, 5, "first"),
+        "vLLM suffix": SuffixConfig(**suffix.model_dump()),
+    }
+    return {
+        f"default: {name}": Variant(lambda c=config: NgramDrafter(c))
+        for name, config in configs.items()
+    }
+
+
+def _against_defaults(profile) -> None:
+    """Every method's section and the recommended method's published defaults, on the
+    held-back prompts the profile measured, side by side against plain greedy."""
+    from autotune.measure.timing import interval_text, measure_variants
+    from autotune.methods import registry
+    from autotune.methods.base import DraftEnv
+    from autotune.models.ref import TargetRef
+    from autotune.workspace import Workspace
+
+    blocks = {n: b for n, b in profile.method_blocks().items() if b.measured is not None}
+    if not blocks:
+        return
+    ws = Workspace.open(TargetRef.for_user("smollm2-135m"), profile.workload.prompts, None)
+    count = max(b.measured.prompts for b in blocks.values())
+    prompts = ws.encode(ws.heldback_prompts()[:count])
+    env = DraftEnv(ws.ref, ws.runner)
+    variants = {n: registry.method(n).variant(b, env) for n, b in blocks.items()}
+    variants.update(_published(profile.recommended))
+    print(f"\non the {len(prompts)} held-back prompts, side by side against plain greedy:")
+    measured = measure_variants(ws.runner, variants, prompts, profile.workload.max_new_tokens)
+    for name, m in sorted(measured.items(), key=lambda kv: -kv[1].speedup):
+        print(f"  {name:<32} {interval_text(m)}  lossless {m.lossless}")
+    fastest = max(blocks, key=lambda n: measured[n].speedup)
+    print(f"fastest method of the profile here: {fastest}")
+    defaults = [n for n in measured if n.startswith("default: ")]
+    if profile.recommended in measured and defaults:
+        best = max(defaults, key=lambda n: measured[n].speedup)
+        ratio = measured[profile.recommended].speedup / measured[best].speedup
+        print(f"tuned {profile.recommended} / best published default ({best}): {ratio:.3f}x")
 
 
 def _clock(seconds: float) -> str:
