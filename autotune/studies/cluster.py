@@ -3,7 +3,8 @@ at import time.
 
 Ray's own conventions, in its order: ``--ray-address``, else ``$RAY_ADDRESS``, else the
 cluster that ``ray start`` left running on this machine, else a local instance that
-autotune starts itself (the only case where autotune says how many cores Ray may use).
+autotune starts itself (the only case where autotune says how many cores Ray may use, and
+one that listens on loopback only: ``local_instance_options``).
 A given address is checked with a short connection attempt first: Ray itself would wait
 for minutes, and print pages of log, before it gave up.
 """
@@ -14,6 +15,7 @@ import contextlib
 import os
 import socket
 from dataclasses import dataclass
+from typing import Any
 
 from autotune.errors import AutotuneError
 
@@ -21,6 +23,7 @@ ENV_ADDRESS = "RAY_ADDRESS"
 CONNECT_TIMEOUT_S = 5.0  # a reachable head answers a TCP connect in well under a second
 GCS_TIMEOUT_S = 2.0  # and its GCS the cluster id (Ray tries three times: 6 s in all)
 CLIENT_SCHEME = "ray://"  # Ray Client addresses: ray://host:10001
+LOOPBACK = "127.0.0.1"  # the local instance's node address: no other machine reaches it
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,36 @@ class RayTarget:
     @property
     def local(self) -> bool:
         return self.address is None
+
+    def local_options(self) -> dict[str, Any]:
+        """``ray.init``'s keyword arguments for the local instance (see
+        ``local_instance_options``)."""
+        assert self.local, "a cluster is joined as it is: its nodes say their own options"
+        return local_instance_options()
+
+
+def local_instance_options() -> dict[str, Any]:
+    """``ray.init``'s keyword arguments for the Ray instance autotune starts itself: this
+    machine's cores, every server of it (GCS, raylet, workers, the driver, Ray's agents)
+    bound to loopback, no dashboard; ``ray.init`` starts no Ray Client server. Only
+    ``--ray-address`` or ``$RAY_ADDRESS`` joins a cluster that other machines can reach."""
+    _single_machine()
+    return {
+        "address": "local",  # not a cluster file that `ray start` left behind
+        "num_cpus": os.cpu_count(),
+        "include_dashboard": False,
+        "_node_ip_address": LOOPBACK,
+    }
+
+
+def _single_machine() -> None:
+    """Ray binds its servers to the node's address, but takes 127.0.0.1 for "this node's
+    routable address" unless clusters are off (``$RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``, as
+    Ray has them on macOS and Windows). Off in this process, whose Ray read that variable
+    when it was imported: the processes it starts are given the node's address."""
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def ray_target(address: str | None = None) -> RayTarget:

@@ -101,7 +101,7 @@ def init_ray(address: str | None = None) -> None:
         if target.local:
             # resources are ours to say only for an instance we start: Ray refuses them
             # when joining a cluster, whose nodes say their own
-            ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, **quiet)
+            ray.init(**target.local_options(), **quiet)
         else:
             ray.init(address=target.address, **quiet)
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
