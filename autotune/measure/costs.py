@@ -118,7 +118,9 @@ def measure_verify_curve(
     others interpolated."""
     sizes = grid_sizes(max_tokens) if sparse else None
     for attempt in range(1, CURVE_TRIES + 1):
-        curve = measure_latency_curve(runner, max_tokens, repeats, progress=progress, sizes=sizes)
+        curve = measure_latency_curve(
+            runner, max_tokens, repeats, progress=progress, sizes=sizes, until=until
+        )
         problem = implausible(curve)
         if problem is None:
             return curve
@@ -162,9 +164,11 @@ def measure_latency_curve(
     context: int = CONTEXT_TOKENS,
     progress=None,
     sizes: list[int] | None = None,
+    until: Budget | None = None,
 ) -> LatencyCurve:
     """Rounds over all sizes (or over ``sizes``, the others interpolated linearly), so
-    that a slow spell of the machine hits every size alike."""
+    that a slow spell of the machine hits every size alike; past ``until`` no round
+    starts after the first timed one."""
     timed = sizes or list(range(1, max_tokens + 1))
     cache = _prepared_cache(runner, context)
     samples: dict[int, list[float]] = {n: [] for n in timed}
@@ -176,6 +180,8 @@ def measure_latency_curve(
             samples[n].append(_time_forward(runner, cache, context, n, NO_SKIP))
         if progress:
             progress()
+        if until is not None and until.spent() and len(samples[timed[0]]) >= 2:
+            break
     medians = {n: statistics.median(s[1:]) for n, s in samples.items()}
     return LatencyCurve(interpolated(medians, max_tokens))
 

@@ -33,6 +33,7 @@ from autotune.methods.ngram.search import Scored, ascend
 from autotune.methods.ngram.settings import Config, NgramSettings, block_of, describe
 from autotune.methods.ngram.space import NgramSpace, PerCategory
 from autotune.methods.studies import completed, run_method_study
+from autotune.profile.blocks import Figures
 from autotune.progress import say, step
 
 KINDS = ("ngram", "suffix")
@@ -108,7 +109,7 @@ def tune(ctx: TuneContext) -> NgramSettings:
     proxy = cached_proxy(ctx, replayer, sequences)
     winners, study, trials = measured_study(ctx, proxy, confirm)
     candidates = with_default(space, winners)
-    chosen, selection, verdicts = side_by_side(ctx, candidates, proxy.by_category, confirm)
+    chosen, selection, verdicts, figures = side_by_side(ctx, candidates, proxy.by_category, confirm)
     if chosen == "default":
         ctx.note(
             "on the search prompts transformers' default prompt lookup measured faster than "
@@ -116,6 +117,7 @@ def tune(ctx: TuneContext) -> NgramSettings:
         )
     kept = {c: proxy.by_category[c] for c, row in verdicts.items() if row["kept"]}
     return NgramSettings(
+        selection=figures,
         draft=block_of(candidates[chosen]),
         by_category={c: block_of(config) for c, config in kept.items()},
         alternatives={
@@ -351,7 +353,7 @@ def side_by_side(
     candidates: dict[str, Config],
     by_category: dict[str, Config],
     prompts: list[EncodedPrompt],
-) -> tuple[str, dict[str, float], dict[str, dict]]:
+) -> tuple[str, dict[str, float], dict[str, dict], Figures]:
     """The fastest candidate, each one's speedup, and the verdict on every category's own
     setting: all decoded side by side on the same search prompts."""
     space: NgramSpace = ctx.space
@@ -387,7 +389,9 @@ def side_by_side(
             candidates[chosen],
             space.per_category,
         )
-    return chosen, selection, verdicts
+    # the chosen setting's figures: the profile's selection when no other method is left
+    # to compare it with
+    return chosen, selection, verdicts, Figures(**measured[chosen].summary(False))
 
 
 def category_verdicts(
