@@ -243,9 +243,9 @@ def test_write_to_a_folder_raises(tmp_path):
         write_profile(make_profile(), tmp_path)
 
 
-def test_check_writable_accepts_new_nested_path(tmp_path):
+def test_check_writable_accepts_new_nested_path_and_leaves_nothing(tmp_path):
     check_writable(tmp_path / "a" / "b" / "p.yaml")
-    assert (tmp_path / "a" / "b").is_dir()
+    assert list(tmp_path.iterdir()) == []  # the folders it tried are made when written
 
 
 def test_failed_write_leaves_no_file(tmp_path, monkeypatch):
@@ -256,7 +256,7 @@ def test_failed_write_leaves_no_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(profile_io.os, "replace", broken_replace)
     target = tmp_path / "p.yaml"
-    with pytest.raises(OSError):
+    with pytest.raises(OutputPathError, match="disk full"):  # one line, not a traceback
         write_profile(make_profile(), target)
     assert list(tmp_path.iterdir()) == []
 
@@ -268,7 +268,7 @@ def test_failed_overwrite_keeps_the_old_profile(tmp_path, monkeypatch):
     monkeypatch.setattr(
         profile_io.os, "replace", lambda src, dst: (_ for _ in ()).throw(OSError("disk full"))
     )
-    with pytest.raises(OSError):
+    with pytest.raises(OutputPathError):
         write_profile(make_profile(0.7), target)
     assert target.read_text() == before
     assert [p.name for p in tmp_path.iterdir()] == ["p.yaml"]

@@ -25,6 +25,7 @@ from torch import nn
 from autotune.engine import layers
 from autotune.engine.kvcache import KVCache
 from autotune.engine.runner import visibility
+from autotune.files import atomic_path, write_atomic
 from autotune.heads.medusa import HeadsError, read_weights
 
 CONFIG = "config.json"
@@ -122,7 +123,8 @@ def save_eagle_head(
         if not key.startswith("rotary.")
     }
     state["embed_tokens.weight"] = embed_weight.detach().contiguous().clone()
-    save_file(state, str(folder / WEIGHTS[0]))
+    with atomic_path(folder / WEIGHTS[0]) as temp:  # whole or not at all
+        save_file(state, str(temp))
     config = head.config.to_dict()
     config.update(
         {
@@ -133,7 +135,7 @@ def save_eagle_head(
             **(extra or {}),
         }
     )
-    (folder / CONFIG).write_text(json.dumps(config, indent=2, default=str) + "\n")
+    write_atomic(folder / CONFIG, json.dumps(config, indent=2, default=str) + "\n")
     return folder
 
 
@@ -223,8 +225,10 @@ def save_draft_vocab(folder: str | Path, token_counts: dict[int, int]) -> Path:
     frequent first): a draft vocabulary is a prefix of this list."""
     ranked = sorted(token_counts, key=lambda t: (-token_counts[t], t))
     path = Path(folder) / DRAFT_VOCAB
-    path.write_text(
-        json.dumps({"ranked_token_ids": ranked, "counts": [token_counts[t] for t in ranked]}) + "\n"
+    write_atomic(
+        path,
+        json.dumps({"ranked_token_ids": ranked, "counts": [token_counts[t] for t in ranked]})
+        + "\n",
     )
     return path
 

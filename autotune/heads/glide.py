@@ -37,6 +37,7 @@ from torch import nn
 from autotune.engine import layers
 from autotune.engine.kvcache import KVCache
 from autotune.engine.runner import Runner, visibility
+from autotune.files import atomic_path, write_atomic
 from autotune.heads.medusa import HeadsError, read_weights
 
 CONFIG = "config.json"
@@ -295,7 +296,8 @@ def save_glide_draft(
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().clone() for k, v in draft.state_dict().items()}
-    save_file(state, str(folder / WEIGHTS[0]))
+    with atomic_path(folder / WEIGHTS[0]) as temp:  # whole or not at all
+        save_file(state, str(temp))
     config = draft.config.to_dict()
     config.update(
         {
@@ -312,7 +314,7 @@ def save_glide_draft(
             **(extra or {}),
         }
     )
-    (folder / CONFIG).write_text(json.dumps(config, indent=2, default=str) + "\n")
+    write_atomic(folder / CONFIG, json.dumps(config, indent=2, default=str) + "\n")
     return folder
 
 

@@ -20,6 +20,7 @@ from torch import nn
 
 from autotune.engine import layers
 from autotune.errors import AutotuneError
+from autotune.files import atomic_path, write_atomic
 
 CONFIG = "config.json"
 WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
@@ -107,7 +108,8 @@ def save_medusa_heads(
         for k, head in enumerate(heads.heads)
         for key, value in head.state_dict().items()
     }
-    save_file(state, str(folder / WEIGHTS[0]))
+    with atomic_path(folder / WEIGHTS[0]) as temp:  # whole or not at all
+        save_file(state, str(temp))
     config = {
         "medusa_num_heads": heads.num_heads,
         "medusa_num_layers": heads.num_layers,
@@ -116,7 +118,7 @@ def save_medusa_heads(
         "vocab_size": heads.vocab_size,
         **(extra or {}),
     }
-    (folder / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    write_atomic(folder / CONFIG, json.dumps(config, indent=2) + "\n")
     return folder
 
 

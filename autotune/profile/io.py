@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 import types
 import typing
 from pathlib import Path
@@ -13,7 +12,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from autotune.errors import AutotuneError, OutputPathError
+from autotune.errors import AutotuneError
+from autotune.files import check_writable as check_writable  # profiling's check, before work
+from autotune.files import write_atomic
 from autotune.profile.blocks import field_names
 from autotune.profile.schema import SCHEMA, ProfileBase, profile_model
 
@@ -30,37 +31,14 @@ class ProfileInvalidError(AutotuneError):
         super().__init__(f"profile {path} is invalid: " + "; ".join(problems))
 
 
-def check_writable(path: Path) -> None:
-    """Fail before any long work if the profile could not be written there."""
-    folder = path.parent
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutputPathError(
-            f"cannot create {folder}: {exc.strerror}; choose another --out"
-        ) from None
-    if path.is_dir():
-        raise OutputPathError(f"{path} is a folder; --out needs a file name such as profile.yaml")
-    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise OutputPathError(f"{path} is not writable; choose another --out")
-
-
 def write_profile(profile: ProfileBase, path: Path) -> None:
     """The profile as YAML, made to travel: head folders relative to the profile's folder,
-    a model from the hub cache named by its repo id as well as its path."""
-    check_writable(path)
+    a model from the hub cache named by its repo id as well as its path. Written whole or
+    not at all (``autotune.files``)."""
     data = profile.model_dump(mode="json", by_alias=True)
     _change_head_paths(data, lambda head: _relative(head, path.parent))
     _name_repo(data.get("model"))
-    text = yaml.safe_dump(data, sort_keys=False)
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w") as stream:
-            stream.write(text)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, yaml.safe_dump(data, sort_keys=False))
 
 
 def read_profile(path: Path) -> ProfileBase:

@@ -23,6 +23,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import StorageError, StudyNotFoundError
+from autotune.files import atomic_path
 from autotune.studies.database import check_url, redact, storage_url
 
 FAIL_REASON = "fail_reason"  # trial user attr: why the trial failed (autotune.studies.tune)
@@ -402,7 +403,8 @@ def plot_study(study: optuna.Study, out: Path) -> PlotResult:
         path = out / f"{stem}-{kind}.png"
         figure = axes.get_figure(root=True)
         assert figure is not None  # an Axes drawn by Optuna belongs to a figure
-        figure.savefig(path, dpi=120, bbox_inches="tight")
+        with atomic_path(path) as temp:  # whole or not at all: the format from the suffix
+            figure.savefig(temp, dpi=120, bbox_inches="tight")
         plt.close(figure)
         written.append(path)
     return PlotResult(written, skipped)
