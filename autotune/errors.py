@@ -9,6 +9,10 @@ class ModelNotFoundError(AutotuneError):
     pass
 
 
+class ModelConfigError(AutotuneError):
+    """A model folder's config.json cannot be read."""
+
+
 class PromptsFileError(AutotuneError):
     pass
 

@@ -32,7 +32,12 @@ def export_profile(
     """Render ``method`` (default: the profile's recommended one) for ``engine``. Without
     ``force`` only the recommended method is exported, and only if it measured faster
     than plain greedy decoding: the export is what gets deployed."""
+    from autotune.profile.meaning import model_problem
+
     engine = check_engine(engine)
+    problem = model_problem(profile)
+    if problem is not None:
+        raise AutotuneError(f"the profile's model block {problem}")
     name, choice_warnings = choose_method(profile, engine, method)
     if not force:
         guard(profile, name)

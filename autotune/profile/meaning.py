@@ -15,7 +15,32 @@ from autotune.profile.schema import ProfileBase
 
 def profile_problems(profile: ProfileBase) -> list[str]:
     """One line per problem, ``dotted.path: what is wrong`` (the schema's error form)."""
-    return [*_sizes(profile), *_recommendation(profile), *_methods(profile)]
+    return [
+        *_registry(profile),
+        *_sizes(profile),
+        *_recommendation(profile),
+        *_methods(profile),
+    ]
+
+
+def model_problem(profile: ProfileBase) -> str | None:
+    """The profile's model block against what autotune knows of the model it names (an
+    alias's layers, hidden size and vocabulary; the fingerprint of a known file)."""
+    from autotune.models.registry import architecture_mismatch
+
+    model = profile.model
+    facts = {
+        "num_layers": model.num_layers,
+        "hidden_size": model.hidden_size,
+        "vocab_size": model.vocab_size,
+    }
+    return architecture_mismatch(model.name, model.repo, facts, model.fingerprint)
+
+
+def _registry(profile: ProfileBase) -> Iterator[str]:
+    problem = model_problem(profile)
+    if problem is not None:
+        yield f"model: {problem}"
 
 
 def _positive(where: str, value: float | None, *, zero: bool = False) -> Iterator[str]:
