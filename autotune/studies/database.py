@@ -4,7 +4,9 @@ Optuna."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from autotune.errors import StorageError
@@ -37,6 +39,50 @@ def check_url(url: str) -> None:
                 f"cannot create the folder of the study database {folder}: "
                 f"{exc.strerror}; pass --storage with a writable path"
             ) from None
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite URL (None: another database, or SQLite in memory)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database).expanduser().resolve()
+
+
+# SQLite's own files beside a database: a rollback journal, or write-ahead log and index
+SQLITE_SIDE_FILES = ("-journal", "-wal", "-shm")
+
+
+@contextlib.contextmanager
+def undone_if_failed(url: str) -> Iterator[None]:
+    """Opening (and creating) a study database leaves nothing behind when it fails: a
+    SQLite file that was not there before, its journal and the folders made for it are
+    removed again (a full disk, say, leaves a 0-byte database otherwise)."""
+    path = sqlite_file(url)
+    if path is None or path.exists():
+        yield
+        return
+    folders = []
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folders.append(folder)
+        folder = folder.parent
+    try:
+        yield
+    except BaseException:
+        for name in ("", *SQLITE_SIDE_FILES):
+            with contextlib.suppress(OSError):
+                Path(f"{path}{name}").unlink(missing_ok=True)
+        for made in folders:  # deepest first; one holding something else stays
+            with contextlib.suppress(OSError):
+                made.rmdir()
+        raise
 
 
 def redact(url: str) -> str:

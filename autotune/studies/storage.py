@@ -8,7 +8,13 @@ import time
 from datetime import UTC, datetime
 
 from autotune.errors import StorageError
-from autotune.studies.database import check_url, created_meanwhile, redact, storage_url
+from autotune.studies.database import (
+    check_url,
+    created_meanwhile,
+    redact,
+    storage_url,
+    undone_if_failed,
+)
 
 
 def open_storage(url: str | None = None):
@@ -18,16 +24,17 @@ def open_storage(url: str | None = None):
     from autotune.studies.rdb import connect
 
     url = storage_url(url)
-    check_url(url)
-    try:
-        return connect(url)
-    except (SQLAlchemyError, ImportError, ValueError, RuntimeError) as exc:
-        # RuntimeError: a database whose schema another Optuna version wrote
-        reason = str(exc).strip().splitlines()[0][:300]
-        raise StorageError(
-            f"cannot open the study database {redact(url)}: {reason}; "
-            "check --storage or AUTOTUNE_STORAGE"
-        ) from None
+    with undone_if_failed(url):
+        check_url(url)
+        try:
+            return connect(url)
+        except (SQLAlchemyError, ImportError, ValueError, RuntimeError) as exc:
+            # RuntimeError: a database whose schema another Optuna version wrote
+            reason = str(exc).strip().splitlines()[0][:300]
+            raise StorageError(
+                f"cannot open the study database {redact(url)}: {reason}; "
+                "check --storage or AUTOTUNE_STORAGE"
+            ) from None
 
 
 class MeasurementCache:
@@ -37,10 +44,14 @@ class MeasurementCache:
     """
 
     def __init__(self, url: str | None = None):
+        url = storage_url(url)
+        with undone_if_failed(url):
+            check_url(url)
+            self._open(url)
+
+    def _open(self, url: str) -> None:
         import sqlalchemy as sa
 
-        url = storage_url(url)
-        check_url(url)
         try:
             self._engine = sa.create_engine(url, **_engine_kwargs(url))
         except (sa.exc.SQLAlchemyError, ImportError) as exc:
@@ -70,7 +81,8 @@ class MeasurementCache:
                     break
                 time.sleep(0.5 * (attempt + 1))
         raise StorageError(
-            f"cannot use the study database {redact(url)}: {str(error).splitlines()[0][:200]}"
+            f"cannot use the study database {redact(url)}: {str(error).splitlines()[0][:200]}; "
+            "check --storage or AUTOTUNE_STORAGE"
         )
 
     def get(self, kind: str, fingerprint: str, hardware: str, key: str):
