@@ -58,6 +58,20 @@ ANSWERS_SHARE = 0.35
 # Of the searches' time, what fitting CAPE on the chain methods takes.
 CAPE_SHARE = 0.15
 
+# Within a method's tuning time (shares of what is left when each step starts): n-gram's
+# proxy search, then its measured study (the rest: the side by side of its finalists);
+# self-spec's mask search on the proxy, then its draft-exit study; EAGLE's static then
+# dynamic tree studies; Medusa's tree study; GLIDE's study; CAPE's fit per chain method.
+NGRAM_PROXY_SHARE = 0.4
+NGRAM_STUDY_SHARE = 0.75
+MASK_SEARCH_SHARE = 0.6
+DRAFT_EXIT_SHARE = 0.9
+EAGLE_STATIC_SHARE = 0.4
+EAGLE_DYNAMIC_SHARE = 0.8
+MEDUSA_TREE_SHARE = 0.85
+GLIDE_STUDY_SHARE = 0.9
+CAPE_FIT_SHARE = 0.5
+
 # --- probes and bounds ------------------------------------------------------------------
 # The verify curve the bounds read (n = 1 .. this many tokens).
 PROBE_CURVE_TOKENS = 16

@@ -313,7 +313,11 @@ class Run:
         return 3600.0 if left is None else left
 
     def schedule(self) -> Schedule:
-        return Schedule(self.budget, plan.phases(self.facts, self.evidence, self.seconds_left()))
+        return Schedule(
+            self.budget,
+            plan.phases(self.facts, self.evidence, self.seconds_left()),
+            done=len(self.ledger),
+        )
 
     def begin(self, name: str) -> Budget:
         """The phase ``name`` starts: its share of the time left, from a fresh plan."""
@@ -579,7 +583,7 @@ def fit_expansions(
             ctx = TuneContext(
                 ws,
                 setup.spaces[expansion.name],
-                budget.part(0.5),
+                budget.part(plan.CAPE_FIT_SHARE),
                 Workers(),
                 setup.heads.get(method.name),
                 base_space=setup.spaces[method.name],

@@ -49,9 +49,10 @@ class Schedule:
     share of the time that is left, so the run shrinks instead of overrunning. Reserved
     phases shrink last: the others ahead give up their time first."""
 
-    def __init__(self, budget: Budget, phases: list[Phase]):
+    def __init__(self, budget: Budget, phases: list[Phase], done: int = 0):
         self.budget = budget
         self.phases = phases
+        self.before = done  # phases of the run already over (a plan made again midway)
         self._done: set[str] = set()
 
     def lines(self) -> list[str]:
@@ -78,9 +79,9 @@ class Schedule:
         seconds = phase.seconds * (1.0 if left is None else self._scale(phase, ahead, left))
         expected = planned_ahead if left is None else min(planned_ahead, max(left, 0.0))
         end = time.strftime("%H:%M", time.localtime(time.time() + expected))
-        index = self.phases.index(phase) + 1
+        index = self.before + self.phases.index(phase) + 1
         say(
-            f"[bold][{index}/{len(self.phases)}] {name}[/bold] (~{clock(seconds)}; "
+            f"[bold][{index}/{self.before + len(self.phases)}] {name}[/bold] (~{clock(seconds)}; "
             f"{clock(self.budget.elapsed())} so far, the run should end by {end})"
         )
         if left is not None and left <= 0:

@@ -49,8 +49,9 @@ def measure_until_decided(
     stopped = "prompts"
     while done < len(prompts):
         batch = prompts[done : done + (first if looks == 0 else every)]
-        # the first look fits the time down to the least prompts an interval needs
-        least = MIN_PROMPTS if looks == 0 else len(batch)
+        # the first look fits the time down to the least prompts an interval needs; a
+        # later one stops at the deadline, however few of its batch it measured
+        least = MIN_PROMPTS if looks == 0 else 0
         measured = session.measure(batch, on_prompt, until=budget, least=least)
         done, looks = done + measured, looks + 1
         if between is not None:

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune import plan
 from autotune.errors import AutotuneError, OutputPathError
 from autotune.progress import say
 from autotune.training.kinds import KINDS as HEAD_KINDS
@@ -114,7 +115,9 @@ def run_heads_train(job: HeadsJob):
     # user's own file is their workload alone
     extras, keep = [], None
     if job.prompts is None:
-        seconds = None if options.time_budget_s is None else ANSWERS_SHARE * options.time_budget_s
+        seconds = (
+            None if options.time_budget_s is None else plan.ANSWERS_SHARE * options.time_budget_s
+        )
         extras = decode_calibration(target, prompts_path, prompts, options.max_new_tokens, seconds)
         keep = answered(target, options.max_new_tokens)  # what fitted the answers' time
     trained = train_heads_on(
@@ -144,7 +147,6 @@ def answer_cache(model_fingerprint: str):
 # second (measured on 2 cores, SmolLM2-135M, batches of 16: ~140 against ~35).
 BATCHED_DECODING_GAIN = 4.0
 # Of a training job's time, what decoding the shared answers may take at most.
-ANSWERS_SHARE = 0.35
 
 
 def answers_seconds(forward_s: float, answer_tokens: int, prompts: list) -> float:

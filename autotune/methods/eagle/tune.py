@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from autotune import plan
 from autotune.drafters.eagle import DynamicTree, EagleDrafter, StaticTree
 from autotune.measure.eagle_accuracy import measure_eagle_accuracy, measure_level_costs
 from autotune.measure.head_accuracy import HeadAccuracy
@@ -32,10 +33,6 @@ from autotune.methods.heads import (
 from autotune.methods.studies import completed, run_method_study
 from autotune.progress import say, step
 from autotune.tuners.medusa_tree import grow_tree, rank_prefixes
-
-# Shares of what calibration leaves of the budget: the static study, then the dynamic one.
-STATIC_SHARE = 0.4
-DYNAMIC_SHARE = 0.8
 
 
 @dataclass(frozen=True)
@@ -209,7 +206,7 @@ def tree_searches(
             },
             static_seeds,
             space.static.trials,
-            STATIC_SHARE,
+            plan.EAGLE_STATIC_SHARE,
         ),
         "dynamic": TreeSearch(
             {
@@ -220,7 +217,7 @@ def tree_searches(
             },
             dynamic_seeds(static_seeds),
             dynamic.trials,
-            DYNAMIC_SHARE,
+            plan.EAGLE_DYNAMIC_SHARE,
         ),
     }
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from autotune import plan
 from autotune.drafters.cape import NO_EXPANSION
 from autotune.drafters.self_spec import DraftExitPolicy
 from autotune.measure.cape_stats import ChainSteps
@@ -42,8 +43,6 @@ from autotune.methods.heads import confirm_and_calibration, heads_id, unseen_sea
 from autotune.methods.studies import completed, run_method_study
 from autotune.progress import say, step
 from autotune.tuners.cape_fit import SelfSpecChain, replay
-
-STUDY_SHARE = 0.9  # of what calibration leaves of the budget; the rest is slack
 
 
 @dataclass
@@ -222,7 +221,7 @@ def draft_study(ctx: TuneContext, head_dir: str, calibrated: Calibrated, predict
         trials=ctx.trials or space.draft.trials,
         seeds=seeds,
         sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=len(seeds)),
-        budget=ctx.budget.share(STUDY_SHARE),
+        budget=ctx.budget.share(plan.GLIDE_STUDY_SHARE),
         label="glide draft-length study (measured)",
         objective_text="measured speedup",
         attrs={"head": head_dir},

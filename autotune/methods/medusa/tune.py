@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from autotune import plan
 from autotune.measure.costs import LatencyCurve
 from autotune.measure.head_accuracy import HeadAccuracy, measure_head_accuracy, measure_head_costs
 from autotune.methods.base import TuneContext
@@ -167,7 +168,7 @@ def tree_study(
         trials=ctx.trials or space.tree.trials,
         seeds=seeds,
         sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=len(seeds)),
-        budget=ctx.budget.share(0.85),
+        budget=ctx.budget.share(plan.MEDUSA_TREE_SHARE),
         label="medusa tree study (measured)",
         objective_text="measured speedup",
         attrs={"heads": str(ctx.heads)},

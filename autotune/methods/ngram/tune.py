@@ -21,6 +21,7 @@ import hashlib
 import itertools
 from dataclasses import dataclass, field
 
+from autotune import plan
 from autotune.drafters.ngram import LookupConfig, NgramDrafter
 from autotune.drafters.suffix import SuffixConfig
 from autotune.errors import AutotuneError
@@ -37,9 +38,6 @@ from autotune.profile.blocks import Figures
 from autotune.progress import say, step
 
 KINDS = ("ngram", "suffix")
-# Shares of what is left of the budget: the proxy search, then the measured study.
-PROXY_SHARE = 0.4
-STUDY_SHARE = 0.6
 # Continuations whose replay times one proposal of each kind.
 TIMED_SEQUENCES = 4
 
@@ -235,7 +233,7 @@ def grids(space: NgramSpace, kind: str) -> dict[str, list]:
 
 def proxy_search(ctx: TuneContext, replayer: Replayer) -> Proxy:
     space: NgramSpace = ctx.space
-    budget = ctx.budget.part(PROXY_SHARE)
+    budget = ctx.budget.part(plan.NGRAM_PROXY_SHARE)
     everything = replayer.indices()
     best, predicted, ranked = {}, {}, []
     for kind in KINDS:
@@ -314,7 +312,7 @@ def measured_study(
         trials=wanted,
         seeds=seeds[:wanted],
         sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=min(len(seeds), wanted)),
-        budget=ctx.budget.share(STUDY_SHARE),
+        budget=ctx.budget.share(plan.NGRAM_STUDY_SHARE),
         label="n-gram study (measured)",
         objective_text="measured speedup",
     )

@@ -7,6 +7,7 @@ import functools
 import hashlib
 from dataclasses import dataclass
 
+from autotune import plan
 from autotune.drafters.self_spec import DV_DEFAULT_POLICY, DraftExitPolicy, LayerSkipDrafter
 from autotune.engine.skip import SkipMask
 from autotune.measure.costs import LatencyCurve, SublayerCosts
@@ -19,11 +20,6 @@ from autotune.methods.self_spec.space import SelfSpecSpace
 from autotune.methods.studies import completed, run_method_study
 from autotune.progress import say
 from autotune.tuners.skip_mask import seed_masks
-
-# Shares of the method's budget: the mask search, then the draft-exit study (of what is
-# left after confirmation); calibration and confirmation take what they take.
-MASK_SEARCH_SHARE = 0.6
-DRAFT_EXIT_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -128,7 +124,7 @@ def search_masks(
         trials=ctx.trials or space.trials,
         sampler=mask_sampler(space.sampler),
         seeds=[trials.params_from_mask(m, space, layers) for m in seeds],
-        budget=ctx.budget.share(MASK_SEARCH_SHARE),
+        budget=ctx.budget.share(plan.MASK_SEARCH_SHARE),
         timed=False,
         label="skip-mask search (proxy)",
         objective_text="proxy speedup (teacher-forced draft traces, measured costs)",
@@ -235,7 +231,7 @@ def tune_draft_exit(ctx: TuneContext, best: MaskCandidate, search) -> tuple[Draf
             trials.params_from_policy(best.policy, space),
             trials.params_from_policy(DV_DEFAULT_POLICY, space),
         ],
-        budget=ctx.budget.share(DRAFT_EXIT_SHARE),
+        budget=ctx.budget.share(plan.DRAFT_EXIT_SHARE),
         timed=True,
         label="draft-exit tuning (measured)",
         objective_text="measured speedup",
