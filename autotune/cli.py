@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from functools import wraps
 from pathlib import Path
 
@@ -49,14 +52,15 @@ def _main(
 
 def _user_errors(command):
     """No traceback reaches the user. An AutotuneError is theirs to fix: one line, exit
-    status 2. Ctrl-C: one line, status 130 (studies resume on the next run). Running out
+    status 2. Ctrl-C or SIGTERM: one line, status 130 (studies resume on the next run). Running out
     of memory: one line with what to try, status 2. Anything else is a bug of ours: one
     line naming the log file that holds the traceback, status 1."""
 
     @wraps(command)
     def run(*args, **kwargs):
         try:
-            return command(*args, **kwargs)
+            with _sigterm_as_interrupt():
+                return command(*args, **kwargs)
         except (typer.Exit, typer.Abort, click.ClickException):
             raise  # the command's own exit, or click's usage error: already said
         except AutotuneError as exc:
@@ -90,6 +94,29 @@ def _user_errors(command):
             )
 
     return run
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM (``kill``, a scheduler ending a job) stops a command as Ctrl-C does: the
+    same cleanup (``finally`` blocks, temporary files removed) and the same message."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set signal handlers
+        return
+    before = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    except SystemExit as exc:
+        # ray.init() puts its own handler in place of ours, sys.exit(signum): the same stop
+        if exc.code == signal.SIGTERM and signal.getsignal(signal.SIGTERM) is not _raise_interrupt:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
 
 
 def _fail(line: str, status: int):
@@ -241,12 +268,15 @@ def profile(
     """Tune the methods on this model and device; write a YAML decoding profile."""
     from rich.console import Console
 
+    from autotune.files import check_writable
     from autotune.profile.report import plot_path, verdict_table
     from autotune.profiling import ProfileRequest, parse_methods, run_profile, verdict_lines
     from autotune.schedule import parse_duration
     from autotune.studies.cluster import ray_target
     from autotune.studies.workers import Workers, check_trial_gpus
 
+    if out is not None:
+        check_writable(out)  # before the model, the heads and the study database
     _threads(threads)
     dtype, device = _placement(dtype, device)
     check_trial_gpus(gpus_per_trial, device)
@@ -404,7 +434,8 @@ def export(
     """Write a profile's recommended settings in a serving engine's own format. What the
     engine cannot express is printed as a warning and kept as a comment in the output."""
     from autotune.export import export_profile
-    from autotune.profile.io import check_writable, read_profile
+    from autotune.files import check_writable, write_atomic
+    from autotune.profile.io import read_profile
 
     result = export_profile(read_profile(profile_path), engine, method, force)
     if out is not None:
@@ -414,7 +445,7 @@ def export(
     if out is None:
         typer.echo(result.text, nl=False)
         return
-    out.write_text(result.text)
+    write_atomic(out, result.text)
     typer.echo(f"wrote {out} ({result.engine}, {result.method}; targets {result.engine_version})")
 
 
