@@ -146,7 +146,6 @@ CASES = [
         "--search-space with a negative draft length",
         lambda d: profile_args(d, "--search-space", f"ngram={negative_grid(d)}"),
         lambda d: [str(d / "space.yaml"), "draft_tokens"],
-        xfail="the grids of autotune/methods/ngram/space.py take any integers",
     ),
     Case(
         "validate: a profile naming vicuna-7b with SmolLM2's shapes",

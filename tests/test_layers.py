@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
         "autotune.output",
         "autotune.schedule",
         "autotune.plan",
+        "autotune.files",
     ),
     ("autotune.engine",),
     ("autotune.heads",),

@@ -3,7 +3,14 @@ its package's ``space.yaml``: the models here have none."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, ConfigDict, Field
+
+# Grid values: a count or size of at least one, a positive factor, a probability.
+Count = Annotated[int, Field(ge=1)]
+Positive = Annotated[float, Field(gt=0)]
+Fraction = Annotated[float, Field(ge=0, le=1)]
 
 
 class Strict(BaseModel):

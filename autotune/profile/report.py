@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from autotune.files import atomic_path
 from autotune.profile.blocks import Figures, MethodSettings, field_names
 from autotune.profile.schema import ProfileBase
 
@@ -109,8 +110,9 @@ def write_verdict_plot(profile: ProfileBase, path: Path) -> Path | None:
     ax.set_title(f"{profile.model.name}: held-back prompts")
     ax.legend(fontsize="small")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
+    try:
+        with atomic_path(path) as temp:
+            fig.savefig(temp, dpi=110, format="png")
+    finally:
+        plt.close(fig)
     return path

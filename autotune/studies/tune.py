@@ -92,6 +92,9 @@ def init_ray(address: str | None = None) -> None:
     # Ctrl-C stops `profile`, not only the study under way (Tune would swallow it, and
     # the next step would start); the trials it stops are queued again for the next run
     os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
+    # SIGTERM is ours to report in one line (as Ctrl-C): Ray's handler would print its
+    # own stack first
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     quiet: dict[str, Any] = {
         "log_to_driver": False,
         "configure_logging": True,

@@ -7,7 +7,6 @@ import contextlib
 import hashlib
 import json
 import math
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 import torch
 
 from autotune.errors import AutotuneError
+from autotune.files import write_atomic
 from autotune.progress import say, step
 
 # Greedy answers are generated this many prompts at a time (left-padded, prompts of
@@ -199,9 +199,10 @@ class AnswerCache:
         for prompt, answer in zip(prompts, answers):
             record[_digest(prompt)] = {"max_new_tokens": max_new_tokens, "tokens": answer.tokens}
         self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = self.file.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(record))
-        tmp.replace(self.file)  # whole or not at all: a killed run leaves no half file
+        # whole or not at all: a killed run leaves no half file
+        write_atomic(
+            self.file, json.dumps(record), "free space in autotune's cache (AUTOTUNE_CACHE)"
+        )
 
 
 def _digest(prompt: list[int]) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 from autotune.errors import AutotuneError
 from autotune.export.base import Exporter, Rendered, json_text, provenance
 from autotune.export.engines import ENGINES
+from autotune.files import write_atomic
 from autotune.methods.glide.settings import GlideSettings
 from autotune.profile.schema import ProfileBase
 
@@ -185,7 +186,7 @@ def write_reference(profile_path: str | Path, out: str | Path | None = None) -> 
     if out is None:
         sys.stdout.write(rendered.text)
     else:
-        Path(out).expanduser().write_text(rendered.text)
+        write_atomic(Path(out).expanduser(), rendered.text)
     return rendered.warnings
 
 

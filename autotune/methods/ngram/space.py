@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from autotune.methods.spaces import Calibration, Strict, Trials
+from autotune.methods.spaces import Calibration, Count, Fraction, Positive, Strict, Trials
 
 
 def _check_grids(space: Strict) -> None:
@@ -30,12 +30,12 @@ class NgramStart(Strict):
 class NgramGrid(Strict):
     """Prompt lookup: the values the search may choose, and where it starts."""
 
-    min_match: list[int]
-    max_match: list[int]
-    draft_tokens: list[int]
-    candidates: list[int]
-    branch_tokens: list[int]
-    max_tree_tokens: list[int]
+    min_match: list[Count]
+    max_match: list[Count]
+    draft_tokens: list[Count]
+    candidates: list[Count]
+    branch_tokens: list[Count]
+    max_tree_tokens: list[Count]
     prefer: list[Literal["recent", "first"]]
     start: NgramStart
 
@@ -57,12 +57,12 @@ class SuffixStart(Strict):
 class SuffixGrid(Strict):
     """Suffix decoding: the values the search may choose, and where it starts."""
 
-    min_match: list[int]
-    max_match: list[int]
-    draft_tokens: list[int]
-    max_tree_tokens: list[int]
-    tokens_per_match: list[float]
-    min_probability: list[float]
+    min_match: list[Count]
+    max_match: list[Count]
+    draft_tokens: list[Count]
+    max_tree_tokens: list[Count]
+    tokens_per_match: list[Positive]
+    min_probability: list[Fraction]
     start: SuffixStart
 
     @model_validator(mode="after")
