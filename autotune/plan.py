@@ -39,8 +39,9 @@ MARGIN = 0.0
 CPU_TRAINABLE_PARAMS = 1_000_000_000
 # Heads trained within the run learn from answers this long (all trainers share them).
 ANSWER_TOKENS = 128
-# Answers are decoded in batches: this many times faster than one sequence (2 cores).
-BATCHED_DECODING_GAIN = 4.0
+# Answers are decoded in batches: this many times faster than one sequence (2 cores:
+# 16 answers of 128 tokens in 32 s at 32 ms a forward).
+BATCHED_DECODING_GAIN = 2.0
 # Start-up after the first forward: Ray's first worker loads the model (2 cores).
 STARTUP_S = 30.0
 
@@ -77,7 +78,8 @@ CAPE_FIT_SHARE = 0.5
 PROBE_CURVE_TOKENS = 16
 # A draft-free method's probe: its proxy's best decoded against greedy on this many
 # search prompts of PROBE_TOKENS tokens: the run's first leader and its interval.
-PROBE_PROMPTS = 6
+# (6 prompts gave n-gram [1.04, 1.46] on 2 cores: too loose a low end to skip by.)
+PROBE_PROMPTS = 10
 PROBE_TOKENS = 64
 # A head kind's probe trains for this share of its planned training (at least
 # PROBE_LEAST_S); the rest of the training happens only if its bound can win.
@@ -85,8 +87,10 @@ PROBE_SHARE = 0.2
 PROBE_LEAST_S = 25.0
 # Optimistic learning curve: accuracy after t seconds grows at most as t ** EXPONENT
 # (on 2 cores Medusa's head-1 top-1 went 0.077 -> 0.115 from 60 s to 120 s: exponent
-# 0.58; heads of this size level off well before that), capped at ACCURACY_CAP.
+# 0.58), at most MAX_GROWTH-fold (heads of this size level off: a 6-epoch Medusa job
+# reached top-1 0.134 where 120 s reached 0.115), capped at ACCURACY_CAP.
 LEARNING_EXPONENT = 0.7
+MAX_GROWTH = 3.0
 ACCURACY_CAP = 0.95
 # A search scored on its seeds only (self-spec's masks on the proxy) may still find a
 # setting this much faster than its best seed.
@@ -152,20 +156,24 @@ class Evidence:
 
 
 def chain_speedup(
-    acceptance: Sequence[float], verify_relative: Sequence[float], draft_relative: float = 0.0
+    acceptance: Sequence[float],
+    verify_relative: Sequence[float],
+    draft_relative: float = 0.0,
+    width: int = 1,
 ) -> tuple[float, int]:
-    """The best (speedup, depth) of a chain whose i-th drafted token is accepted with
-    probability ``acceptance[i]`` given the ones before it: expected tokens per step
-    over the step's cost (verifying depth + 1 tokens, plus drafting ``depth`` tokens at
-    ``draft_relative`` of a forward each)."""
+    """The best (speedup, depth) of a draft ``width`` tokens wide at each depth whose
+    tokens at depth i hold the target's with probability ``acceptance[i]`` given the
+    ones before: expected tokens per step over the step's cost (verifying
+    1 + width x depth tokens, plus drafting ``depth`` levels at ``draft_relative`` of a
+    forward each)."""
     best, depth_of_best = 1.0, 0
     expected, reach = 1.0, 1.0
     for depth, rate in enumerate(acceptance, 1):
-        if depth >= len(verify_relative):
+        if width * depth >= len(verify_relative):
             break
         reach *= max(0.0, min(1.0, rate))
         expected += reach
-        speedup = expected / (verify_relative[depth] + depth * draft_relative)
+        speedup = expected / (verify_relative[width * depth] + depth * draft_relative)
         if speedup > best:
             best, depth_of_best = speedup, depth
     return best, depth_of_best
@@ -173,31 +181,39 @@ def chain_speedup(
 
 def extrapolated_accuracy(accuracy: float, trained_s: float, full_s: float) -> float:
     """An optimistic accuracy after ``full_s`` seconds of training, from ``accuracy``
-    measured after ``trained_s``."""
+    measured after ``trained_s``: grown as time ** LEARNING_EXPONENT, at most
+    MAX_GROWTH-fold (heads this small level off) and ACCURACY_CAP."""
     if trained_s <= 0:
         return ACCURACY_CAP
-    growth = max(1.0, full_s / trained_s) ** LEARNING_EXPONENT
+    growth = min(MAX_GROWTH, max(1.0, full_s / trained_s) ** LEARNING_EXPONENT)
     return min(ACCURACY_CAP, accuracy * growth)
 
 
 def heads_bound(
     method: str,
+    top1: Sequence[float],
     top5: Sequence[float],
     verify_relative: Sequence[float],
     trained_s: float,
     full_s: float,
 ) -> Bound:
-    """A head method's bound: each position accepted as often as the head's top-5 holds
-    the target's token (a tree as wide as five, priced as a chain), after the full
-    training's optimistic growth, drafting free."""
-    grown = [extrapolated_accuracy(a, trained_s, full_s) for a in top5]
-    speedup, depth = chain_speedup(grown, verify_relative)
+    """A head method's bound: the better of a chain accepted as often as each head's
+    top-1 holds the target's token, and a tree five wide at every depth accepted as often
+    as its top-5 does (priced at five tokens a depth), after the full training's
+    optimistic growth, drafting free."""
+    grown1 = [extrapolated_accuracy(a, trained_s, full_s) for a in top1]
+    grown5 = [extrapolated_accuracy(a, trained_s, full_s) for a in top5]
+    chain, chain_depth = chain_speedup(grown1, verify_relative)
+    tree, tree_depth = chain_speedup(grown5, verify_relative, width=5)
+    shape = f"a chain {chain_depth} deep" if chain >= tree else f"a tree 5 wide, {tree_depth} deep"
     return Bound(
         method,
-        speedup,
-        f"top-5 accuracy {', '.join(f'{a:.2f}' for a in top5)} after a {trained_s:.0f} s "
-        f"probe, at most {', '.join(f'{a:.2f}' for a in grown)} after {full_s:.0f} s of "
-        f"training; a free draft of depth {depth} verified at this device's cost",
+        max(chain, tree),
+        f"top-1 {', '.join(f'{a:.2f}' for a in top1)} and top-5 "
+        f"{', '.join(f'{a:.2f}' for a in top5)} after a {trained_s:.0f} s probe, grown to at "
+        f"most {', '.join(f'{a:.2f}' for a in grown1)} / "
+        f"{', '.join(f'{a:.2f}' for a in grown5)} after {full_s:.0f} s of training; "
+        f"{shape}, drafted free, verified at this device's cost",
     )
 
 

@@ -465,6 +465,7 @@ class Run:
                 self.evidence.lead = lead
             say(f"{name} leads: {interval_text(found.measured)} on {lead.prompts} search prompts")
         self.end(f"bound {found.bound.speedup:.3f}x")
+        say(f"{name}: at most {found.bound.speedup:.3f}x ({found.bound.evidence})")
         # the leader may have changed: every bound is weighed against it again
         for other, bound in self.evidence.bounds.items():
             why = plan.skip_reason(bound, self.evidence.lead, self.request.margin)
@@ -478,13 +479,14 @@ class Run:
         kind = self.facts.train[name]
         full = plan.training_planned(self.facts, self.evidence, self.seconds_left()).get(kind, 0.0)
         try:
-            top5, trained_s = probe_kind(
+            top1, top5, trained_s = probe_kind(
                 self.ws, plan.ANSWER_TOKENS, kind, max(budget.seconds or 0.0, 1.0)
             )
         except AutotuneError as exc:  # e.g. too few answers to train on
             self.skip(name, f"its {kind} heads could not be trained: {exc}")
             return None
-        return Probe(plan.heads_bound(name, top5, self.facts.verify_relative, trained_s, full))
+        bound = plan.heads_bound(name, top1, top5, self.facts.verify_relative, trained_s, full)
+        return Probe(bound)
 
     def train(self, kind: str, extras: list) -> None:
         from autotune.training.job import train_kind

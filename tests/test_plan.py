@@ -46,17 +46,27 @@ def test_a_chain_bound_pays_for_its_verification():
 
 def test_accuracy_grows_optimistically_but_never_past_the_cap():
     assert plan.extrapolated_accuracy(0.2, 30, 30) == pytest.approx(0.2)
-    assert plan.extrapolated_accuracy(0.2, 30, 300) > 0.2 * 10**0.5
+    assert plan.extrapolated_accuracy(0.1, 30, 60) == pytest.approx(0.1 * 2**plan.LEARNING_EXPONENT)
+    assert plan.extrapolated_accuracy(0.1, 1, 1000) == pytest.approx(0.1 * plan.MAX_GROWTH)
     assert plan.extrapolated_accuracy(0.5, 1, 1000) == plan.ACCURACY_CAP
+
+
+def test_a_wide_tree_pays_for_every_token_it_verifies():
+    flat = (1.0, 1.0, 1.0, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7)
+    # five wide: depth 1 verifies 6 tokens (1.2 x one), depth 2 eleven (1.7 x one)
+    tree, depth = plan.chain_speedup([0.9, 0.5], flat, width=5)
+    assert depth == 1 and tree == pytest.approx(1.9 / 1.2)
+    # on this CPU's curve six tokens cost 2.0 x one: no five-wide tree pays
+    assert plan.chain_speedup([0.9], CPU_CURVE, width=5) == (1.0, 0)
 
 
 def test_a_method_whose_bound_cannot_beat_the_leader_is_skipped_with_the_numbers():
     lead = Lead("ngram", 1.45, 1.3, 1.6, 6)
-    weak = plan.heads_bound("medusa", [0.12, 0.05, 0.02], CPU_CURVE, 30.0, 150.0)
+    weak = plan.heads_bound("medusa", [0.05, 0.02, 0.01], [0.12, 0.05, 0.02], CPU_CURVE, 30, 150)
     why = plan.skip_reason(weak, lead)
     assert why is not None and "ngram" in why and f"{weak.speedup:.3f}x" in why
     assert "1.300" in why  # the leader's lower bound it could not reach
-    strong = plan.heads_bound("medusa", [0.8, 0.7, 0.6], CPU_CURVE, 30.0, 150.0)
+    strong = plan.heads_bound("medusa", [0.6, 0.5, 0.4], [0.8, 0.7, 0.6], CPU_CURVE, 30, 150)
     assert plan.skip_reason(strong, lead) is None
     # no leader yet: only a bound under greedy itself skips
     assert plan.skip_reason(weak, None) is None or weak.speedup <= 1.0

@@ -371,10 +371,12 @@ def train_kind(ws, extras: list, answer_tokens: int, kind: str, seconds: float |
     return final
 
 
-def probe_kind(ws, answer_tokens: int, kind: str, seconds: float) -> tuple[list[float], float]:
+def probe_kind(
+    ws, answer_tokens: int, kind: str, seconds: float
+) -> tuple[list[float], list[float], float]:
     """Heads of ``kind`` trained for ``seconds`` on the search split's answers alone, and
-    thrown away: their held-back top-5 accuracy per head (or depth, or step), and the
-    seconds the training took. What ``profile`` bounds a head method by before it spends
+    thrown away: their held-back top-1 and top-5 accuracy per head (or depth, or step),
+    and the seconds the training took. What ``profile`` bounds a head method by before it spends
     the method's whole training time."""
     import dataclasses
 
@@ -392,7 +394,9 @@ def probe_kind(ws, answer_tokens: int, kind: str, seconds: float) -> tuple[list[
         started,
         keep=answered(ws.target, answer_tokens),
     )
-    return [float(row.top5) for row in trained.result.accuracy], time.perf_counter() - started
+    rows = trained.result.accuracy
+    top1, top5 = [float(r.top1) for r in rows], [float(r.top5) for r in rows]
+    return top1, top5, time.perf_counter() - started
 
 
 def train_heads_on(
