@@ -373,8 +373,16 @@ def test_tune_on_a_tiny_llama_chooses_on_search_prompts(tmp_path, tiny_llama_dir
         "trials: {prompts: 4, tokens: 12}\nsearch: {passes: 1, finalists: 1}\n"
     )
     ctx = TuneContext(ws, method.space(overlay), Budget(None), Workers())
+    # the probe first, as a profile runs it: measured figures against greedy and a bound
+    # no lower than what it measured
+    found = method.probe(ctx)
+    assert found is not None and found.measured is not None
+    assert found.measured.prompts and found.measured.lossless
+    assert found.bound.speedup >= found.measured.speedup
+    assert found.measured.looks >= 2  # the fastest of several: the interval allows for it
     settings = method.tune(ctx)
     assert isinstance(settings, NgramSettings)
+    assert settings.selection is not None and settings.selection.prompts
     chosen = settings.config()
     candidates = {
         k: NgramSettings(draft=v["draft"]).config() for k, v in settings.alternatives.items()

@@ -54,10 +54,11 @@ class Proxy:
 
 
 def probe(ctx: TuneContext) -> Probe:
-    """The proxy search, then its best setting decoded against greedy on a few search
-    prompts: the run's first measured figures, and a bound (the proxy's prediction or
-    the measurement's upper end, whichever is higher: the measured study that follows
-    starts from this setting)."""
+    """The proxy search, then each kind's proxy best and each kind's default (where the
+    search starts: transformers' prompt lookup, vLLM's suffix decoding) decoded against
+    greedy on a few search prompts: the run's first measured figures (the fastest, its
+    interval allowing for the choice among them), and a bound (the proxy's prediction or
+    the measurements' upper ends, whichever is highest)."""
     from autotune.plan import PROBE_PROMPTS, PROBE_TOKENS, Bound
 
     space: NgramSpace = ctx.space
@@ -65,24 +66,31 @@ def probe(ctx: TuneContext) -> Probe:
     curve = ctx.workspace.verify_curve(largest_tree(space) + 1)
     replayer, _ = make_replayer(ctx, sequences, curve)
     proxy = cached_proxy(ctx, replayer, sequences)
-    kind = max(KINDS, key=lambda k: proxy.predicted[k])
-    best = proxy.best[kind]
-    with step("n-gram probe: the proxy's best against greedy", PROBE_PROMPTS) as advance:
+    configs = {f"{k} (proxy best)": proxy.best[k] for k in KINDS}
+    configs.update({f"{k} (default)": start_config(space, k) for k in KINDS})
+    unique: dict[str, Config] = {}
+    for name, config in configs.items():
+        if config not in unique.values():
+            unique[name] = config
+    variants = {n: Variant(functools.partial(NgramDrafter, c)) for n, c in unique.items()}
+    prompts = confirm[:PROBE_PROMPTS]
+    label = "n-gram probe: proxy bests and defaults against greedy"
+    with step(label, len(prompts) * len(variants)) as advance:
         measured = measure_variants(
-            ctx.workspace.runner,
-            {"best": Variant(functools.partial(NgramDrafter, best))},
-            confirm[:PROBE_PROMPTS],
-            PROBE_TOKENS,
-            on_prompt=lambda _: advance(),
-        )["best"]
-    high = measured.interval().high if measured.prompts else 0.0
+            ctx.workspace.runner, variants, prompts, PROBE_TOKENS, on_prompt=lambda _: advance()
+        )
+    for m in measured.values():
+        m.looks = len(measured)  # the fastest of several: its interval allows for the choice
+    best = max(measured, key=lambda n: measured[n].speedup)
+    highs = [m.interval().high for m in measured.values() if m.prompts]
+    predicted = max(proxy.predicted.values())
     bound = Bound(
         "ngram",
-        max(proxy.predicted[kind], high),
-        f"the proxy predicted {proxy.predicted[kind]:.3f}x for {describe(best)}, measured "
-        f"{measured.speedup:.3f}x on {len(measured.prompts)} search prompts",
+        max([predicted, *highs]),
+        f"the proxy predicted {predicted:.3f}x; on {len(prompts)} search prompts "
+        + ", ".join(f"{n} {m.speedup:.3f}x" for n, m in measured.items()),
     )
-    return Probe(bound, measured)
+    return Probe(bound, measured[best])
 
 
 def cached_proxy(ctx: TuneContext, replayer: Replayer, sequences: list[Continuation]) -> Proxy:
