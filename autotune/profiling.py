@@ -466,11 +466,16 @@ class Run:
             say(f"{name} leads: {interval_text(found.measured)} on {lead.prompts} search prompts")
         self.end(f"bound {found.bound.speedup:.3f}x")
         say(f"{name}: at most {found.bound.speedup:.3f}x ({found.bound.evidence})")
-        # the leader may have changed: every bound is weighed against it again
+        # the leader may have changed: every bound is weighed against it again (methods
+        # the user named with --methods are tuned whatever their bound: it is only said)
         for other, bound in self.evidence.bounds.items():
             why = plan.skip_reason(bound, self.evidence.lead, self.request.margin)
-            if why is not None and other not in self.evidence.skipped:
+            if why is None or other in self.evidence.skipped:
+                continue
+            if self.request.methods is None:
                 self.skip(other, why)
+            elif other == name:
+                say(f"[yellow]{other} is tuned as asked, though {why}[/yellow]")
 
     def _probe_heads(self, name: str, budget: Budget):
         from autotune.methods.base import Probe
