@@ -132,7 +132,9 @@ def _against_defaults(profile) -> None:
     blocks = {n: b for n, b in profile.method_blocks().items() if b.measured is not None}
     if not blocks:
         return
-    ws = Workspace.open(TargetRef.for_user("smollm2-135m"), profile.workload.prompts, None)
+    ws = Workspace.open(
+        TargetRef.for_user("smollm2-135m"), profile.workload.prompts, None, need_storage=False
+    )
     count = max(b.measured.prompts for b in blocks.values())
     prompts = ws.encode(ws.heldback_prompts()[:count])
     env = DraftEnv(ws.ref, ws.runner)
