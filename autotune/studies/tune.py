@@ -104,7 +104,15 @@ def init_ray(address: str | None = None) -> None:
         if target.local:
             # resources are ours to say only for an instance we start: Ray refuses them
             # when joining a cluster, whose nodes say their own
-            ray.init(**target.local_options(), **quiet)
+            from ray._private import ray_constants
+
+            before = ray_constants.ENABLE_RAY_CLUSTER
+            try:
+                ray.init(**target.local_options(), **quiet)
+            finally:
+                # only the instance started here is single-machine: a cluster joined
+                # later in this process (a test's) is one again
+                ray_constants.ENABLE_RAY_CLUSTER = before
         else:
             ray.init(address=target.address, **quiet)
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
