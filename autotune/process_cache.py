@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Hashable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 _STATE: dict = {}
@@ -21,6 +21,11 @@ def cached(key: Hashable, build: Callable[[], T]) -> T:
         _STATE[key] = build()
         _BUILT[key[0] if isinstance(key, tuple) else key] += 1
     return _STATE[key]
+
+
+def peek(key: Hashable) -> Any:
+    """What ``key`` holds, if it was built in this process; None otherwise."""
+    return _STATE.get(key)
 
 
 def built(kind: str) -> int:

@@ -76,3 +76,23 @@ def test_only_the_prompts_the_cache_lacks_are_decoded(tiny_target, tmp_path, mon
     assert decoded == prompts[2:]
     alone = generate_answers(tiny_target.model, prompts, 10, batch_size=1)
     assert [a.tokens for _, a in train] == [a.tokens for a in alone]
+
+
+def test_the_states_of_kept_answers_are_computed_once_per_process(tiny_target, monkeypatch):
+    model = tiny_target.model
+    prompts = [tiny_target.encode_chat(t) for t in TEXTS]
+    answers = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14, 15]]
+    calls = []
+    real = distill.teacher_forced
+    monkeypatch.setattr(
+        distill, "teacher_forced", lambda *args: calls.append(args[-1]) or real(*args)
+    )
+    eagle = distill.kept_states(model, prompts, answers, 2, prefill=True)
+    again = distill.kept_states(model, prompts, answers, 2, prefill=True)
+    medusa = distill.kept_states(model, prompts, answers, 2, prefill=False)
+    assert calls == [True]  # one forward pass for all three
+    assert again is eagle and all(a.prefill is not None for a in eagle)
+    assert all(a.prefill is None for a in medusa)  # asked for none, given none
+    torch.testing.assert_close(medusa[1].hidden, eagle[1].hidden)
+    distill.kept_states(model, prompts, [a[:1] for a in answers], 2, prefill=False)
+    assert calls == [True, False]  # other answers: computed
