@@ -6,7 +6,31 @@ from __future__ import annotations
 import argparse
 import json
 
+from autotune.measure.noise import NoiseRecord, probe
 from autotune.progress import say
+
+# What the machine did while this script measured: probed before and after each
+# measurement, and said with the figures (a busy machine's ratios are not to be trusted).
+MACHINE = NoiseRecord()
+
+
+def watch_machine(runner) -> None:
+    MACHINE.during.append(probe(runner))
+
+
+def machine_line(record: NoiseRecord | dict = MACHINE) -> str:
+    """One line on the load: quiet, or busy and why, and how far its speed drifted."""
+    noise = record.as_dict() if isinstance(record, NoiseRecord) else record
+    if not noise.get("forward_ms_range"):
+        return "machine: not probed"
+    low, high = noise["forward_ms_range"]
+    speed = f"one forward {low:.0f}-{high:.0f} ms"
+    if noise["busy"]:
+        return (
+            f"machine: BUSY while measuring ({'; '.join(noise['reasons'])}; {speed}): these "
+            "figures are not to be trusted, run again on a quiet machine"
+        )
+    return f"machine: quiet while measuring ({speed})"
 
 
 def measuring_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,12 +74,15 @@ def measure(ws, makers: dict, prompts, max_new_tokens: int) -> dict:
     from autotune.measure.timing import measure_variants
     from autotune.progress import step
 
+    watch_machine(ws.runner)
     with step(
         "measure the variants, interleaved prompt by prompt", len(prompts) * len(makers)
     ) as advance:
-        return measure_variants(
+        measured = measure_variants(
             ws.runner, makers, prompts, max_new_tokens, on_prompt=lambda _: advance()
         )
+    watch_machine(ws.runner)
+    return measured
 
 
 def tuned_ratios(results: dict, others) -> dict:
@@ -70,9 +97,13 @@ def print_report(report: dict, as_json: bool, extra: str = "") -> None:
     the prompts carry categories."""
     from autotune.measure.timing import interval_text
 
+    if MACHINE.during:
+        report.setdefault("machine", MACHINE.as_dict())
     if as_json:
         print(json.dumps(report, indent=2))
         return
+    if "machine" in report:
+        say(machine_line(report["machine"]))
     for name, row in report["variants"].items():
         say(
             f"{name:15} {interval_text(row):24} {row['tokens_per_step']:.2f} tokens/step  "

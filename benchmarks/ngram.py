@@ -29,10 +29,10 @@ import time
 from pathlib import Path
 
 # benchmarks/ is on sys.path when run as a script
-from _report import print_report
+from _report import measure, print_report
 
 from autotune.drafters.ngram import LookupConfig, NgramDrafter
-from autotune.measure.timing import Measurement, PromptMeasurement, Variant, measure_variants
+from autotune.measure.timing import Measurement, PromptMeasurement, Variant
 from autotune.methods.ngram.settings import describe
 from autotune.methods.ngram.tune import spread
 from autotune.progress import say, step
@@ -81,10 +81,7 @@ def main() -> int:
         "transformers_default": Variant(lambda: NgramDrafter(TRANSFORMERS_DEFAULT)),
         "vllm_default": Variant(lambda: NgramDrafter(VLLM_DEFAULT)),
     }
-    with step("measure the variants, interleaved", len(measure_on) * len(variants)) as advance:
-        measured = measure_variants(
-            ws.runner, variants, measure_on, args.max_new_tokens, on_prompt=lambda _: advance()
-        )
+    measured = measure(ws, variants, measure_on, args.max_new_tokens)
     results = {name: measured[name].summary() for name in variants}
     results["tuned"]["setting"] = describe(settings.config())
     results["tuned"]["by_category_settings"] = {
