@@ -37,6 +37,7 @@ def bench_profile(
         ref = TargetRef.for_user(find_model(profile.model), None, dtype, device)
     prompts_file = prompts or workload_prompts(profile.workload.prompts)
     ws = Workspace.open(ref, prompts_file, storage=None, need_storage=False)
+    ws.check_context(max_new_tokens)
     if ws.target.fingerprint != profile.model.fingerprint:
         say(
             f"[yellow]warning: model fingerprint {ws.target.fingerprint} differs from the "

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 import typer
 
+from autotune import plan
 from autotune.errors import AutotuneError
 from autotune.output import Format, format_option, render
 
@@ -260,7 +261,9 @@ def profile(
         help="Recommend a method only when its held-back interval's low end clears 1 + MARGIN.",
     ),
     select_prompts: int = typer.Option(
-        8, min=1, help="Search prompts every method is decoded on, side by side, to rank them."
+        plan.SELECT_PROMPTS,
+        min=1,
+        help="Most search prompts the methods' candidates race on, side by side, to rank them.",
     ),
     device: str = typer.Option("auto", help=_DEVICE_HELP),
     dtype: str = typer.Option("auto", help=_DTYPE_HELP),

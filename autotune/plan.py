@@ -27,7 +27,7 @@ BUDGET_S = 20 * 60.0  # the whole run (``--budget``)
 # many tokens each (``--max-new-tokens``); the selection's: search prompts and tokens.
 HELDBACK_PROMPTS = 24
 HELDBACK_TOKENS = 128
-SELECT_PROMPTS = 8
+SELECT_PROMPTS = 12  # the race's most: it stops sooner once one candidate is left
 SELECT_TOKENS = 64
 # The held-back measurement's first look (``measure.sequential``), and the fewest
 # prompts it takes when short of time (``measure.stats.MIN_PROMPTS``).
@@ -58,6 +58,10 @@ TRAINING_SHARE = 0.55
 ANSWERS_SHARE = 0.35
 # Of the searches' time, what fitting CAPE on the chain methods takes.
 CAPE_SHARE = 0.15
+# Of the time for training and tuning, the leader's study gets this much, first, when
+# other methods are still to be tuned: on 2 cores an even split left the n-gram study
+# 0:51, not one trial (it needs about 5 minutes for 12).
+LEADER_TUNING_SHARE = 0.5
 
 # Within a method's tuning time (shares of what is left when each step starts): n-gram's
 # proxy search, then its measured study (the rest: the side by side of its finalists);
@@ -81,6 +85,9 @@ PROBE_CURVE_TOKENS = 16
 # (6 prompts gave n-gram [1.04, 1.46] on 2 cores: too loose a low end to skip by.)
 PROBE_PROMPTS = 10
 PROBE_TOKENS = 64
+# The drafts it decodes beside greedy: each of n-gram's two kinds at its proxy best and
+# at its default (planned as one draft, the probe took 2:13 of 1:00 on 2 cores).
+DRAFT_FREE_PROBE_DRAFTS = 4
 # A head kind's probe trains for this share of its planned training (at least
 # PROBE_LEAST_S); the rest of the training happens only if its bound can win.
 PROBE_SHARE = 0.2
@@ -196,16 +203,23 @@ def heads_bound(
     verify_relative: Sequence[float],
     trained_s: float,
     full_s: float,
+    draft_relative: float = 0.0,
 ) -> Bound:
     """A head method's bound: the better of a chain accepted as often as each head's
     top-1 holds the target's token, and a tree five wide at every depth accepted as often
     as its top-5 does (priced at five tokens a depth), after the full training's
-    optimistic growth, drafting free."""
+    optimistic growth, each depth drafted at ``draft_relative`` of a forward (one token
+    wide: the tree's wider levels are charged as a chain's, optimistically)."""
     grown1 = [extrapolated_accuracy(a, trained_s, full_s) for a in top1]
     grown5 = [extrapolated_accuracy(a, trained_s, full_s) for a in top5]
-    chain, chain_depth = chain_speedup(grown1, verify_relative)
-    tree, tree_depth = chain_speedup(grown5, verify_relative, width=5)
+    chain, chain_depth = chain_speedup(grown1, verify_relative, draft_relative)
+    tree, tree_depth = chain_speedup(grown5, verify_relative, draft_relative, width=5)
     shape = f"a chain {chain_depth} deep" if chain >= tree else f"a tree 5 wide, {tree_depth} deep"
+    drafting = (
+        f"each depth drafted at {draft_relative:.2f} of a forward (measured)"
+        if draft_relative
+        else "drafted free"
+    )
     return Bound(
         method,
         max(chain, tree),
@@ -213,7 +227,7 @@ def heads_bound(
         f"{', '.join(f'{a:.2f}' for a in top5)} after a {trained_s:.0f} s probe, grown to at "
         f"most {', '.join(f'{a:.2f}' for a in grown1)} / "
         f"{', '.join(f'{a:.2f}' for a in grown5)} after {full_s:.0f} s of training; "
-        f"{shape}, drafted free, verified at this device's cost",
+        f"{shape}, {drafting}, verified at this device's cost",
     )
 
 
@@ -258,7 +272,8 @@ def probe_seconds(facts: Facts, method: str, training_s: float) -> float:
     method trains a slice of its training time; a proxy-scored one scores its seeds."""
     if method in facts.train:
         return max(PROBE_LEAST_S, PROBE_SHARE * training_s)
-    decode = PROBE_PROMPTS * PROBE_TOKENS * facts.forward_s * (1 + SPECULATIVE_COST)
+    drafts = DRAFT_FREE_PROBE_DRAFTS if method in facts.draft_free else 1
+    decode = PROBE_PROMPTS * PROBE_TOKENS * facts.forward_s * (1 + drafts * SPECULATIVE_COST)
     return decode + 20.0  # its proxy search or seed scoring, about
 
 
@@ -318,6 +333,12 @@ def phases(facts: Facts, evidence: Evidence, seconds: float) -> list[Phase]:
         for k in dict.fromkeys(facts.train[m] for m in contenders if m in facts.train)
         if k not in evidence.trained
     ]
+    tuned = [m for m in contenders if f"tune {m}" not in evidence.done]
+    leader = evidence.lead.method if evidence.lead is not None else None
+    first = 0.0  # the leader's study, before any training: the likeliest answer
+    if leader in tuned and len(tuned) > 1:
+        first = LEADER_TUNING_SHARE * rest
+        rest -= first
     training = TRAINING_SHARE * rest if kinds else 0.0
     tuning = rest - training
     extra = 0.0
@@ -336,12 +357,14 @@ def phases(facts: Facts, evidence: Evidence, seconds: float) -> list[Phase]:
             per_kind[kind] = max(per_kind[kind] - probe, 0.0)
         else:
             tuning = max(tuning - probe, 0.0)
+    expansion = CAPE_SHARE * tuning if chains and tuned else 0.0
+    others = [m for m in tuned if not first or m != leader]
+    if first:  # before the training: training never starves it
+        out.append(Phase(f"tune {leader}", first, "the leader, first"))
     if extra:
         out.append(Phase("extra answers", extra, "packaged calibration prompts, for heads"))
     out += [Phase(f"train {kind} heads", per_kind[kind]) for kind in kinds]
-    tuned = [m for m in contenders if f"tune {m}" not in evidence.done]
-    expansion = CAPE_SHARE * tuning if chains and tuned else 0.0
-    out += [Phase(f"tune {m}", (tuning - expansion) / len(tuned)) for m in tuned]
+    out += [Phase(f"tune {m}", (tuning - expansion) / len(others)) for m in others]
     if expansion:
         out.append(Phase("fit CAPE", expansion, f"{chains} chain methods"))
     return out + measuring

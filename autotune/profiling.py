@@ -119,11 +119,19 @@ def run_profile(request: ProfileRequest) -> tuple[ProfileBase, Path]:
     noise = check_machine(ws)
     run = Run(setup, ws, request, budget, noise)
     tuned = run.tune()
-    ranking, tuned = select(ws, tuned, request, run.begin("selection (search prompts)"))
-    run.end(f"{len(ranking)} methods ranked")
-    held = measure_held_back(ws, tuned, ranking, request, noise, run.begin("held-back measurement"))
-    run.end(f"{max((len(m.prompts) for m in held.measured.values()), default=0)} prompts")
-    verdict = decide(tuned, ranking, held, request.margin, run.evidence.skipped)
+    selection = select(ws, tuned, request, run.begin("selection (search prompts)"))
+    tuned = selection.tuned
+    run.end(
+        f"{len(selection.ranking) - len(selection.dropped)} of {len(selection.ranking)} "
+        f"methods left in the race ({selection.stopped or 'no race'})"
+    )
+    held = measure_held_back(ws, selection, request, noise, run.begin("held-back measurement"))
+    run.end(
+        f"{', '.join(held.measured) or 'nothing'} on "
+        f"{max((len(m.prompts) for m in held.measured.values()), default=0)} prompts"
+    )
+    verdict = decide(tuned, selection.ranking, held, request.margin, run.evidence.skipped)
+    verdict.dropped = selection.dropped
     verdict.time = run.ledger
     profile = assemble(ws, tuned, held, verdict, noise, request)
     write_profile(profile, out)
@@ -216,6 +224,12 @@ def find_heads(
 
 TRAIN = "to be trained"
 
+# Forwards in the machine check before each phase: enough to see a hog (with the others'
+# load), few enough that fifteen checks cost seconds, not minutes.
+PHASE_PROBE_FORWARDS = 6
+# A forward that got this much slower or faster between checks is said in the verdict.
+SPEED_CHANGE_SAID = 1.5
+
 
 def open_workspace(request: ProfileRequest) -> Workspace:
     from autotune.models.ref import TargetRef
@@ -223,7 +237,9 @@ def open_workspace(request: ProfileRequest) -> Workspace:
     if request.out is not None:
         check_writable(request.out)
     ref = TargetRef.for_user(request.model, request.model_path, request.dtype, request.device)
-    return Workspace.open(ref, request.prompts, request.storage)
+    ws = Workspace.open(ref, request.prompts, request.storage)
+    ws.check_context(max(request.max_new_tokens, ANSWER_TOKENS))
+    return ws
 
 
 def check_machine(ws: Workspace) -> NoiseRecord:
@@ -301,6 +317,7 @@ class Run:
         self.ledger: list[dict] = []
         self.heads = dict(setup.heads)
         self._open: tuple[str, float, float] | None = None
+        self._busy: list[str] = []
         self._refuse_small_budget()
         self._drop_untrainable()
         for line in self.schedule().lines():
@@ -328,7 +345,22 @@ class Run:
         except KeyError:  # not in the plan any more (e.g. its time is gone): its least
             share, planned = Budget(0.0), 0.0
         self._open = (name, planned, self.budget.elapsed())
+        self._busy = self._watch_machine(name)
         return share
+
+    def _watch_machine(self, phase: str) -> list[str]:
+        """A short probe before each phase: a machine that became busy is said when it
+        happens and recorded (the profile's noise block, the phase's ledger row)."""
+        was_busy = self.noise.busy
+        reading = probe(self.ws.runner, forwards=PHASE_PROBE_FORWARDS)
+        self.noise.during.append(reading)
+        if reading.busy and not was_busy:
+            say(
+                f"[yellow]the machine became busy before {phase} "
+                f"({'; '.join(reading.reasons)}): its figures are taken on a busy machine, "
+                "and the profile records it[/yellow]"
+            )
+        return reading.reasons
 
     def end(self, bought: str) -> None:
         assert self._open is not None
@@ -339,6 +371,7 @@ class Run:
                 "planned_s": round(planned, 1),
                 "spent_s": round(self.budget.elapsed() - started, 1),
                 "bought": bought,
+                **({"busy": "; ".join(self._busy)} if self._busy else {}),
             }
         )
         self.evidence.done.add(name)
@@ -388,6 +421,9 @@ class Run:
             if method.name not in self.evidence.skipped:
                 self.probe(method)
         tuned: dict[str, MethodSettings] = {}
+        lead = self.evidence.lead
+        if lead is not None and lead.method not in self.evidence.skipped:
+            tuned[lead.method] = self.tune_method(registry.method(lead.method))
         kinds = self._kinds_left()
         if kinds and self.facts.extra_answer_prompts:
             extras = self.extra_answers()
@@ -396,9 +432,8 @@ class Run:
         for kind in kinds:
             self.train(kind, extras)
         for method in self._methods():
-            if method.name in self.evidence.skipped:
-                continue
-            tuned[method.name] = self.tune_method(method)
+            if method.name not in self.evidence.skipped and method.name not in tuned:
+                tuned[method.name] = self.tune_method(method)
         return self.fit_expansions(tuned)
 
     def _methods(self) -> list[Method]:
@@ -484,13 +519,19 @@ class Run:
         kind = self.facts.train[name]
         full = plan.training_planned(self.facts, self.evidence, self.seconds_left()).get(kind, 0.0)
         try:
-            top1, top5, trained_s = probe_kind(
-                self.ws, plan.ANSWER_TOKENS, kind, max(budget.seconds or 0.0, 1.0)
-            )
+            found = probe_kind(self.ws, plan.ANSWER_TOKENS, kind, max(budget.seconds or 0.0, 1.0))
         except AutotuneError as exc:  # e.g. too few answers to train on
             self.skip(name, f"its {kind} heads could not be trained: {exc}")
             return None
-        bound = plan.heads_bound(name, top1, top5, self.facts.verify_relative, trained_s, full)
+        bound = plan.heads_bound(
+            name,
+            found.top1,
+            found.top5,
+            self.facts.verify_relative,
+            found.trained_s,
+            full,
+            found.level_s / self.facts.forward_s,
+        )
         return Probe(bound)
 
     def train(self, kind: str, extras: list) -> None:
@@ -534,7 +575,7 @@ class Run:
         if not chains or not self.setup.expansions:
             return tuned
         budget = self.begin("fit CAPE")
-        fitted = fit_expansions(self.setup, self.ws, tuned, budget, chains)
+        fitted = fit_expansions(self.setup, self.ws, tuned, budget, chains, self.heads)
         self.end(f"CAPE for {', '.join(m.name for m in chains)}")
         return fitted
 
@@ -578,12 +619,15 @@ def fit_expansions(
     tuned: dict[str, MethodSettings],
     budget: Budget,
     chains: list[Method] | None = None,
+    heads: dict[str, Path] | None = None,
 ) -> dict[str, MethodSettings]:
     """The tuned settings with CAPE fitted for every chain method, on the search split
-    (``select`` decides whether the method keeps it)."""
+    (``select`` decides whether the method keeps it). ``heads``: each head method's
+    folder, those trained in this run included (default: the setup's)."""
     from autotune.methods.cape.fit import fit
 
     chains = chains if chains is not None else [m for m in setup.methods if m.chain]
+    heads = heads if heads is not None else setup.heads
     out = dict(tuned)
     for expansion in setup.expansions:
         for method in chains:
@@ -592,7 +636,7 @@ def fit_expansions(
                 setup.spaces[expansion.name],
                 budget.part(plan.CAPE_FIT_SHARE),
                 Workers(),
-                setup.heads.get(method.name),
+                heads.get(method.name),
                 base_space=setup.spaces[method.name],
             )
             cape = fit(method, out[method.name], ctx)
@@ -600,15 +644,28 @@ def fit_expansions(
     return out
 
 
+@dataclass
+class Selection:
+    """What the race on search prompts decided: the methods ranked (fastest first), their
+    settings with the race's figures, and the methods it dropped, with why."""
+
+    ranking: list[str]
+    tuned: dict[str, MethodSettings]
+    dropped: dict[str, str] = field(default_factory=dict)
+    stopped: str = ""
+
+
 def select(
     ws: Workspace, tuned: dict[str, MethodSettings], request: ProfileRequest, budget: Budget
-) -> tuple[list[str], dict[str, MethodSettings]]:
+) -> Selection:
     """Every method's final candidates (a chain method with and without its fitted
-    expansion) decoded side by side on search prompts, within ``budget``: the methods
-    ranked by what they keep, fastest first, and their settings with the selection's
-    figures (each chain method keeps CAPE where it was faster there). A lone candidate
-    that measured itself against greedy while tuning keeps those figures."""
-    from autotune.measure.timing import measure_variants
+    expansion) race on search prompts within ``budget`` (``measure.race``): the clearly
+    slower drop out round by round. The methods ranked by the candidate they keep, with
+    the race's figures (each chain method keeps CAPE where that candidate was faster and
+    still in the race). A lone candidate that measured itself against greedy while
+    tuning keeps those figures."""
+    from autotune.measure.race import race
+    from autotune.measure.timing import SideBySide
 
     env = DraftEnv(ws.ref, ws.runner)
     variants = {
@@ -617,28 +674,33 @@ def select(
         for name, candidate in candidates(method_name, settings, env).items()
     }
     if len(variants) == 1 and all(s.selection is not None for s in tuned.values()):
-        return list(tuned), dict(tuned)
+        return Selection(list(tuned), dict(tuned))
     prompts = spread(ws.encode(ws.search_prompts()), request.select_prompts)
+    session = SideBySide(ws.runner, variants, SELECT_TOKENS)
     with step(
-        "selection: every method side by side (search prompts)", len(prompts) * len(variants)
+        "selection: the candidates race side by side (search prompts)",
+        len(prompts) * len(variants),
     ) as advance:
-        measured = measure_variants(
-            ws.runner,
-            variants,
-            prompts,
-            SELECT_TOKENS,
-            on_prompt=lambda _: advance(),
-            until=budget,
-        )
-    figures, kept = {}, {}
+        result = race(session, prompts, 1.0 + request.margin, budget, on_prompt=lambda _: advance())
+    figures, kept, dropped = {}, {}, {}
     for name, settings in tuned.items():
-        kept[name], figures[name] = keep_faster(settings, name, measured)
-    ranking = sorted(kept, key=lambda n: -figures[n].speedup)
+        kept[name], figures[name] = keep_faster(settings, name, result.measurements, result.alive)
+        if not any(c in result.alive for c in candidates_of(name, settings)):
+            dropped[name] = " / ".join(result.dropped[c] for c in candidates_of(name, settings))
+    ranking = sorted(kept, key=lambda n: (n in dropped, -figures[n].speedup))
     say(
         "on search prompts: "
         + ", ".join(f"{n} {interval_text(figures[n].model_dump())}" for n in ranking)
+        + f" (race {result.stopped} after {result.looks} looks)"
     )
-    return ranking, kept
+    for name, why in dropped.items():
+        say(f"{name} dropped from the race: {why}")
+    return Selection(ranking, kept, dropped, result.stopped)
+
+
+def candidates_of(name: str, settings: MethodSettings) -> list[str]:
+    """The names ``candidates`` gives a method's variants."""
+    return [name, f"{name}+cape"] if getattr(settings, "cape", None) is not None else [name]
 
 
 def candidates(name: str, settings: MethodSettings, env: DraftEnv) -> dict[str, Variant]:
@@ -652,13 +714,19 @@ def candidates(name: str, settings: MethodSettings, env: DraftEnv) -> dict[str, 
 
 
 def keep_faster(
-    settings: MethodSettings, name: str, measured: dict[str, Measurement]
+    settings: MethodSettings,
+    name: str,
+    measured: dict[str, Measurement],
+    alive: list[str] | None = None,
 ) -> tuple[MethodSettings, Figures]:
-    """The settings with the faster of their candidates, and its selection figures."""
+    """The settings with the faster of their candidates (of those still ``alive`` in a
+    race, where one is), and its selection figures."""
     cape = getattr(settings, "cape", None)
     chosen = name
     if cape is not None:
-        enabled = measured[f"{name}+cape"].speedup > measured[name].speedup
+        both = [name, f"{name}+cape"]
+        left = [c for c in both if alive is None or c in alive] or both
+        enabled = max(left, key=lambda c: measured[c].speedup) == f"{name}+cape"
         chosen = f"{name}+cape" if enabled else name
         search = {
             **cape.search,
@@ -686,35 +754,39 @@ def spread(prompts: list[EncodedPrompt], count: int) -> list[EncodedPrompt]:
 
 def measure_held_back(
     ws: Workspace,
-    tuned: dict[str, MethodSettings],
-    ranking: list[str],
+    selection: Selection,
     request: ProfileRequest,
     noise: NoiseRecord,
     budget: Budget,
 ) -> HeldBack:
-    """Every final setting against one plain greedy decoding per prompt, interleaved, on
-    held-back prompts, until the interval of the method ranked first decides against the
-    bound (or the prompts run out); the figures reported."""
+    """The finalists the race left (the leader alone where it decided) against one plain
+    greedy decoding per prompt, interleaved, on held-back prompts, until the interval of
+    the method ranked first decides against the bound (or the prompts run out): the
+    figures reported. With no finalist, the method ranked first is measured, for the
+    report."""
     from autotune.measure.sequential import measure_until_decided
     from autotune.measure.timing import SideBySide
 
+    tuned, ranking = selection.tuned, selection.ranking
     if not tuned:
         return HeldBack({}, 0, "no method")
+    bound = 1.0 + request.margin
+    contenders = [n for n in finalists(tuned, ranking, bound) if n not in selection.dropped]
     env = DraftEnv(ws.ref, ws.runner)
     variants = {
-        name: registry.method(name).variant(settings, env) for name, settings in tuned.items()
+        name: registry.method(name).variant(tuned[name], env) for name in contenders or ranking[:1]
     }
     prompts = ws.encode(ws.heldback_prompts()[: request.heldback_prompts])
     session = SideBySide(ws.runner, variants, request.max_new_tokens)
-    top = ranking[0] if ranking and _selection_speedup(tuned[ranking[0]]) > 1.0 else None
     with step(
-        "held-back measurement, every method against plain greedy", len(prompts) * len(variants)
+        f"held-back measurement: {', '.join(variants)} against plain greedy",
+        len(prompts) * len(variants),
     ) as advance:
         result = measure_until_decided(
             session,
             prompts,
-            top,
-            1.0 + request.margin,
+            contenders[0] if contenders else None,
+            bound,
             budget,
             between=lambda: noise.during.append(probe(ws.runner)),
             on_prompt=lambda _: advance(),
@@ -815,8 +887,10 @@ def assemble(
     noise: NoiseRecord,
     request: ProfileRequest,
 ) -> ProfileBase:
-    blocks = {
+    blocks = {  # a method the race dropped keeps its search-prompt figures only
         name: settings.model_copy(update={"measured": Measured(**held.measured[name].summary())})
+        if name in held.measured
+        else settings
         for name, settings in tuned.items()
     }
     categories = sorted({p.category for p in ws.prompts if p.category})
@@ -866,10 +940,21 @@ def verdict_lines(profile: ProfileBase) -> list[str]:
         lines += [f"{name} note: {note}" for note in method.notes]
     if profile.verdict is not None:
         lines += [f"{name} skipped: {why}" for name, why in profile.verdict.skipped.items()]
+        lines += [
+            f"{name} dropped from the selection race: {why}"
+            for name, why in profile.verdict.dropped.items()
+        ]
         lines += time_lines(profile.verdict.time)
     noise = profile.environment.noise if profile.environment else {}
     if noise.get("busy"):
         lines.append(f"the machine was busy while timing: {'; '.join(noise['reasons'])}")
+    low, high = noise.get("forward_ms_range") or (0.0, 0.0)
+    if low and high / low > SPEED_CHANGE_SAID:
+        lines.append(
+            f"the machine's speed changed {high / low:.1f}x during the run (one forward "
+            f"{low:.0f}-{high:.0f} ms): timing is interleaved, so the ratios hold, but "
+            "fewer prompts fitted in the time"
+        )
     verdict = profile.verdict
     reason = f" ({verdict.reason})" if verdict is not None else ""
     lines.append(f"recommended: {profile.recommended}{reason}")
@@ -886,6 +971,7 @@ def time_lines(rows: list[dict]) -> list[str]:
     lines += [
         f"  {r['phase']:<30} planned {clock(r.get('planned_s', 0.0)):>6}  spent "
         f"{clock(r.get('spent_s', 0.0)):>6}  {r.get('bought', '')}"
+        + (f"  [busy: {r['busy']}]" if r.get("busy") else "")
         for r in rows
     ]
     return lines

@@ -11,6 +11,7 @@ from typing import Any
 from autotune import hardware
 from autotune.budget import Budget
 from autotune.engine.runner import Runner
+from autotune.errors import PromptsFileError
 from autotune.measure.costs import LatencyCurve, SublayerCosts
 from autotune.measure.timing import EncodedPrompt
 from autotune.models.loading import Target
@@ -74,6 +75,26 @@ class Workspace:
     def heldback_prompts(self) -> list[Prompt]:
         """Measured once, for the final choices: the figures reported."""
         return split_prompts(self.prompts)[1]
+
+    def check_context(self, answer_tokens: int) -> None:
+        """Every prompt leaves room for its answer (and a draft) in the model's context:
+        one that does not is refused here, by name and by how much, rather than decoded
+        at positions the model was never trained on."""
+        context = getattr(self.target.model.config, "max_position_embeddings", None)
+        if not context:
+            return
+        room = context - answer_tokens - DRAFT_ROOM
+        for prompt in self.prompts:
+            if len(prompt.text) < room:  # a token is at least one character
+                continue
+            length = _quiet_length(self.target, prompt.text)
+            if length > room:
+                raise PromptsFileError(
+                    f"{self.prompts_path}: prompt '{prompt.id}' is {length} tokens, "
+                    f"{length - room} more than this model's context leaves for a prompt "
+                    f"({context} tokens less {answer_tokens + DRAFT_ROOM} for the answer and "
+                    "its drafts): shorten it or leave it out of the prompts file"
+                )
 
     def encode(self, prompts: list[Prompt]) -> list[EncodedPrompt]:
         return [EncodedPrompt(p.id, self.target.encode_chat(p.text), p.category) for p in prompts]
@@ -208,6 +229,24 @@ class Workspace:
 
 # A cached timing whose spot check is off by more than this is measured again.
 SPOT_CHECK_TOLERANCE = 0.15
+
+
+def _quiet_length(target: Target, text: str) -> int:
+    """Tokens of ``text`` as a chat turn, without the tokenizer's own warning about long
+    inputs (the refusal that follows says it in autotune's words)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return len(target.encode_chat(text))
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+# Positions a decoding may add past its answer: the largest tree or draft verified at once.
+DRAFT_ROOM = 64
+
 # Tuners calibrate on at least this many prompts' continuations, decoding them if need be.
 CALIBRATION_LEAST = 8
 # The verify curve's length when no method asks for more (Medusa's largest tree, 128).

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _report import machine_line, watch_machine
+
 PHASE = re.compile(r"^\[(\d+)/(\d+)\] (.+?) \(~")
 
 
@@ -88,6 +90,8 @@ def _figures(path: Path, env: dict) -> None:
             f"prompts, {m.tokens_per_step:.2f} tokens/step, lossless {m.lossless}"
         )
     print(f"recommended: {profile.recommended}")
+    if profile.environment is not None:
+        print(f"during the profile, {machine_line(profile.environment.noise)}")
     verdict = profile.verdict
     if verdict is not None:
         from autotune.profiling import time_lines
@@ -95,6 +99,8 @@ def _figures(path: Path, env: dict) -> None:
         print("\n".join(time_lines(verdict.time)))
         for name, why in verdict.skipped.items():
             print(f"{name} skipped: {why}")
+        for name, why in verdict.dropped.items():
+            print(f"{name} dropped from the selection race: {why}")
     _against_defaults(profile)
 
 
@@ -129,19 +135,23 @@ def _against_defaults(profile) -> None:
     from autotune.models.ref import TargetRef
     from autotune.workspace import Workspace
 
-    blocks = {n: b for n, b in profile.method_blocks().items() if b.measured is not None}
-    if not blocks:
+    blocks = profile.method_blocks()  # the race's dropped too: were they rightly dropped?
+    counts = [b.measured.prompts for b in blocks.values() if b.measured is not None]
+    if not counts:
         return
     ws = Workspace.open(
         TargetRef.for_user("smollm2-135m"), profile.workload.prompts, None, need_storage=False
     )
-    count = max(b.measured.prompts for b in blocks.values())
+    count = max(counts)
     prompts = ws.encode(ws.heldback_prompts()[:count])
     env = DraftEnv(ws.ref, ws.runner)
     variants = {n: registry.method(n).variant(b, env) for n, b in blocks.items()}
     variants.update(_published(profile.recommended))
     print(f"\non the {len(prompts)} held-back prompts, side by side against plain greedy:")
+    watch_machine(ws.runner)
     measured = measure_variants(ws.runner, variants, prompts, profile.workload.max_new_tokens)
+    watch_machine(ws.runner)
+    print(f"during the side-by-side, {machine_line()}")
     for name, m in sorted(measured.items(), key=lambda kv: -kv[1].speedup):
         print(f"  {name:<32} {interval_text(m)}  lossless {m.lossless}")
     fastest = max(blocks, key=lambda n: measured[n].speedup)

@@ -73,12 +73,30 @@ def test_a_method_whose_bound_cannot_beat_the_leader_is_skipped_with_the_numbers
     assert plan.skip_reason(Bound("x", 0.9, "a proxy"), None) is not None
 
 
+def test_drafting_cost_lowers_a_head_bound_and_is_said():
+    # the probe's heads of the issue's run (top-1 0.14 grown to 0.23), against a leader
+    # whose low end is 1.03: drafting free they may win; charged the shared lm_head's
+    # 0.2 of a forward a depth, as measured on 2 cores, they cannot even beat greedy
+    top1, top5 = [0.14, 0.03, 0.04], [0.33, 0.14, 0.11]
+    free = plan.heads_bound("medusa", top1, top5, CPU_CURVE, 60, 126)
+    charged = plan.heads_bound("medusa", top1, top5, CPU_CURVE, 60, 126, draft_relative=0.2)
+    assert charged.speedup < free.speedup and charged.speedup <= 1.0
+    assert "drafted free" in free.evidence and "drafted at 0.20 of a forward" in charged.evidence
+    lead = Lead("ngram", 1.118, 1.029, 1.3, 4)
+    assert plan.skip_reason(free, lead) is None and plan.skip_reason(charged, lead) is not None
+
+
 def test_the_skipped_methods_time_goes_to_the_leaders_study():
     f = facts()
     evidence = Evidence(done={"answers", "probe ngram"})
     evidence.lead = Lead("ngram", 1.45, 1.3, 1.6, 6)
     before = plan.phases(f, evidence, 900.0)
     assert "tune ngram" in seconds_of(before, "tune")
+    # the leader's study comes before any training, and with more time than the others'
+    names = [p.name for p in before]
+    assert names.index("tune ngram") < names.index("train medusa heads")
+    tuning = seconds_of(before, "tune")
+    assert tuning["tune ngram"] > 2 * max(v for k, v in tuning.items() if k != "tune ngram")
     assert {"probe self_spec", "probe medusa", "probe eagle"} <= {p.name for p in before}
     # every other method probed, and bound under the leader's low end: all skipped
     for name, speedup in (("self_spec", 0.9), ("medusa", 1.1), ("eagle", 1.2)):
@@ -92,7 +110,7 @@ def test_the_skipped_methods_time_goes_to_the_leaders_study():
     names = [p.name for p in after]
     assert names[0] == "tune ngram" and not any(n.startswith(("train", "probe")) for n in names)
     assert "fit CAPE" not in names and "selection (search prompts)" not in names
-    assert seconds_of(after, "tune")["tune ngram"] > 3 * seconds_of(before, "tune")["tune ngram"]
+    assert seconds_of(after, "tune")["tune ngram"] > 2 * seconds_of(before, "tune")["tune ngram"]
     assert sum(p.seconds for p in after) == pytest.approx(900.0, rel=0.01)
 
 

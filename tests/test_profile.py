@@ -121,6 +121,27 @@ def test_verdict_keeps_the_methods_not_run_and_says_why(tmp_path):
     assert f"glide skipped: {why}" in verdict_lines(profile)
 
 
+def test_verdict_says_a_machine_that_became_busy_and_slower():
+    from autotune.profile.blocks import Environment
+    from autotune.profiling import HeldBack, decide, verdict_lines
+
+    profile = make_profile()
+    held = HeldBack(measured={}, looks=1, stopped="")
+    profile.verdict = decide({"self_spec": profile.methods.self_spec}, [], held, 0.0, {})
+    profile.verdict.time = [
+        {"phase": "answers", "planned_s": 60.0, "spent_s": 58.0, "bought": "answers"},
+        {"phase": "probe ngram", "planned_s": 30, "spent_s": 80, "bought": "a lead", "busy": "x"},
+    ]
+    profile.environment = Environment(
+        noise={"busy": True, "reasons": ["x"], "forward_ms_range": [30.0, 78.0]}
+    )
+    lines = verdict_lines(profile)
+    assert any(line.startswith("  probe ngram") and line.endswith("[busy: x]") for line in lines)
+    assert not any(line.startswith("  answers") and "busy" in line for line in lines)
+    assert "the machine was busy while timing: x" in lines
+    assert any("speed changed 2.6x" in line for line in lines)
+
+
 def test_round_trip_without_adaptive_and_method(tmp_path):
     profile = make_profile()
     profile.methods.self_spec = self_spec(adaptive=False)
@@ -273,3 +294,25 @@ def test_failed_overwrite_keeps_the_old_profile(tmp_path, monkeypatch):
     assert target.read_text() == before
     assert [p.name for p in tmp_path.iterdir()] == ["p.yaml"]
     assert os.access(target, os.R_OK)
+
+
+def test_cape_is_fitted_with_the_heads_trained_in_this_run(monkeypatch, tmp_path):
+    # a run that trained EAGLE heads fitted CAPE with the setup's heads (none): it ended
+    # with "EAGLE head folder None not found"
+    from autotune.budget import Budget
+    from autotune.methods import registry
+    from autotune.methods.cape import fit as cape_fit
+    from autotune.profiling import Setup, fit_expansions
+
+    eagle, cape = registry.method("eagle"), registry.get("cape")
+    setup = Setup([eagle], [cape], {"eagle": eagle.space(None), "cape": cape.space(None)}, {}, {})
+    seen = []
+
+    def fit(method, settings, ctx):
+        seen.append(ctx.heads)
+        return None
+
+    monkeypatch.setattr(cape_fit, "fit", fit)
+    tuned = {"eagle": self_spec()}  # any settings: the fit is stood in for
+    fit_expansions(setup, None, tuned, Budget(10.0), [eagle], {"eagle": tmp_path})  # type: ignore[arg-type]
+    assert seen == [tmp_path]

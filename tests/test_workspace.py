@@ -74,3 +74,17 @@ def _keys(workspace):
     from autotune import hardware
 
     yield hardware.key(workspace.hardware, workspace.target.dtype)
+
+
+def test_a_prompt_longer_than_the_context_is_refused_by_name(workspace):
+    from autotune.errors import PromptsFileError
+    from autotune.prompts import Prompt
+
+    context = workspace.target.model.config.max_position_embeddings
+    workspace.check_context(16)  # the short ones fit
+    workspace.prompts.append(Prompt("long", "word " * context))
+    with pytest.raises(PromptsFileError) as refused:
+        workspace.check_context(16)
+    words = str(refused.value)
+    assert "prompt 'long'" in words and f"({context} tokens less 80 for the answer" in words
+    assert "shorten it or leave it out" in words

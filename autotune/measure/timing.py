@@ -243,6 +243,10 @@ class SideBySide:
         self._measured = 0
         self._warm = False
 
+    def drop(self, name: str) -> None:
+        """``name`` decodes no more; what it measured stays."""
+        self.variants.pop(name, None)
+
     def drafter(self, name: str, category: str | None) -> Drafter:
         variant = self.variants[name]
         key = (name, category if category in variant.by_category else None)

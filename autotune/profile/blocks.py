@@ -60,6 +60,8 @@ class Verdict(Block):
     held_back_looks: int = 1  # how often the sequential measurement looked
     # methods that were not run, each with why and what would run it
     skipped: dict[str, str] = Field(default_factory=dict)
+    # methods the race on search prompts dropped (not measured held back), each with why
+    dropped: dict[str, str] = Field(default_factory=dict)
     # where the run's time went: each phase's planned and spent seconds and what it bought
     time: list[dict] = Field(default_factory=list)
 

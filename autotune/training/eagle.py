@@ -373,6 +373,10 @@ def eagle_accuracy(
 # --- the job -------------------------------------------------------------------------
 
 
+# The smallest draft vocabulary the packaged search space tries (methods/eagle/space.yaml).
+SMALLEST_DRAFT_VOCAB = 1024
+
+
 @dataclass
 class EagleTrainResult(TrainResult):
     METHOD: ClassVar[str] = (
@@ -392,6 +396,16 @@ class EagleTrainResult(TrainResult):
         )
         save_draft_vocab(saved, self.token_counts)
         return saved
+
+    def level_seconds(self, runner) -> float:
+        """The head's layer over one node and the smallest draft vocabulary's logits (the
+        cheapest drafting level the search could choose)."""
+        from autotune.heads.eagle import DraftProjection
+        from autotune.measure.eagle_accuracy import measure_level_costs
+
+        ranked = sorted(self.token_counts, key=lambda t: -self.token_counts[t])
+        projection = DraftProjection(runner.lm_head, ranked[:SMALLEST_DRAFT_VOCAB] or None)
+        return measure_level_costs(runner, self.head, (1,), 128, 9, projection)[1]
 
 
 def train_eagle(

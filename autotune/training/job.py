@@ -371,13 +371,22 @@ def train_kind(ws, extras: list, answer_tokens: int, kind: str, seconds: float |
     return final
 
 
-def probe_kind(
-    ws, answer_tokens: int, kind: str, seconds: float
-) -> tuple[list[float], list[float], float]:
-    """Heads of ``kind`` trained for ``seconds`` on the search split's answers alone, and
-    thrown away: their held-back top-1 and top-5 accuracy per head (or depth, or step),
-    and the seconds the training took. What ``profile`` bounds a head method by before it spends
-    the method's whole training time."""
+@dataclass(frozen=True)
+class HeadProbe:
+    """What a short training of a head kind shows: held-back top-1 and top-5 accuracy
+    per head (or depth, or step), the seconds it trained, and one drafting level's
+    seconds with what it trained (0: not measured, drafting taken as free)."""
+
+    top1: list[float]
+    top5: list[float]
+    trained_s: float
+    level_s: float
+
+
+def probe_kind(ws, answer_tokens: int, kind: str, seconds: float) -> HeadProbe:
+    """Heads of ``kind`` trained for ``seconds`` on the search split's answers alone,
+    timed drafting, and thrown away: what ``profile`` bounds a head method by before it
+    spends the method's whole training time."""
     import dataclasses
 
     options = dataclasses.replace(
@@ -394,9 +403,15 @@ def probe_kind(
         started,
         keep=answered(ws.target, answer_tokens),
     )
+    trained_s = time.perf_counter() - started
     rows = trained.result.accuracy
-    top1, top5 = [float(r.top1) for r in rows], [float(r.top5) for r in rows]
-    return top1, top5, time.perf_counter() - started
+    try:
+        level_s = trained.result.level_seconds(ws.runner)
+    except RuntimeError:  # e.g. heads kept in another dtype than the target's: as free
+        level_s = 0.0
+    return HeadProbe(
+        [float(r.top1) for r in rows], [float(r.top5) for r in rows], trained_s, level_s
+    )
 
 
 def train_heads_on(

@@ -202,6 +202,12 @@ class MedusaTrainResult(TrainResult):
     def save(self, folder: Path, target, base_model: str, extra: dict) -> Path:
         return save_medusa_heads(self.heads, folder, base_model=base_model, extra=extra)
 
+    def level_seconds(self, runner) -> float:
+        """The first head and the shared lm_head over one hidden state."""
+        from autotune.measure.head_accuracy import measure_head_costs
+
+        return measure_head_costs(runner, self.heads, repeats=9)[0]
+
 
 def train_medusa(
     target,
