@@ -52,7 +52,6 @@ from autotune.workspace import Workspace
 HELDBACK_PROMPTS = plan.HELDBACK_PROMPTS
 HELDBACK_TOKENS = plan.HELDBACK_TOKENS
 SELECT_PROMPTS = plan.SELECT_PROMPTS
-SELECT_TOKENS = plan.SELECT_TOKENS
 MARGIN = plan.MARGIN
 BUDGET_S = plan.BUDGET_S
 ANSWER_TOKENS = plan.ANSWER_TOKENS
@@ -253,7 +252,9 @@ def check_machine(ws: Workspace) -> NoiseRecord:
     return noise
 
 
-def measure_facts(setup: Setup, ws: Workspace, request: ProfileRequest) -> plan.Facts:
+def measure_facts(
+    setup: Setup, ws: Workspace, request: ProfileRequest, budget_s: float | None = None
+) -> plan.Facts:
     """What the plan is made from: this machine's forward time and verify curve, the
     methods in the order they run (draft-free first, head methods last), and what the
     answers phase has to decode."""
@@ -281,6 +282,7 @@ def measure_facts(setup: Setup, ws: Workspace, request: ProfileRequest) -> plan.
         select_prompts=request.select_prompts,
         params=sum(p.numel() for p in ws.target.model.parameters()),
         cpu=ws.runner.device.type == "cpu",
+        budget_s=budget_s,
     )
 
 
@@ -312,7 +314,7 @@ class Run:
             budget,
             noise,
         )
-        self.facts = measure_facts(setup, ws, request)
+        self.facts = measure_facts(setup, ws, request, budget.seconds)
         self.evidence = plan.Evidence(skipped=dict(setup.skipped))
         self.ledger: list[dict] = []
         self.heads = dict(setup.heads)
@@ -676,7 +678,7 @@ def select(
     if len(variants) == 1 and all(s.selection is not None for s in tuned.values()):
         return Selection(list(tuned), dict(tuned))
     prompts = spread(ws.encode(ws.search_prompts()), request.select_prompts)
-    session = SideBySide(ws.runner, variants, SELECT_TOKENS)
+    session = SideBySide(ws.runner, variants, request.max_new_tokens)
     with step(
         "selection: the candidates race side by side (search prompts)",
         len(prompts) * len(variants),
@@ -807,7 +809,7 @@ def finalists(tuned: dict[str, MethodSettings], ranking: list[str], bound: float
         if selection is None:
             continue
         high = (selection.speedup_interval or [selection.speedup] * 2)[1]
-        if high > bound and selection.speedup > 1.0:
+        if high > bound:  # not clearly below the bar: still undecided
             out.append(name)
     return out
 

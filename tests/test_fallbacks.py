@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,57 @@ def test_ctrl_c_is_one_line(workdir, tiny_llama_dir, monkeypatch):
     assert result.exit_code == 130
     assert result.stderr.strip().splitlines()[-1].startswith("interrupted:")
     assert "Traceback" not in result.stdout + result.stderr
+
+
+# Each phase of an n-gram profile on the tiny model, interrupted as it begins: by Ctrl-C
+# or by SIGTERM (what a container runtime or a job scheduler sends).
+PHASES = ["answers", "probe ngram", "tune ngram", "held-back measurement"]
+
+
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("phase", PHASES)
+def test_an_interruption_in_any_phase_is_one_line_and_writes_nothing(
+    workdir, tiny_llama_dir, monkeypatch, phase, how
+):
+    import signal
+
+    from autotune import profiling
+
+    begin, begun = profiling.Run.begin, []
+
+    def interrupting(self, name):
+        begun.append(name)
+        if name == phase:
+            os.kill(os.getpid(), getattr(signal, how))
+            time.sleep(5)  # the signal's handler ends the phase before this does
+        return begin(self, name)
+
+    monkeypatch.setattr(profiling.Run, "begin", interrupting)
+    before = sorted(p.name for p in workdir.iterdir() if p.name != "cache")
+    result = invoke(
+        "profile",
+        "--model",
+        tiny_llama_dir,
+        "--methods",
+        "ngram",
+        "--prompts",
+        workdir / "prompts.jsonl",
+        "--out",
+        workdir / "out" / "p.yaml",
+        "--max-new-tokens",
+        8,
+        "--heldback-prompts",
+        2,
+        "--storage",
+        f"sqlite:///{workdir / 'db.sqlite'}",
+    )
+    assert phase in begun, begun  # the phase was reached
+    assert result.exit_code == 130, (result.stdout, result.stderr, result.exception)
+    assert result.stderr.strip().splitlines()[-1].startswith("interrupted: nothing was written")
+    assert "Traceback" not in result.stdout + result.stderr
+    assert not (workdir / "out").exists()  # no profile, no plot, no temporary file
+    # besides the study database (with SQLite's journal while Ray's workers still hold it
+    # open) and autotune's cache, both kept for the next run, nothing
+    kept = {"db.sqlite", "db.sqlite-wal", "db.sqlite-shm", "cache"}
+    left = {p.name for p in workdir.iterdir()} - kept
+    assert sorted(left) == before
