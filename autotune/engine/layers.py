@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-# A decode-sized input (at most this many rows) takes ``_small_linear`` on CPU.
-SMALL_ROWS = 64
+from autotune.engine import kernels
+
 _HALF = (torch.float16, torch.bfloat16)
 
 # How a block multiplies by a weight: ``linear`` (the default) or ``plain_linear``.
@@ -34,44 +34,17 @@ def plain_linear(x: torch.Tensor, module: torch.nn.Linear) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, module: torch.nn.Linear) -> torch.Tensor:
-    """``module(x)``, by the fastest product for the input's size and device.
-
-    With the MKL build of torch for CPU, ``x @ W.T`` over a few rows takes a
-    single-threaded kernel: on 2 cores a SmolLM2-135M forward reading its ~0.5 GB of
-    weights ran at ~12 GB/s. The same product as ``W @ x.T`` with at least two columns
-    takes the multithreaded GEMM, ~2.5x faster (benchmarks/small_matmul.py). Plain and
-    speculative decoding both go through here, so their ratio stays fair.
-    """
+    """``module(x)``, by the faster of torch's CPU kernels for the input's row count and
+    the weight's shape on this machine (``engine.kernels``: measured once per machine).
+    Plain and speculative decoding both go through here, so their ratio stays fair."""
     if x.device.type != "cpu" or torch.is_grad_enabled():
         return F.linear(x, module.weight, module.bias)
     rows = x.numel() // x.shape[-1]
-    if rows > SMALL_ROWS:
+    if rows > kernels.SMALL_ROWS or not kernels.table().transposed(module.weight, rows):
         return F.linear(x, module.weight, module.bias)
-    return _small_linear(x, module.weight, module.bias, rows)
-
-
-def _padded_rows(rows: int) -> int:
-    # one column falls back to the slow kernel; column counts past 8 that are not a
-    # multiple of 8 took longer than the next multiple of 8 (measured on 2 cores)
-    if rows == 1:
-        return 2
-    return rows if rows <= 8 else -(-rows // 8) * 8
-
-
-def _small_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int
-) -> torch.Tensor:
-    # row-major input, so that ``flat.T`` is a transposed view: the layout the fast
-    # kernel takes (a column-major copy falls back to the slow one)
-    flat = x.reshape(rows, x.shape[-1])
-    padded = _padded_rows(rows)
-    if padded != rows:
-        flat = torch.cat([flat, flat.new_zeros(padded - rows, flat.shape[1])])
-    else:
-        flat = flat.contiguous()
-    out = (weight @ flat.T).T[:rows].contiguous()
-    if bias is not None:
-        out = out + bias
+    out = kernels.transposed_product(x.reshape(rows, x.shape[-1]), module.weight)
+    if module.bias is not None:
+        out = out + module.bias
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 

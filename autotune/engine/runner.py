@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from autotune.engine import layers
+from autotune.engine import kernels, layers
 from autotune.engine.kvcache import KVCache
 from autotune.engine.skip import NO_SKIP, SkipMask
 
@@ -49,6 +49,12 @@ class Runner:
         self.device: torch.device = self.embed.weight.device
         self.dtype: torch.dtype = self.embed.weight.dtype
         self.eos_token_ids = eos_ids(self.config)
+        if self.device.type == "cpu" and product is layers.linear:
+            # which kernel each weight takes, measured now (or read from this machine's
+            # record) rather than inside the first timed decoding
+            kernels.table().measure(
+                m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)
+            )
 
     def new_cache(self, capacity: int = 512) -> KVCache:
         return KVCache.for_config(self.config, self.num_layers, self.dtype, self.device, capacity)

@@ -1,0 +1,219 @@
+"""Which CPU kernel multiplies a few rows by a weight fastest, measured on this machine.
+
+A decode or verify step multiplies 1 to a few dozen rows by every weight. torch's CPU
+build has two kernels worth choosing between for that, and which is faster depends on
+the CPU, the torch build, the thread count, the weight's shape and the row count:
+``x @ W.T`` (``F.linear``, a matrix-vector kernel for one row) and ``W @ x.T`` (the
+multithreaded GEMM, given at least two columns). Measured on two 2-core machines of this
+project: one ran a SmolLM2-135M one-token forward in 33 ms by ``W @ x.T`` (``F.linear``
+was single-threaded there); another in 30 ms by ``F.linear`` and 64 ms by ``W @ x.T``.
+So the choice is measured, per weight shape and row count, once per machine (kept in
+autotune's cache), with the weights streamed from memory as in a real forward (copies
+cycled through, so that a small weight is not timed hot in the CPU's cache).
+
+Plain and speculative decoding go through the same table, so their ratio stays fair.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import platform
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+# Row counts that are measured; a count between two takes the larger one's choice.
+ROWS = (*range(1, 17), 20, 24, 28, 32, 40, 48, 56, 64)
+SMALL_ROWS = ROWS[-1]  # more rows than this: F.linear, the GEMM path for any kernel
+# Bytes of weight copies cycled through while timing a shape: more than a CPU's cache
+# (at most MAX_COPIES copies: a tiny model's weights stay in the cache when it runs too).
+STREAM_BYTES = 96 * 2**20
+MAX_COPIES = 64
+REPEATS = 3  # the fastest of this many passes over the copies counts
+
+Shape = tuple[str, int, int]  # dtype, out features, in features
+# (kernel name, rows, the work) -> seconds: the clock, or a stand-in in tests
+Timer = Callable[[str, int, Callable[[], object]], float]
+
+
+def padded_rows(rows: int) -> int:
+    """Columns ``W @ x.T`` is given for ``rows`` rows: one column falls back to the slow
+    kernel, and counts past 8 that are not a multiple of 8 took longer than the next
+    multiple of 8 (measured on 2 cores)."""
+    if rows == 1:
+        return 2
+    return rows if rows <= 8 else -(-rows // 8) * 8
+
+
+def transposed_product(x2d: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x2d @ weight.T`` as ``weight @ x2d.T``, rows padded (see ``padded_rows``)."""
+    rows = x2d.shape[0]
+    padded = padded_rows(rows)
+    if padded != rows:
+        x2d = torch.cat([x2d, x2d.new_zeros(padded - rows, x2d.shape[1])])
+    else:
+        x2d = x2d.contiguous()  # row-major: ``x2d.T`` is the view the fast kernel takes
+    return (weight @ x2d.T).T[:rows].contiguous()
+
+
+class KernelTable:
+    """For each weight shape, which row counts take ``W @ x.T`` (True) rather than
+    ``F.linear``; shapes not measured yet are measured on first use."""
+
+    def __init__(self, timer: Timer | None = None, store: Path | None = None):
+        self._timer = timer or _fastest_pass
+        self._store = store
+        self._choices: dict[Shape, tuple[bool, ...]] = {}
+        # by weight tensor (id): a forward asks ~200 times, so the shape's key is built
+        # once per weight (a reused id gives another weight's choice: slower, not wrong)
+        self._by_weight: dict[int, tuple[bool, ...]] = {}
+        self._loaded = False
+
+    def transposed(self, weight: torch.Tensor, rows: int) -> bool:
+        """Whether ``rows`` rows (1 .. SMALL_ROWS) take ``W @ x.T`` with this weight."""
+        choices = self._by_weight.get(id(weight))
+        if choices is None:
+            shape = _shape(weight)
+            choices = self._choices.get(shape) or self.measure([weight])[shape]
+            self._by_weight[id(weight)] = choices
+        return choices[_ROW_INDEX[rows]]
+
+    def measure(self, weights: Iterable[torch.Tensor]) -> dict[Shape, tuple[bool, ...]]:
+        """The choices for these weights' shapes: from this machine's record where it has
+        them, else timed now (and recorded)."""
+        self._load()
+        new = {}
+        for weight in weights:
+            shape = _shape(weight)
+            if shape not in self._choices:
+                self._choices[shape] = new[shape] = self._time_shape(weight)
+        if new:
+            self._save()
+        return dict(self._choices)
+
+    def _time_shape(self, weight: torch.Tensor) -> tuple[bool, ...]:
+        in_features = weight.shape[1]
+        size = weight.numel() * weight.element_size()
+        count = min(MAX_COPIES, max(1, STREAM_BYTES // size))
+        copies = [weight.detach().clone() for _ in range(count - 1)]
+        pool = [weight.detach(), *copies]
+        choices = []
+        with torch.inference_mode():
+            for rows in ROWS:
+                x = torch.randn(rows, in_features, dtype=weight.dtype)
+                plain = self._timer("linear", rows, functools.partial(_each, F.linear, x, pool))
+                flipped = self._timer(
+                    "transposed", rows, functools.partial(_each, transposed_product, x, pool)
+                )
+                choices.append(flipped < plain)
+        return tuple(choices)
+
+    def _load(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True
+        if self._store is None or not self._store.is_file():
+            return
+        try:
+            record = json.loads(self._store.read_text())
+            for key, choices in record["choices"].items():
+                dtype, out_features, in_features = key.split(":")
+                if len(choices) == len(ROWS):
+                    shape = (dtype, int(out_features), int(in_features))
+                    self._choices[shape] = tuple(bool(c) for c in choices)
+        except (OSError, ValueError, KeyError, AttributeError):
+            self._choices.clear()  # an unreadable record is measured again
+
+    def _save(self) -> None:
+        if self._store is None:
+            return
+        from autotune.errors import OutputPathError
+        from autotune.files import write_atomic
+
+        record = {
+            "machine": machine_key(),
+            "rows": list(ROWS),
+            "choices": {":".join(map(str, shape)): list(c) for shape, c in self._choices.items()},
+        }
+        # unwritable: measured again in the next process (slower to start, nothing lost)
+        with contextlib.suppress(OutputPathError):
+            write_atomic(
+                self._store, json.dumps(record, indent=1), "free space in autotune's cache"
+            )
+
+
+def machine_key() -> dict:
+    """What the choice depends on: the CPU, the torch build, the threads."""
+    return {
+        "cpu": _cpu_name(),
+        "machine": platform.machine(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _cpu_name() -> str:
+    """The CPU's model name and a digest of its feature flags (virtual machines often
+    name every CPU alike)."""
+    name, flags = platform.processor() or "unknown", ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = hashlib.sha256(line.encode()).hexdigest()[:8]
+    except OSError:
+        pass
+    return f"{name} {flags}".strip()
+
+
+def _store_path() -> Path:
+    from autotune.paths import cache_root
+
+    digest = hashlib.sha256(json.dumps(machine_key(), sort_keys=True).encode()).hexdigest()
+    return cache_root() / "kernels" / f"{digest[:16]}.json"
+
+
+def _shape(weight: torch.Tensor) -> Shape:
+    return (str(weight.dtype).removeprefix("torch."), weight.shape[0], weight.shape[1])
+
+
+# row count -> index into ROWS of the smallest measured count at least as large
+_ROW_INDEX = [0] + [next(i for i, m in enumerate(ROWS) if m >= r) for r in range(1, SMALL_ROWS + 1)]
+
+
+def _each(product: Callable, x: torch.Tensor, pool: list[torch.Tensor]) -> None:
+    for weight in pool:
+        product(x, weight)
+
+
+def _fastest_pass(kernel: str, rows: int, run: Callable[[], object]) -> float:
+    run()  # warm-up: allocations, first touches
+    best = float("inf")
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+_TABLES: dict[int, KernelTable] = {}  # by torch thread count, this process's
+
+
+def table() -> KernelTable:
+    """This process's table for its current thread count (kept on disk per machine)."""
+    threads = torch.get_num_threads()
+    found = _TABLES.get(threads)
+    if found is None:
+        found = _TABLES[threads] = KernelTable(store=_store_path())
+    return found
+
+
+os.register_at_fork(after_in_child=_TABLES.clear)  # a child measures under its own threads
