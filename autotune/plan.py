@@ -60,8 +60,14 @@ ANSWERS_SHARE = 0.35
 CAPE_SHARE = 0.15
 # Of the time for training and tuning, the leader's study gets this much, first, when
 # other methods are still to be tuned: on 2 cores an even split left the n-gram study
-# 0:51, not one trial (it needs about 5 minutes for 12).
+# 0:51, not one trial. More where the leader says it needs more to finish LEADER_TRIALS
+# whole measured trials (``Method.tuning_seconds``), up to LEADER_MAX_SHARE.
 LEADER_TUNING_SHARE = 0.5
+LEADER_MAX_SHARE = 0.8
+LEADER_TRIALS = 12
+# A draft-free method decodes in about this much of greedy's time (n-gram on 2 cores:
+# 1.15-1.3x at 64 tokens).
+DRAFT_FREE_COST = 0.85
 
 # Within a method's tuning time (shares of what is left when each step starts): n-gram's
 # proxy search, then its measured study (the rest: the side by side of its finalists);
@@ -81,13 +87,12 @@ CAPE_FIT_SHARE = 0.5
 # The verify curve the bounds read (n = 1 .. this many tokens).
 PROBE_CURVE_TOKENS = 16
 # A draft-free method's probe: its proxy's best decoded against greedy on this many
-# search prompts of PROBE_TOKENS tokens: the run's first leader and its interval.
-# (6 prompts gave n-gram [1.04, 1.46] on 2 cores: too loose a low end to skip by.)
+# search prompts, as long as the verdict's: the run's first leader and its interval.
+# (6 prompts gave n-gram [1.04, 1.46] on 2 cores: too loose a low end to skip by; four
+# drafts of 64 tokens [1.05, 1.43], the choice among four widening it.)
 PROBE_PROMPTS = 10
-PROBE_TOKENS = 64
-# The drafts it decodes beside greedy: each of n-gram's two kinds at its proxy best and
-# at its default (planned as one draft, the probe took 2:13 of 1:00 on 2 cores).
-DRAFT_FREE_PROBE_DRAFTS = 4
+# The drafts it decodes beside greedy: each of n-gram's two kinds at its proxy best.
+DRAFT_FREE_PROBE_DRAFTS = 2
 # A head kind's probe trains for this share of its planned training (at least
 # PROBE_LEAST_S); the rest of the training happens only if its bound can win.
 PROBE_SHARE = 0.2
@@ -122,6 +127,9 @@ class Facts:
     select_prompts: int = SELECT_PROMPTS
     params: int = 0
     cpu: bool = True
+    # method -> seconds its tuning needs to finish LEADER_TRIALS whole trials, where the
+    # method can say (what it gets, within LEADER_MAX_SHARE, when it leads)
+    leader_tuning_s: dict[str, float] = field(default_factory=dict)
     # the whole run's seconds (None: no budget): what the measurements' share is of, so
     # that phases overrunning before them cannot shrink it
     budget_s: float | None = None
@@ -275,9 +283,11 @@ def probe_seconds(facts: Facts, method: str, training_s: float) -> float:
     method trains a slice of its training time; a proxy-scored one scores its seeds."""
     if method in facts.train:
         return max(PROBE_LEAST_S, PROBE_SHARE * training_s)
-    drafts = DRAFT_FREE_PROBE_DRAFTS if method in facts.draft_free else 1
-    decode = PROBE_PROMPTS * PROBE_TOKENS * facts.forward_s * (1 + drafts * SPECULATIVE_COST)
-    return decode + 20.0  # its proxy search or seed scoring, about
+    if method not in facts.draft_free:
+        return 20.0  # its seeds scored on the proxy, about
+    drafts = DRAFT_FREE_PROBE_DRAFTS * DRAFT_FREE_COST
+    decode = PROBE_PROMPTS * facts.heldback_tokens * facts.forward_s * (1 + drafts)
+    return decode + 20.0  # its proxy search, about
 
 
 def measuring_phases(facts: Facts, methods: int, chains: int, seconds: float) -> list[Phase]:
@@ -340,7 +350,8 @@ def phases(facts: Facts, evidence: Evidence, seconds: float) -> list[Phase]:
     leader = evidence.lead.method if evidence.lead is not None else None
     first = 0.0  # the leader's study, before any training: the likeliest answer
     if leader in tuned and len(tuned) > 1:
-        first = LEADER_TUNING_SHARE * rest
+        wanted = facts.leader_tuning_s.get(leader or "", 0.0)
+        first = min(LEADER_MAX_SHARE * rest, max(LEADER_TUNING_SHARE * rest, wanted))
         rest -= first
     training = TRAINING_SHARE * rest if kinds else 0.0
     tuning = rest - training
@@ -387,7 +398,7 @@ def least_budget(facts: Facts) -> float:
     interval needs (``LEAST_INTERVAL_PROMPTS``) of one method against greedy."""
     per_token = facts.forward_s * (1 + SPECULATIVE_COST)
     measure = LEAST_INTERVAL_PROMPTS * facts.heldback_tokens * per_token
-    probe = 2 * PROBE_TOKENS * per_token
+    probe = 2 * facts.heldback_tokens * per_token
     answers = answers_seconds(facts, min(facts.answer_prompts, 2 * PROBE_PROMPTS))
     return math.ceil((STARTUP_S + answers + probe + measure) / 10.0) * 10.0
 

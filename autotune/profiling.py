@@ -275,6 +275,11 @@ def measure_facts(
         train=dict(setup.train),
         min_training={k: KINDS[k].min_training_s for k in set(setup.train.values())},
         chain_methods=tuple(m.name for m in setup.methods if m.chain) if setup.expansions else (),
+        leader_tuning_s={
+            m.name: seconds
+            for m in order
+            if (seconds := m.tuning_seconds(setup.spaces[m.name], curve(1), plan.LEADER_TRIALS))
+        },
         answer_prompts=missing,
         extra_answer_prompts=len(calibration_extras(ws.prompts_path)) if setup.train else 0,
         heldback_prompts=min(request.heldback_prompts, len(ws.heldback_prompts())),
@@ -560,6 +565,7 @@ class Run:
             self.request.workers,
             self.heads.get(method.name),
             self.request.trials,
+            max_new_tokens=self.request.max_new_tokens,
         )
 
     def tune_method(self, method: Method) -> MethodSettings:

@@ -57,6 +57,24 @@ def test_greedy_is_timed_once_then_again_after_its_trials(tiny_llama, monkeypatc
     assert Measurement(rows).summary()["prompts"] == 7  # the timing module's figures
 
 
+def test_a_trial_re_times_at_most_its_share_of_prompts(tiny_llama, monkeypatch, one_thread):
+    runner = Runner(tiny_llama)
+    prompts = [EncodedPrompt(f"p{i}", [1, 5 + i, 9, 33, 5 + i, 9]) for i in range(3)]
+    greedy = SharedGreedy(max_new_tokens=6, retime_every=1, retime_per_trial=2)
+    for prompt in prompts:  # the first trial times greedy on every prompt
+        greedy.method_row(runner, prompt, drafter())
+    order = logged(monkeypatch)
+    greedy.warm_up(runner, drafter(), prompts[0])  # the second trial: all three are due
+    order.clear()
+    for prompt in prompts:
+        greedy.method_row(runner, prompt, drafter())
+    assert order.count("plain") == 2  # the third waits for the next trial
+    assert [greedy.timings(p) for p in prompts] == [2, 2, 1]
+    greedy.warm_up(runner, drafter(), prompts[0])
+    greedy.method_row(runner, prompts[2], drafter())
+    assert greedy.timings(prompts[2]) == 2
+
+
 def test_a_lossy_method_fails_with_the_token_where_it_differs(tiny_llama, monkeypatch, one_thread):
     runner = Runner(tiny_llama)
     greedy = SharedGreedy(max_new_tokens=6)
@@ -150,3 +168,74 @@ def test_asha_prunes_trials_and_the_budget_counts_whole_ones(tmp_path, ray_sessi
     # whole trials reach the budget, unless pruned ones reached the cap first
     assert len(complete) == budgeted(trials) and len(trials) <= spec.cap
     assert budgeted(trials) == 3 or held.counted(trials) == spec.cap
+
+
+@dataclass
+class Screened(Climb):
+    """Climb, whose first result is a cheap score: a trial of x below 3 stops there."""
+
+    def steps(self, config: dict):
+        from autotune.studies.tune import STOPPED
+
+        if config["x"] < 3:
+            yield {"objective": float(config["x"]), STOPPED: "screened"}
+            return
+        yield from super().steps(config)
+
+
+@pytest.mark.ray
+def test_a_trial_that_stops_itself_early_is_pruned(tmp_path, ray_session):
+    from autotune.methods.studies import asha
+    from autotune.studies.tune import StudySpec, run_study
+
+    objective = Screened(fidelities=3, grace=3)
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    spec = StudySpec(
+        name="tiny/screened",
+        storage_url=url,
+        space={"x": IntDistribution(0, 6)},
+        metric="objective",
+        trials=2,
+        max_trials=4,
+        sampler=optuna.samplers.RandomSampler(seed=0),
+        seeds=[{"x": 1}, {"x": 5}, {"x": 2}, {"x": 6}],
+        timed=True,
+        user_attrs={"method": "test"},
+    )
+    run_study(spec, objective, label="screened", scheduler=asha(objective))
+    trials = optuna.load_study(study_name="tiny/screened", storage=url).get_trials()
+    by_x = {t.params["x"]: t for t in trials}
+    for x in (1, 2):  # stopped after their first result: pruned, with that result
+        assert by_x[x].state == TrialState.PRUNED
+        assert by_x[x].intermediate_values == {1: float(x)}
+        assert by_x[x].user_attrs["stopped"] == "screened"
+    assert by_x[5].state == by_x[6].state == TrialState.COMPLETE
+    assert len(by_x[6].intermediate_values) == 3
+
+
+def test_the_ngram_proxy_prunes_a_setting_before_it_decodes():
+    from autotune.drafters.ngram import LookupConfig
+    from autotune.methods.ngram.replay import Continuation, Costs, Replayer
+    from autotune.methods.ngram.trials import NgramObjective, params_from_config
+    from autotune.measure.costs import LatencyCurve
+    from autotune.methods import registry
+
+    class NoDecoding:
+        def runner(self):
+            raise AssertionError("a screened trial must not decode")
+
+    text = (1, 5, 9, 33, 5, 9, 33, 5, 9, 33)
+    proxy = Replayer(
+        [Continuation(text, text[3:], 7)], lambda c: Costs(LatencyCurve([1.0] * 16), 0.0)
+    )
+    config = LookupConfig(1, 2, 4, 1, 1, 4, "first")
+    predicted = proxy.speedup(config, proxy.indices())
+    assert predicted > 1.0  # the continuation repeats: drafting pays on the proxy
+    objective = NgramObjective(
+        NoDecoding(), [PROMPT], 6, grace=2, proxy=proxy, proxy_floor=predicted * 1.01
+    )
+    assert objective.fidelities == 2  # the proxy's result, then the one prompt
+    results = list(objective.steps(params_from_config(config, registry.method("ngram").space())))
+    assert len(results) == 1
+    assert results[0]["objective"] == results[0]["proxy"] == predicted
+    assert "stopped" in results[0]

@@ -114,6 +114,28 @@ def test_the_skipped_methods_time_goes_to_the_leaders_study():
     assert sum(p.seconds for p in after) == pytest.approx(900.0, rel=0.01)
 
 
+def test_a_leader_that_needs_more_time_for_its_trials_gets_it_within_a_cap():
+    evidence = Evidence(done={"answers", "probe ngram"})
+    evidence.lead = Lead("ngram", 1.3, 1.1, 1.5, 10)
+    plain = seconds_of(plan.phases(facts(), evidence, 1000.0), "tune")["tune ngram"]
+    wanted = plain * 1.3
+    asked = seconds_of(
+        plan.phases(facts(leader_tuning_s={"ngram": wanted}), evidence, 1000.0), "tune"
+    )
+    assert asked["tune ngram"] == pytest.approx(wanted)
+    # never so much that the others are left nothing
+    greedy = facts(leader_tuning_s={"ngram": 1e6})
+    phases = plan.phases(greedy, evidence, 1000.0)
+    measuring = sum(p.seconds for p in phases if p.reserved)
+    leader = seconds_of(phases, "tune")["tune ngram"]
+    assert leader == pytest.approx(plan.LEADER_MAX_SHARE * (1000.0 - measuring))
+    others = sum(p.seconds for p in phases if not p.reserved) - leader
+    assert others >= (1 - plan.LEADER_MAX_SHARE) * (1000.0 - measuring) * 0.99
+    # a leader that needs less than its share keeps its share
+    modest = facts(leader_tuning_s={"ngram": 1.0})
+    assert seconds_of(plan.phases(modest, evidence, 1000.0), "tune")["tune ngram"] == plain
+
+
 def test_a_phase_plan_fits_the_time_and_keeps_the_measurements_least():
     f = facts()
     phases = plan.phases(f, Evidence(), 1200.0)

@@ -6,8 +6,11 @@ process (a Ray worker that Tune reuses from trial to trial) times it once per pr
 lends that timing to every trial, halving what a trial decodes. So that a drift of the
 machine's speed still cancels, a prompt's greedy decoding is timed again once
 ``retime_every`` trials have used its timing; the re-timing and that trial's method
-decoding take turns to go first. The greedy tokens are kept: a method's output must equal
-them token for token (greedy speculative decoding is lossless), else ``LossyDecoding``.
+decoding take turns to go first. A trial re-times at most ``retime_per_trial`` prompts
+(the others wait for the next trial), so that re-timing stays a small, steady part of
+every trial instead of doubling one trial in three. The greedy tokens are kept: a
+method's output must equal them token for token (greedy speculative decoding is
+lossless), else ``LossyDecoding``.
 
 The rows are ``timing.PromptMeasurement``: a trial's rows make a ``timing.Measurement``
 with its speedup, interval and summary.
@@ -28,6 +31,8 @@ from autotune.measure.timing import WARMUP_TOKENS, EncodedPrompt, PromptMeasurem
 # enough that trials an hour apart do not compare with one stale figure, seldom enough
 # that a trial decodes little besides its method.
 RETIME_EVERY = 3
+# Prompts one trial re-times at most (of its 12: a sixth of its decoding, at most).
+RETIME_PER_TRIAL = 2
 
 
 class LossyDecoding(RuntimeError):
@@ -45,17 +50,25 @@ class _Greedy:
 class SharedGreedy:
     """Greedy decodings of prompts, timed in this process and lent to its trials."""
 
-    def __init__(self, max_new_tokens: int, retime_every: int = RETIME_EVERY):
-        if retime_every < 1:
-            raise ValueError("retime_every must be at least 1")
+    def __init__(
+        self,
+        max_new_tokens: int,
+        retime_every: int = RETIME_EVERY,
+        retime_per_trial: int = RETIME_PER_TRIAL,
+    ):
+        if retime_every < 1 or retime_per_trial < 1:
+            raise ValueError("retime_every and retime_per_trial must be at least 1")
         self.max_new_tokens = max_new_tokens
         self.retime_every = retime_every
+        self.retime_per_trial = retime_per_trial
         self._greedy: dict[tuple[int, ...], _Greedy] = {}
         self._warm = False
+        self._retimed = 0  # prompts the current trial re-timed
 
     def warm_up(self, runner: Runner, drafter: Drafter, prompt: EncodedPrompt) -> None:
-        """A few tokens of each decoder before timing: plain greedy once per process, the
-        drafter once per trial (its first prompt)."""
+        """A trial starts: a few tokens of each decoder before timing (plain greedy once
+        per process, the drafter once per trial, on its first prompt)."""
+        self._retimed = 0
         if not self._warm:
             decode_plain(runner, prompt.ids, WARMUP_TOKENS)
             self._warm = True
@@ -73,7 +86,9 @@ class SharedGreedy:
             plain, plain_s = _timed(decode_plain, runner, prompt.ids, self.max_new_tokens)
             method, method_s = self._method(runner, drafter, prompt)
             greedy = self._greedy[key] = _Greedy(plain.tokens, plain_s)
-        elif greedy.uses >= self.retime_every:  # re-timing: plain and method take turns
+        elif greedy.uses >= self.retime_every and self._retimed < self.retime_per_trial:
+            # re-timing: plain and method take turns to go first
+            self._retimed += 1
             first_plain = greedy.timings % 2 == 0
             if first_plain:
                 plain, plain_s = _timed(decode_plain, runner, prompt.ids, self.max_new_tokens)

@@ -64,6 +64,7 @@ class TuneContext:
     trials: int | None = None  # the user's cap on a method's main study (--trials)
     base_space: Any = None  # fitting an expansion: the expanded method's own space
     notes: list[str] = field(default_factory=list)  # what was cut short, one line each
+    max_new_tokens: int = 128  # the verdict's decoding length (``--max-new-tokens``)
 
     def note(self, line: str) -> None:
         from autotune.progress import say
@@ -116,6 +117,12 @@ class Method(Entry):
     def probe(self, ctx: TuneContext) -> Probe | None:
         """The cheap evidence gathered before this method's training or studies (None:
         it has none; it is tuned whatever the others measured)."""
+        return None
+
+    def tuning_seconds(self, space: Any, forward_s: float, trials: int) -> float | None:
+        """About how long its tuning takes to finish ``trials`` whole measured trials of
+        its main study (and what follows it), at ``forward_s`` a greedy forward: what the
+        plan gives it when it leads (None: no estimate; it gets the plan's share)."""
         return None
 
     def check_heads(self, folder: Path) -> None:

@@ -95,7 +95,7 @@ class Progressive(Protocol):
     fidelities: int
     grace: int
 
-    def steps(self, config: dict) -> Iterator[dict]: ...
+    def steps(self, config: dict) -> Iterator[dict]: ...  # may end early (tune.STOPPED)
 
     def __call__(self, config: dict) -> dict: ...
 

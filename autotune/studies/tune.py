@@ -242,6 +242,9 @@ ATTR_PREFIX = "attr_"
 # included (Tune's training_iteration: the step of Optuna's intermediate values).
 FINAL = "final"
 FIDELITY = "fidelity"
+# A progressive objective's result with this key (the reason, in words) is its last: the
+# trial stopped itself early, and is pruned as if a scheduler had stopped it.
+STOPPED = "stopped"
 
 
 def budgeted(trials) -> int:
@@ -284,8 +287,9 @@ def _reporting(objective: Callable[[dict], dict], threads: int | None = None):
             done, last = done + 1, {"objective": math.nan, "fail_reason": _failure(exc)}
             tune.report(_row(last, done, final=True))
             return
-        if done < full:  # its steps ended early: the last result is its final one
+        if done < full and STOPPED not in last:  # ended early: its last result is final
             tune.report(_row(last, done + 1, final=True))
+        # (a result with STOPPED was reported as not final: the trial is pruned)
 
     trainable.__name__ = getattr(objective, "__name__", type(objective).__name__)
     return trainable

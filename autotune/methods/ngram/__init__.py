@@ -40,6 +40,11 @@ class Ngram(Method):
 
         return tune(ctx)
 
+    def tuning_seconds(self, space: NgramSpace, forward_s: float, trials: int) -> float:
+        from autotune.methods.ngram.tune import tuning_seconds
+
+        return tuning_seconds(space, forward_s, trials)
+
     def drafter(self, settings: NgramSettings, env: DraftEnv):
         from autotune.drafters.ngram import NgramDrafter
 

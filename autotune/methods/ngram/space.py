@@ -78,7 +78,9 @@ class SearchSpace(Strict):
 
 class StudySpace(Strict):
     trials: int = Field(ge=0)  # measured trials (0: the proxy's finalists are measured alone)
+    prompts: int = Field(ge=1)  # of the timed prompts, those a whole trial decodes
     grace: int = Field(ge=1)  # prompts every trial decodes before ASHA may prune it
+    proxy_screen: float = Field(gt=0, le=1)  # pruned unpredicted below this x the best
 
 
 class PerCategory(Strict):

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from autotune.drafters.ngram import LookupConfig, NgramDrafter
 from autotune.drafters.suffix import SuffixConfig
 from autotune.measure.timing import EncodedPrompt
+from autotune.methods.ngram.replay import Replayer
 from autotune.methods.ngram.settings import Config, block_of
 from autotune.methods.ngram.space import NgramSpace
 from autotune.models.ref import TargetRef
@@ -60,27 +61,39 @@ def params_from_config(config: Config, space: NgramSpace) -> dict:
 
 @dataclass
 class NgramObjective:
-    """A trial: measured speedup of the setting a config names, reported after each
-    prompt (``methods.studies.Progressive``: the speedup over the prompts so far) so that
-    ASHA may prune it after ``grace`` of them. Plain greedy timings are this worker's,
-    shared by its trials (``measure.shared_greedy``). Times wall clock, so trials must
-    not share the machine's cores."""
+    """A trial, cheapest fidelity first (``methods.studies.Progressive``). With a
+    ``proxy``, its first result is the speedup the replay predicts (milliseconds), and a
+    setting predicted below ``proxy_floor`` stops there, pruned before it decodes
+    anything. Then the measured speedup over the prompts so far, after each prompt, so
+    that ASHA may stop it after ``grace`` results. Plain greedy timings are this
+    worker's, shared by its trials (``measure.shared_greedy``). Times wall clock, so
+    trials must not share the machine's cores."""
 
     target: TargetRef
     prompts: list[EncodedPrompt]
     max_new_tokens: int
     grace: int = 3
+    proxy: Replayer | None = None
+    proxy_floor: float = 0.0
 
     @property
     def fidelities(self) -> int:
-        return len(self.prompts)
+        return len(self.prompts) + (self.proxy is not None)
 
     def steps(self, config: dict) -> Iterator[dict]:
         from autotune.measure.shared_greedy import for_process
         from autotune.measure.timing import Measurement
+        from autotune.studies.tune import STOPPED
 
         setting = config_from_params(config)
         draft = block_of(setting).model_dump()
+        if self.proxy is not None:
+            predicted = self.proxy.speedup(setting, self.proxy.indices())
+            result = {"objective": predicted, "prompts": 0, "proxy": predicted, "draft": draft}
+            if predicted < self.proxy_floor:
+                yield {**result, STOPPED: f"the proxy predicts {predicted:.3f}x"}
+                return
+            yield result
         runner, drafter = self.target.runner(), NgramDrafter(setting)
         greedy = for_process(self.target, self.max_new_tokens)
         greedy.warm_up(runner, drafter, self.prompts[0])

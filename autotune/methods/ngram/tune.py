@@ -54,33 +54,33 @@ class Proxy:
 
 
 def probe(ctx: TuneContext) -> Probe:
-    """The proxy search, then each kind's proxy best and each kind's default (where the
-    search starts: transformers' prompt lookup, vLLM's suffix decoding) decoded against
-    greedy on a few search prompts: the run's first measured figures (the fastest, its
-    interval allowing for the choice among them), and a bound (the proxy's prediction or
-    the measurements' upper ends, whichever is highest)."""
-    from autotune.plan import PROBE_PROMPTS, PROBE_TOKENS, Bound
+    """The proxy search, then each kind's proxy best decoded against greedy on a few
+    search prompts, as long as the verdict's: the run's first measured figures (the
+    faster, its interval allowing for the choice between them), and a bound (the proxy's
+    prediction or the measurements' upper ends, whichever is highest)."""
+    from autotune.plan import PROBE_PROMPTS, Bound
 
-    space: NgramSpace = ctx.space
     confirm, sequences = split_search(ctx)
-    curve = ctx.workspace.verify_curve(largest_tree(space) + 1)
+    curve = ctx.workspace.verify_curve(largest_tree(ctx.space) + 1)
     replayer, _ = make_replayer(ctx, sequences, curve)
     proxy = cached_proxy(ctx, replayer, sequences)
-    configs = {f"{k} (proxy best)": proxy.best[k] for k in KINDS}
-    configs.update({f"{k} (default)": start_config(space, k) for k in KINDS})
     unique: dict[str, Config] = {}
-    for name, config in configs.items():
-        if config not in unique.values():
-            unique[name] = config
+    for kind in KINDS:
+        if proxy.best[kind] not in unique.values():
+            unique[f"{kind} (proxy best)"] = proxy.best[kind]
     variants = {n: Variant(functools.partial(NgramDrafter, c)) for n, c in unique.items()}
     prompts = confirm[:PROBE_PROMPTS]
-    label = "n-gram probe: proxy bests and defaults against greedy"
+    label = "n-gram probe: the proxy's bests against greedy"
     with step(label, len(prompts) * len(variants)) as advance:
         measured = measure_variants(
-            ctx.workspace.runner, variants, prompts, PROBE_TOKENS, on_prompt=lambda _: advance()
+            ctx.workspace.runner,
+            variants,
+            prompts,
+            ctx.max_new_tokens,
+            on_prompt=lambda _: advance(),
         )
     for m in measured.values():
-        m.looks = len(measured)  # the fastest of several: its interval allows for the choice
+        m.looks = len(measured)  # the faster of several: its interval allows for the choice
     best = max(measured, key=lambda n: measured[n].speedup)
     highs = [m.interval().high for m in measured.values() if m.prompts]
     predicted = max(proxy.predicted.values())
@@ -113,7 +113,7 @@ def tune(ctx: TuneContext) -> NgramSettings:
     curve = ctx.workspace.verify_curve(largest_tree(space) + 1)
     replayer, draft_seconds = make_replayer(ctx, sequences, curve)
     proxy = cached_proxy(ctx, replayer, sequences)
-    winners, study, trials = measured_study(ctx, proxy, confirm)
+    winners, study, trials = measured_study(ctx, proxy, confirm, replayer)
     candidates = with_default(space, winners)
     chosen, selection, verdicts, figures = side_by_side(ctx, candidates, proxy.by_category, confirm)
     if chosen == "default":
@@ -296,10 +296,12 @@ def category_search(ctx: TuneContext, replayer: Replayer, proxy: Proxy, budget) 
 
 
 def measured_study(
-    ctx: TuneContext, proxy: Proxy, prompts: list[EncodedPrompt]
+    ctx: TuneContext, proxy: Proxy, prompts: list[EncodedPrompt], replayer: Replayer
 ) -> tuple[dict[str, Config], str | None, list[dict]]:
     """Each kind's fastest measured setting (the proxy's best where its study finished no
-    trial of that kind), the study's name, and its trials."""
+    trial of that kind), the study's name, and its trials. Every trial is first scored on
+    the proxy (``replayer``): one predicted below ``study.proxy_screen`` of the proxy's
+    best is pruned before it decodes."""
     import optuna
 
     from autotune.methods.ngram import trials as ngram_trials
@@ -315,7 +317,12 @@ def measured_study(
         f"ngram/{prompts_id(prompts)}",
         ngram_trials.distributions(space),
         ngram_trials.NgramObjective(
-            ctx.workspace.ref, prompts, space.trials.tokens, grace=space.study.grace
+            ctx.workspace.ref,
+            prompts[: space.study.prompts],
+            space.trials.tokens,
+            grace=1 + space.study.grace,  # the proxy's result, then the prompts
+            proxy=Replayer(replayer.sequences, replayer.costs),  # without its replays
+            proxy_floor=space.study.proxy_screen * max(proxy.predicted.values()),
         ),
         trials=wanted,
         seeds=seeds[:wanted],
@@ -326,7 +333,11 @@ def measured_study(
     )
     done = completed(study)
     pruned = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,))
-    say(f"n-gram study: {len(done)} trials decoded every prompt, {len(pruned)} were pruned")
+    screened = sum(len(t.intermediate_values) <= 1 for t in pruned)
+    say(
+        f"n-gram study: {len(done)} trials decoded every prompt, {len(pruned)} were pruned "
+        f"({screened} on the proxy, before decoding)"
+    )
     if not done:
         ctx.note("the n-gram study finished no trial in time: the proxy's best are measured")
     winners = {}
@@ -339,6 +350,26 @@ def measured_study(
         key=lambda row: -row["speedup"],
     )
     return winners, study.study_name, rows
+
+
+def tuning_seconds(space: NgramSpace, forward_s: float, trials: int) -> float:
+    """About how long ``tune`` takes to finish ``trials`` whole trials (after the probe,
+    whose proxy search it reuses): a whole trial decodes ``study.prompts`` prompts at
+    about ``plan.DRAFT_FREE_COST`` of greedy's time; each one is accompanied by the
+    trials ASHA prunes at its rung (reduction factor 3: two for each one promoted, each
+    ``study.grace`` prompts long) and by its share of greedy re-timing; greedy is timed
+    on every prompt once first. The study is ``NGRAM_STUDY_SHARE`` of the time, the side
+    by side after it the rest."""
+    from autotune.measure.shared_greedy import RETIME_PER_TRIAL
+    from autotune.methods.studies import REDUCTION_FACTOR
+
+    prompt_s = space.trials.tokens * forward_s
+    whole = space.study.prompts * prompt_s * plan.DRAFT_FREE_COST
+    study = space.study
+    pruned = (REDUCTION_FACTOR - 1) * min(study.grace, study.prompts) / study.prompts
+    per_trial = whole * (1 + pruned) + RETIME_PER_TRIAL * prompt_s
+    seconds = trials * per_trial + study.prompts * prompt_s
+    return seconds / plan.NGRAM_STUDY_SHARE
 
 
 def prompts_id(prompts: list[EncodedPrompt]) -> str:
