@@ -215,10 +215,10 @@ def test_a_trial_that_stops_itself_early_is_pruned(tmp_path, ray_session):
 
 def test_the_ngram_proxy_prunes_a_setting_before_it_decodes():
     from autotune.drafters.ngram import LookupConfig
-    from autotune.methods.ngram.replay import Continuation, Costs, Replayer
-    from autotune.methods.ngram.trials import NgramObjective, params_from_config
     from autotune.measure.costs import LatencyCurve
     from autotune.methods import registry
+    from autotune.methods.ngram.replay import Continuation, Costs, Replayer
+    from autotune.methods.ngram.trials import NgramObjective, params_from_config
 
     class NoDecoding:
         def runner(self):
