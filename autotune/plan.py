@@ -30,8 +30,10 @@ HELDBACK_PROMPTS = 24
 HELDBACK_TOKENS = 128
 SELECT_PROMPTS = 12  # the race's most: it stops sooner once one candidate is left
 # The held-back measurement's first look (``measure.sequential``), and the fewest
-# prompts it takes when short of time (``measure.stats.MIN_PROMPTS``).
+# prompts it takes when short of time (``measure.stats.MIN_PROMPTS``); the prompts it is
+# planned for (its later looks decode more while the verdict is undecided).
 HELDBACK_LEAST = 8
+HELDBACK_PLANNED = 12
 LEAST_INTERVAL_PROMPTS = 6
 # A method is recommended when its held-back interval's low end clears 1 + MARGIN.
 MARGIN = 0.0
@@ -40,8 +42,8 @@ CPU_TRAINABLE_PARAMS = 1_000_000_000
 # Heads trained within the run learn from answers this long (all trainers share them).
 ANSWER_TOKENS = 128
 # Answers are decoded in batches: this many times faster than one sequence (2 cores:
-# 16 answers of 128 tokens in 32 s at 32 ms a forward).
-BATCHED_DECODING_GAIN = 2.0
+# 16 answers of 128 tokens in 32 s at 32 ms a forward; 60 answers in 72 s at 32 ms).
+BATCHED_DECODING_GAIN = 3.0
 # Start-up after the first forward: Ray's first worker loads the model (2 cores).
 STARTUP_S = 30.0
 
@@ -66,8 +68,8 @@ LEADER_TUNING_SHARE = 0.5
 LEADER_MAX_SHARE = 0.8
 LEADER_TRIALS = 12
 # A draft-free method decodes in about this much of greedy's time (n-gram on 2 cores:
-# 1.15-1.3x at 64 tokens).
-DRAFT_FREE_COST = 0.85
+# 1.15-1.3x at 64 tokens, about 1.0x on its first prompts).
+DRAFT_FREE_COST = 0.9
 
 # Within a method's tuning time (shares of what is left when each step starts): n-gram's
 # proxy search, then its measured study (the rest: the side by side of its finalists);
@@ -298,7 +300,7 @@ def measuring_phases(facts: Facts, methods: int, chains: int, seconds: float) ->
     (n-gram measured 0.99x at 64 tokens on search prompts, 1.44x at 128 held back)."""
     tokens_per_s = 1.0 / facts.forward_s
     cost = 1 + SPECULATIVE_COST * methods
-    held_back = min(facts.heldback_prompts, HELDBACK_LEAST)
+    held_back = min(facts.heldback_prompts, HELDBACK_PLANNED)
     held_back_s = held_back * facts.heldback_tokens * cost / tokens_per_s
     share = MEASURE_SHARE * (facts.budget_s or seconds)
     phases = []

@@ -427,10 +427,15 @@ class Run:
         for method in self._methods():
             if method.name not in self.evidence.skipped:
                 self.probe(method)
+        # with a leader known, its study comes first: a kind the rest cannot train
+        # usefully is dropped now, its time going to the leader
+        self._drop_untrainable()
         tuned: dict[str, MethodSettings] = {}
         lead = self.evidence.lead
         if lead is not None and lead.method not in self.evidence.skipped:
             tuned[lead.method] = self.tune_method(registry.method(lead.method))
+            # what the leader's study left may no longer train a kind usefully
+            self._drop_untrainable()
         kinds = self._kinds_left()
         if kinds and self.facts.extra_answer_prompts:
             extras = self.extra_answers()

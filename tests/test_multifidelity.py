@@ -39,37 +39,48 @@ def logged(monkeypatch) -> list[str]:
     return order
 
 
-def test_greedy_is_timed_once_then_again_after_its_trials(tiny_llama, monkeypatch, one_thread):
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_greedy_is_timed_once_then_again_once_its_timing_is_old(
+    tiny_llama, monkeypatch, one_thread
+):
     runner = Runner(tiny_llama)
     order = logged(monkeypatch)
-    greedy = SharedGreedy(max_new_tokens=6, retime_every=3)
-    rows = [greedy.method_row(runner, PROMPT, drafter()) for _ in range(7)]
-    # first: plain then method; 3 trials use it; then re-timed with the method first;
-    # 3 more trials; then again, plain first
+    clock = Clock()
+    greedy = SharedGreedy(max_new_tokens=6, retime_after_s=100.0, retime_per_trial=9, clock=clock)
+    rows = []
+    for now in (0, 50, 99, 100, 150, 210):  # a trial's row at each time
+        clock.now = now
+        rows.append(greedy.method_row(runner, PROMPT, drafter()))
+    # timed at 0 (plain first), lent at 50 and 99, timed again at 100 (the method first),
+    # lent at 150, timed again at 210 (plain first)
     assert order == (
-        ["plain", "method", "method", "method"]
-        + ["method", "plain", "method", "method"]
-        + ["plain", "method"]
-    )
+        ["plain", "method", "method", "method"] + ["method", "plain", "method", "plain", "method"]
+    ), order
     assert greedy.timings(PROMPT) == 3
     assert rows[0].baseline_seconds == rows[2].baseline_seconds != rows[3].baseline_seconds
     assert all(r.lossless and r.baseline_tokens == 6 == r.method_tokens for r in rows)
-    assert Measurement(rows).summary()["prompts"] == 7  # the timing module's figures
+    assert Measurement(rows).summary()["prompts"] == 6  # the timing module's figures
 
 
 def test_a_trial_re_times_at_most_its_share_of_prompts(tiny_llama, monkeypatch, one_thread):
     runner = Runner(tiny_llama)
     prompts = [EncodedPrompt(f"p{i}", [1, 5 + i, 9, 33, 5 + i, 9]) for i in range(3)]
-    greedy = SharedGreedy(max_new_tokens=6, retime_every=1, retime_per_trial=2)
+    clock = Clock()
+    greedy = SharedGreedy(max_new_tokens=6, retime_after_s=10.0, retime_per_trial=2, clock=clock)
     for prompt in prompts:  # the first trial times greedy on every prompt
         greedy.method_row(runner, prompt, drafter())
-    order = logged(monkeypatch)
-    greedy.warm_up(runner, drafter(), prompts[0])  # the second trial: all three are due
-    order.clear()
+    clock.now = 20.0  # every timing is old
+    greedy.warm_up(runner, drafter(), prompts[0])  # the second trial
     for prompt in prompts:
         greedy.method_row(runner, prompt, drafter())
-    assert order.count("plain") == 2  # the third waits for the next trial
-    assert [greedy.timings(p) for p in prompts] == [2, 2, 1]
+    assert [greedy.timings(p) for p in prompts] == [2, 2, 1]  # the third waits
     greedy.warm_up(runner, drafter(), prompts[0])
     greedy.method_row(runner, prompts[2], drafter())
     assert greedy.timings(prompts[2]) == 2

@@ -147,7 +147,9 @@ def test_a_phase_plan_fits_the_time_and_keeps_the_measurements_least():
     # a tiny budget still keeps the held-back measurement's first look
     tiny = plan.phases(f, Evidence(), 60.0)
     held = next(p for p in tiny if p.name == "held-back measurement")
-    assert held.seconds == pytest.approx(8 * 128 * 0.03 * (1 + 4 * plan.SPECULATIVE_COST))
+    assert held.seconds == pytest.approx(
+        plan.HELDBACK_PLANNED * 128 * 0.03 * (1 + 4 * plan.SPECULATIVE_COST)
+    )
 
 
 def test_the_least_budget_grows_with_the_forward_time():

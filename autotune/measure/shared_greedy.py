@@ -4,13 +4,14 @@ A measured trial compares a method's decoding of each prompt with plain greedy d
 of the same prompt. Plain greedy decoding does not depend on the trial's setting, so a
 process (a Ray worker that Tune reuses from trial to trial) times it once per prompt and
 lends that timing to every trial, halving what a trial decodes. So that a drift of the
-machine's speed still cancels, a prompt's greedy decoding is timed again once
-``retime_every`` trials have used its timing; the re-timing and that trial's method
-decoding take turns to go first. A trial re-times at most ``retime_per_trial`` prompts
-(the others wait for the next trial), so that re-timing stays a small, steady part of
-every trial instead of doubling one trial in three. The greedy tokens are kept: a
-method's output must equal them token for token (greedy speculative decoding is
-lossless), else ``LossyDecoding``.
+machine's speed still cancels, a prompt's greedy decoding is timed again once its timing
+is ``retime_after_s`` old; the re-timing and that trial's method decoding take turns to
+go first. A trial re-times at most ``retime_per_trial`` prompts (the others wait for the
+next trial), so that re-timing stays a small, steady part of every trial. (Re-timing
+after every 3 trials that used a timing cost a third of a 12-prompt study on 2 cores:
+the first prompts, which every trial decodes before ASHA may prune it, were re-timed in
+nearly every trial.) The greedy tokens are kept: a method's output must equal them token
+for token (greedy speculative decoding is lossless), else ``LossyDecoding``.
 
 The rows are ``timing.PromptMeasurement``: a trial's rows make a ``timing.Measurement``
 with its speedup, interval and summary.
@@ -27,12 +28,12 @@ from autotune.engine.proposal import Drafter
 from autotune.engine.runner import Runner
 from autotune.measure.timing import WARMUP_TOKENS, EncodedPrompt, PromptMeasurement
 
-# A prompt's greedy timing serves this many trials before it is timed again: often
-# enough that trials an hour apart do not compare with one stale figure, seldom enough
+# A prompt's greedy timing serves trials for this long before it is timed again: often
+# enough that trials minutes apart do not compare with one stale figure, seldom enough
 # that a trial decodes little besides its method.
-RETIME_EVERY = 3
-# Prompts one trial re-times at most (of its 12: a sixth of its decoding, at most).
-RETIME_PER_TRIAL = 2
+RETIME_AFTER_S = 120.0
+# Prompts one trial re-times at most (of its 8: an eighth of its decoding, at most).
+RETIME_PER_TRIAL = 1
 
 
 class LossyDecoding(RuntimeError):
@@ -43,8 +44,8 @@ class LossyDecoding(RuntimeError):
 class _Greedy:
     tokens: list[int]
     seconds: float
+    timed_at: float  # when (the clock's) the latest timing was taken
     timings: int = 1  # how often this prompt's greedy decoding was timed
-    uses: int = 0  # trials that used the latest timing
 
 
 class SharedGreedy:
@@ -53,14 +54,16 @@ class SharedGreedy:
     def __init__(
         self,
         max_new_tokens: int,
-        retime_every: int = RETIME_EVERY,
+        retime_after_s: float = RETIME_AFTER_S,
         retime_per_trial: int = RETIME_PER_TRIAL,
+        clock: Callable[[], float] = time.monotonic,
     ):
-        if retime_every < 1 or retime_per_trial < 1:
-            raise ValueError("retime_every and retime_per_trial must be at least 1")
+        if retime_after_s < 0 or retime_per_trial < 1:
+            raise ValueError("retime_after_s must be >= 0 and retime_per_trial >= 1")
         self.max_new_tokens = max_new_tokens
-        self.retime_every = retime_every
+        self.retime_after_s = retime_after_s
         self.retime_per_trial = retime_per_trial
+        self.clock = clock
         self._greedy: dict[tuple[int, ...], _Greedy] = {}
         self._warm = False
         self._retimed = 0  # prompts the current trial re-timed
@@ -78,15 +81,19 @@ class SharedGreedy:
         self, runner: Runner, prompt: EncodedPrompt, drafter: Drafter
     ) -> PromptMeasurement:
         """The drafter's decoding of ``prompt``, timed, beside this process's greedy timing
-        of it (taken now when it has none, or when its latest has served its trials).
+        of it (taken now when it has none, or when its latest is old and this trial may
+        still re-time one).
         Raises ``LossyDecoding`` when the outputs differ."""
         key = tuple(prompt.ids)
         greedy = self._greedy.get(key)
         if greedy is None:  # first timing: plain first
             plain, plain_s = _timed(decode_plain, runner, prompt.ids, self.max_new_tokens)
             method, method_s = self._method(runner, drafter, prompt)
-            greedy = self._greedy[key] = _Greedy(plain.tokens, plain_s)
-        elif greedy.uses >= self.retime_every and self._retimed < self.retime_per_trial:
+            greedy = self._greedy[key] = _Greedy(plain.tokens, plain_s, self.clock())
+        elif (
+            self.clock() - greedy.timed_at >= self.retime_after_s
+            and self._retimed < self.retime_per_trial
+        ):
             # re-timing: plain and method take turns to go first
             self._retimed += 1
             first_plain = greedy.timings % 2 == 0
@@ -97,10 +104,10 @@ class SharedGreedy:
                 plain, plain_s = _timed(decode_plain, runner, prompt.ids, self.max_new_tokens)
             if plain.tokens != greedy.tokens:
                 raise RuntimeError(f"prompt {prompt.id}: plain greedy decoding is not repeatable")
-            greedy.seconds, greedy.timings, greedy.uses = plain_s, greedy.timings + 1, 0
+            greedy.seconds, greedy.timings = plain_s, greedy.timings + 1
+            greedy.timed_at = self.clock()
         else:
             method, method_s = self._method(runner, drafter, prompt)
-        greedy.uses += 1
         _check_lossless(prompt, method.tokens, greedy.tokens)
         return PromptMeasurement(
             prompt_id=prompt.id,

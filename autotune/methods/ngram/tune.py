@@ -356,20 +356,26 @@ def tuning_seconds(space: NgramSpace, forward_s: float, trials: int) -> float:
     """About how long ``tune`` takes to finish ``trials`` whole trials (after the probe,
     whose proxy search it reuses): a whole trial decodes ``study.prompts`` prompts at
     about ``plan.DRAFT_FREE_COST`` of greedy's time; each one is accompanied by the
-    trials ASHA prunes at its rung (reduction factor 3: two for each one promoted, each
-    ``study.grace`` prompts long) and by its share of greedy re-timing; greedy is timed
-    on every prompt once first. The study is ``NGRAM_STUDY_SHARE`` of the time, the side
-    by side after it the rest."""
+    trials ASHA prunes at its rung (two for each one promoted, each ``study.grace``
+    prompts long) and by greedy re-timing; every trial starts its worker's decoding and
+    warms up; greedy is timed on every prompt once first. The study is
+    ``NGRAM_STUDY_SHARE`` of the time, the side by side after it the rest."""
     from autotune.measure.shared_greedy import RETIME_PER_TRIAL
     from autotune.methods.studies import REDUCTION_FACTOR
 
     prompt_s = space.trials.tokens * forward_s
-    whole = space.study.prompts * prompt_s * plan.DRAFT_FREE_COST
     study = space.study
-    pruned = (REDUCTION_FACTOR - 1) * min(study.grace, study.prompts) / study.prompts
-    per_trial = whole * (1 + pruned) + RETIME_PER_TRIAL * prompt_s
-    seconds = trials * per_trial + study.prompts * prompt_s
+    whole = study.prompts * prompt_s * plan.DRAFT_FREE_COST + TRIAL_START_S
+    pruned = min(study.grace, study.prompts) * prompt_s * plan.DRAFT_FREE_COST + TRIAL_START_S
+    retimed = RETIME_PER_TRIAL * prompt_s * REDUCTION_FACTOR  # one in each trial, at most
+    per_whole = whole + (REDUCTION_FACTOR - 1) * pruned + retimed
+    seconds = trials * per_whole + study.prompts * prompt_s
     return seconds / plan.NGRAM_STUDY_SHARE
+
+
+# What a trial costs besides its decoding: Tune starting it, the drafter's warm-up (2
+# cores: whole trials took 19-22 s for 14 s of decoding, pruned 7-12 s for 6).
+TRIAL_START_S = 1.5
 
 
 def prompts_id(prompts: list[EncodedPrompt]) -> str:
