@@ -76,7 +76,7 @@ DRAFT_FREE_COST = 0.9
 # self-spec's mask search on the proxy, then its draft-exit study; EAGLE's static then
 # dynamic tree studies; Medusa's tree study; GLIDE's study; CAPE's fit per chain method.
 NGRAM_PROXY_SHARE = 0.4
-NGRAM_STUDY_SHARE = 0.75
+NGRAM_STUDY_SHARE = 0.85
 MASK_SEARCH_SHARE = 0.6
 DRAFT_EXIT_SHARE = 0.9
 EAGLE_STATIC_SHARE = 0.4

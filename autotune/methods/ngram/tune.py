@@ -38,6 +38,8 @@ from autotune.profile.blocks import Figures
 from autotune.progress import say, step
 
 KINDS = ("ngram", "suffix")
+# The side by side decodes the timed prompts the study did not, when at least this many.
+MIN_UNSEEN = 4
 # Continuations whose replay times one proposal of each kind.
 TIMED_SEQUENCES = 4
 
@@ -114,8 +116,13 @@ def tune(ctx: TuneContext) -> NgramSettings:
     replayer, draft_seconds = make_replayer(ctx, sequences, curve)
     proxy = cached_proxy(ctx, replayer, sequences)
     winners, study, trials = measured_study(ctx, proxy, confirm, replayer)
-    candidates = with_default(space, winners)
-    chosen, selection, verdicts, figures = side_by_side(ctx, candidates, proxy.by_category, confirm)
+    # the study's winners were chosen on its prompts: the side by side decodes the others
+    # (a winner's luck on the prompts that chose it does not carry over)
+    unseen = confirm[space.study.prompts :] if study is not None else confirm
+    candidates = winners if study is not None else with_default(space, winners)
+    chosen, selection, verdicts, figures = side_by_side(
+        ctx, candidates, proxy.by_category, unseen if len(unseen) >= MIN_UNSEEN else confirm
+    )
     if chosen == "default":
         ctx.note(
             "on the search prompts transformers' default prompt lookup measured faster than "
@@ -310,7 +317,10 @@ def measured_study(
     wanted = ctx.trials if ctx.trials is not None else space.study.trials
     if wanted == 0:
         return dict(proxy.best), None, []
-    seeds = [ngram_trials.params_from_config(c, space) for c in proxy.finalists]
+    # the proxy's finalists, then the engines' defaults (measured like any setting: the
+    # chosen one is the faster of them on the study's prompts)
+    starts = [start_config(space, kind) for kind in KINDS]
+    seeds = [ngram_trials.params_from_config(c, space) for c in proxy.finalists + starts]
     seeds = [dict(s) for s in dict.fromkeys(tuple(sorted(s.items())) for s in seeds)]
     study = run_method_study(
         ctx,
@@ -357,18 +367,20 @@ def tuning_seconds(space: NgramSpace, forward_s: float, trials: int) -> float:
     whose proxy search it reuses): a whole trial decodes ``study.prompts`` prompts at
     about ``plan.DRAFT_FREE_COST`` of greedy's time; each one is accompanied by the
     trials ASHA prunes at its rung (two for each one promoted, each ``study.grace``
-    prompts long) and by greedy re-timing; every trial starts its worker's decoding and
-    warms up; greedy is timed on every prompt once first. The study is
+    prompts long) and by greedy re-timing (every prompt, once its timing is old); every
+    trial starts its worker's decoding and warms up; greedy is timed on every prompt once
+    first. The study is
     ``NGRAM_STUDY_SHARE`` of the time, the side by side after it the rest."""
-    from autotune.measure.shared_greedy import RETIME_PER_TRIAL
+    from autotune.measure.shared_greedy import RETIME_AFTER_S
     from autotune.methods.studies import REDUCTION_FACTOR
 
     prompt_s = space.trials.tokens * forward_s
     study = space.study
     whole = study.prompts * prompt_s * plan.DRAFT_FREE_COST + TRIAL_START_S
     pruned = min(study.grace, study.prompts) * prompt_s * plan.DRAFT_FREE_COST + TRIAL_START_S
-    retimed = RETIME_PER_TRIAL * prompt_s * REDUCTION_FACTOR  # one in each trial, at most
-    per_whole = whole + (REDUCTION_FACTOR - 1) * pruned + retimed
+    # re-timing: each prompt once its timing is RETIME_AFTER_S old
+    retiming = 1 + study.prompts * prompt_s / RETIME_AFTER_S
+    per_whole = (whole + (REDUCTION_FACTOR - 1) * pruned) * retiming
     seconds = trials * per_whole + study.prompts * prompt_s
     return seconds / plan.NGRAM_STUDY_SHARE
 
