@@ -31,7 +31,7 @@ from autotune.measure.timing import WARMUP_TOKENS, EncodedPrompt, PromptMeasurem
 # A prompt's greedy timing serves trials for this long before it is timed again: often
 # enough that trials minutes apart do not compare with one stale figure, seldom enough
 # that a trial decodes little besides its method.
-RETIME_AFTER_S = 120.0
+RETIME_AFTER_S = 180.0
 # Prompts one trial re-times at most (of its 8: an eighth of its decoding, at most).
 RETIME_PER_TRIAL = 1
 
