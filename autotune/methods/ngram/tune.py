@@ -80,6 +80,7 @@ def probe(ctx: TuneContext) -> Probe:
             prompts,
             ctx.max_new_tokens,
             on_prompt=lambda _: advance(),
+            until=ctx.budget,  # a busy machine: the least prompts an interval needs, then stop
         )
     for m in measured.values():
         m.looks = len(measured)  # the faster of several: its interval allows for the choice
