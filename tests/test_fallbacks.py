@@ -169,24 +169,30 @@ def test_an_interruption_in_any_phase_is_one_line_and_writes_nothing(
         return begin(self, name)
 
     monkeypatch.setattr(profiling.Run, "begin", interrupting)
+    # Ctrl-C as from a terminal: a suite started in the background inherits SIGINT
+    # ignored, and the signal would then do nothing
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     before = sorted(p.name for p in workdir.iterdir() if p.name != "cache")
-    result = invoke(
-        "profile",
-        "--model",
-        tiny_llama_dir,
-        "--methods",
-        "ngram",
-        "--prompts",
-        workdir / "prompts.jsonl",
-        "--out",
-        workdir / "out" / "p.yaml",
-        "--max-new-tokens",
-        8,
-        "--heldback-prompts",
-        2,
-        "--storage",
-        f"sqlite:///{workdir / 'db.sqlite'}",
-    )
+    try:
+        result = invoke(
+            "profile",
+            "--model",
+            tiny_llama_dir,
+            "--methods",
+            "ngram",
+            "--prompts",
+            workdir / "prompts.jsonl",
+            "--out",
+            workdir / "out" / "p.yaml",
+            "--max-new-tokens",
+            8,
+            "--heldback-prompts",
+            2,
+            "--storage",
+            f"sqlite:///{workdir / 'db.sqlite'}",
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert phase in begun, begun  # the phase was reached
     assert result.exit_code == 130, (result.stdout, result.stderr, result.exception)
     assert result.stderr.strip().splitlines()[-1].startswith("interrupted: nothing was written")
