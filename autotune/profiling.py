@@ -686,7 +686,7 @@ def select(
         for method_name, settings in tuned.items()
         for name, candidate in candidates(method_name, settings, env).items()
     }
-    if len(variants) == 1 and all(s.selection is not None for s in tuned.values()):
+    if len(variants) == 1:  # nothing to choose between: the held-back measurement judges it
         return Selection(list(tuned), dict(tuned))
     prompts = spread(ws.encode(ws.search_prompts()), request.select_prompts)
     session = SideBySide(ws.runner, variants, request.max_new_tokens)
@@ -813,11 +813,14 @@ def _selection_speedup(settings: MethodSettings) -> float:
 
 def finalists(tuned: dict[str, MethodSettings], ranking: list[str], bound: float) -> list[str]:
     """The methods still in the running after the selection: those whose search-prompt
-    interval reaches above ``bound`` (best first)."""
+    interval reaches above ``bound`` (best first), or the only method, when it has no
+    search figures (no time was left to measure it there)."""
     out = []
     for name in ranking:
         selection = tuned[name].selection
         if selection is None:
+            if len(ranking) == 1:  # a lone method with no search figures: undecided
+                out.append(name)
             continue
         high = (selection.speedup_interval or [selection.speedup] * 2)[1]
         if high > bound:  # not clearly below the bar: still undecided

@@ -70,3 +70,18 @@ def test_a_method_slower_on_search_prompts_is_no_finalist():
     held = HeldBack({"a": measured(1.5), "b": measured(1.1, seed=2)}, 1, "prompts")
     # "a" was never a finalist: its held-back figures choose nothing
     assert decide(tuned, ["b", "a"], held, 0.0).recommended == "b"  # type: ignore[arg-type]
+
+
+def test_a_lone_method_left_no_time_for_search_figures_is_judged_held_back():
+    class Unmeasured:
+        selection = None
+
+    tuned = {"ngram": Unmeasured()}
+    assert finalists(tuned, ["ngram"], 1.0) == ["ngram"]  # type: ignore[arg-type]
+    held = HeldBack({"ngram": measured(1.3)}, 1, "prompts")
+    assert decide(tuned, ["ngram"], held, 0.0).recommended == "ngram"  # type: ignore[arg-type]
+    slow = HeldBack({"ngram": measured(0.97)}, 1, "prompts")
+    assert decide(tuned, ["ngram"], slow, 0.0).recommended == "none"  # type: ignore[arg-type]
+    # among several, one without search figures is not a finalist
+    both = {"ngram": Unmeasured(), "eagle": Settings(1.2, 1.05, 1.4)}
+    assert finalists(both, ["eagle", "ngram"], 1.0) == ["eagle"]  # type: ignore[arg-type]

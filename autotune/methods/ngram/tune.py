@@ -121,9 +121,22 @@ def tune(ctx: TuneContext) -> NgramSettings:
     # (a winner's luck on the prompts that chose it does not carry over)
     unseen = confirm[space.study.prompts :] if study is not None else confirm
     candidates = winners if study is not None else with_default(space, winners)
-    chosen, selection, verdicts, figures = side_by_side(
-        ctx, candidates, proxy.by_category, unseen if len(unseen) >= MIN_UNSEEN else confirm
-    )
+    figures: Figures | None
+    selection: dict[str, float]
+    verdicts: dict[str, dict]
+    if not trials and ctx.budget.spent():
+        # no time left (a busy machine): nothing optional; the proxy's better kind, which
+        # the held-back measurement will judge
+        chosen = max(KINDS, key=lambda k: proxy.predicted[k])
+        selection, verdicts, figures = {}, {}, None
+        ctx.note(
+            "no time was left for the n-gram study or its side by side: the proxy's best "
+            f"({chosen}) is the setting"
+        )
+    else:
+        chosen, selection, verdicts, figures = side_by_side(
+            ctx, candidates, proxy.by_category, unseen if len(unseen) >= MIN_UNSEEN else confirm
+        )
     if chosen == "default":
         ctx.note(
             "on the search prompts transformers' default prompt lookup measured faster than "
