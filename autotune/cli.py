@@ -304,6 +304,7 @@ def profile(
         workers=Workers(workers, cpus_per_trial, gpus_per_trial, ray_address),
         dtype=dtype,
         device=device,
+        threads=threads,
     )
     result, path = run_profile(request)
     typer.echo(f"wrote {path}")

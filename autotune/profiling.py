@@ -25,7 +25,7 @@ from autotune import plan
 from autotune.budget import Budget
 from autotune.engine.sampling import GREEDY
 from autotune.errors import AutotuneError
-from autotune.measure.noise import NoiseRecord, probe, settle
+from autotune.measure.noise import NoiseRecord, fewer_threads, probe, settle
 from autotune.measure.timing import EncodedPrompt, Measurement, Variant, interval_text
 from autotune.methods import registry
 from autotune.methods.base import DraftEnv, Entry, Method, TuneContext
@@ -84,6 +84,7 @@ class ProfileRequest:
     device: str = "auto"  # auto, cpu, cuda, cuda:N
     budget_s: float | None = BUDGET_S  # the whole run (``--budget``)
     train_heads: bool = True  # train missing heads within the run, when the model allows
+    threads: int | None = None  # --threads (None: the cores, or one on a busy machine)
 
 
 @dataclass
@@ -115,7 +116,7 @@ def run_profile(request: ProfileRequest) -> tuple[ProfileBase, Path]:
     ws.deadline = budget
     out = request.out or default_out(ws.target.name)
     check_writable(out)
-    noise = check_machine(ws)
+    noise = check_machine(ws, threads_chosen=request.threads is not None)
     run = Run(setup, ws, request, budget, noise)
     tuned = run.tune()
     selection = select(ws, tuned, request, run.begin("selection (search prompts)"))
@@ -241,13 +242,24 @@ def open_workspace(request: ProfileRequest) -> Workspace:
     return ws
 
 
-def check_machine(ws: Workspace) -> NoiseRecord:
-    """Probe the machine before timing; a busy one is said and given time to settle."""
+def check_machine(ws: Workspace, threads_chosen: bool = False) -> NoiseRecord:
+    """Probe the machine before timing; a busy one is said and given time to settle, and
+    (unless ``--threads`` was chosen) run on one torch thread where that is faster."""
     noise = NoiseRecord(before=settle(ws.runner, say))
-    if noise.before[-1].busy:
+    busy = noise.before[-1]
+    if busy.busy:
         say(
-            f"[yellow]timing on a busy machine ({'; '.join(noise.before[-1].reasons)}): the "
+            f"[yellow]timing on a busy machine ({'; '.join(busy.reasons)}): the "
             "intervals will be wider, and the profile records it[/yellow]"
+        )
+    fewer = None if threads_chosen else fewer_threads(ws.runner, busy)
+    if fewer is not None:
+        noise.before.append(fewer)
+        ws.hardware["threads"] = fewer.threads  # trials, cached timings and the profile
+        say(
+            f"[yellow]torch runs {fewer.threads} thread instead of {busy.threads} on the busy "
+            f"machine: a forward takes {fewer.forward_ms:.0f} ms instead of "
+            f"{busy.forward_ms:.0f}[/yellow]"
         )
     return noise
 

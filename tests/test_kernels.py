@@ -67,3 +67,26 @@ def test_both_products_equal_torch_linear(monkeypatch, rows, transposed):
         got = layers.linear(x, module)
         assert got.shape == (1, rows, 48)
         torch.testing.assert_close(got, F.linear(x, module.weight, module.bias))
+
+
+def test_a_read_only_table_times_nothing_and_takes_linear_off_the_record(tmp_path):
+    store = tmp_path / "kernels.json"
+    timer, calls = timer_preferring_transposed_from(1)
+    recorded, other = torch.randn(8, 16), torch.randn(12, 16)
+    kernels.KernelTable(timer=timer, store=store).measure([recorded])
+    timed = len(calls)
+    busy = kernels.KernelTable(timer=timer, store=store, timing=False)
+    assert busy.transposed(recorded, 3)  # the record still answers
+    assert not busy.transposed(other, 3)  # no record: F.linear, and nothing timed
+    assert len(calls) == timed
+    assert "12:16" not in store.read_text()
+
+
+def test_read_only_reaches_the_table_and_is_undone(monkeypatch):
+    monkeypatch.delenv(kernels.READ_ONLY_ENV, raising=False)
+    try:
+        kernels.read_only()
+        assert kernels.table()._timing is False
+    finally:
+        kernels.read_only(False)
+    assert kernels.table()._timing is True

@@ -12,6 +12,11 @@ autotune's cache), with the weights streamed from memory as in a real forward (c
 cycled through, so that a small weight is not timed hot in the CPU's cache).
 
 Plain and speculative decoding go through the same table, so their ratio stays fair.
+
+A run on a busy machine times nothing here (``read_only``): timings beside other work
+are neither reliable nor cheap (2 cores beside three CPU hogs: 60 s for one thread
+count's table, a fifth of a 5-minute budget), so shapes without a record take
+``F.linear``.
 """
 
 from __future__ import annotations
@@ -37,8 +42,11 @@ SMALL_ROWS = ROWS[-1]  # more rows than this: F.linear, the GEMM path for any ke
 STREAM_BYTES = 96 * 2**20
 MAX_COPIES = 64
 REPEATS = 3  # the fastest of this many passes over the copies counts
+# Set (by ``read_only``) in a run on a busy machine; its trial workers inherit it.
+READ_ONLY_ENV = "AUTOTUNE_KERNELS_READ_ONLY"
 
 Shape = tuple[str, int, int]  # dtype, out features, in features
+_LINEAR = (False,) * len(ROWS)  # F.linear at every row count
 # (kernel name, rows, the work) -> seconds: the clock, or a stand-in in tests
 Timer = Callable[[str, int, Callable[[], object]], float]
 
@@ -67,9 +75,12 @@ class KernelTable:
     """For each weight shape, which row counts take ``W @ x.T`` (True) rather than
     ``F.linear``; shapes not measured yet are measured on first use."""
 
-    def __init__(self, timer: Timer | None = None, store: Path | None = None):
+    def __init__(
+        self, timer: Timer | None = None, store: Path | None = None, timing: bool = True
+    ):
         self._timer = timer or _fastest_pass
         self._store = store
+        self._timing = timing  # False: record only, F.linear for shapes not on it
         self._choices: dict[Shape, tuple[bool, ...]] = {}
         # by weight tensor (id): a forward asks ~200 times, so the shape's key is built
         # once per weight (a reused id gives another weight's choice: slower, not wrong)
@@ -81,7 +92,7 @@ class KernelTable:
         choices = self._by_weight.get(id(weight))
         if choices is None:
             shape = _shape(weight)
-            choices = self._choices.get(shape) or self.measure([weight])[shape]
+            choices = self.measure([weight]).get(shape, _LINEAR)
             self._by_weight[id(weight)] = choices
         return choices[_ROW_INDEX[rows]]
 
@@ -90,7 +101,7 @@ class KernelTable:
         them, else timed now (and recorded)."""
         self._load()
         new = {}
-        for weight in weights:
+        for weight in weights if self._timing else ():
             shape = _shape(weight)
             if shape not in self._choices:
                 self._choices[shape] = new[shape] = self._time_shape(weight)
@@ -204,16 +215,26 @@ def _fastest_pass(kernel: str, rows: int, run: Callable[[], object]) -> float:
     return best
 
 
-_TABLES: dict[int, KernelTable] = {}  # by torch thread count, this process's
+# by torch thread count and whether it may time, this process's
+_TABLES: dict[tuple[int, bool], KernelTable] = {}
 
 
 def table() -> KernelTable:
     """This process's table for its current thread count (kept on disk per machine)."""
-    threads = torch.get_num_threads()
-    found = _TABLES.get(threads)
+    key = (torch.get_num_threads(), not os.environ.get(READ_ONLY_ENV))
+    found = _TABLES.get(key)
     if found is None:
-        found = _TABLES[threads] = KernelTable(store=_store_path())
+        found = _TABLES[key] = KernelTable(store=_store_path(), timing=key[1])
     return found
+
+
+def read_only(on: bool = True) -> None:
+    """From now on, in this process and the trial workers it starts, kernel choices are
+    read from this machine's record, never timed (a busy machine); ``on=False`` undoes it."""
+    if on:
+        os.environ[READ_ONLY_ENV] = "1"
+    else:
+        os.environ.pop(READ_ONLY_ENV, None)
 
 
 os.register_at_fork(after_in_child=_TABLES.clear)  # a child measures under its own threads

@@ -25,6 +25,11 @@ BUSY_OTHER_CORES = 0.3  # other processes using more than this many cores: busy
 BUSY_SPREAD = 0.06  # identical forwards varying more than this (MAD / median): noisy
 SETTLE_TRIES = 3  # probes before giving up on a quiet machine
 SETTLE_WAIT_S = 5.0
+# On a busy CPU one torch thread is tried, and kept when a forward is at least this much
+# faster: threads that wait on each other for cores other processes hold lose more than
+# the second thread gives (2 cores beside three CPU hogs: 350 ms a forward at 2 threads,
+# 110 ms at 1; quiet: 31 ms at 2, 52 ms at 1).
+FEWER_THREADS_GAIN = 1.15
 
 
 def available_cores() -> int:
@@ -131,6 +136,25 @@ def settle(
         time.sleep(wait_s)
         readings.append(probe(runner))
     return readings
+
+
+def fewer_threads(runner: Runner, reading: Reading) -> Reading | None:
+    """On a busy CPU where torch runs several threads, a probe at one thread (its kernel
+    choices read from this machine's record only: ``kernels.read_only``). Returns that
+    reading, with one thread kept, when it is ``FEWER_THREADS_GAIN`` faster; else None,
+    with the threads and kernel timing as they were."""
+    from autotune.engine import kernels
+
+    if not reading.busy or reading.threads <= 1 or runner.device.type != "cpu":
+        return None
+    kernels.read_only()
+    torch.set_num_threads(1)
+    fewer = probe(runner)
+    if fewer.forward_ms * FEWER_THREADS_GAIN <= reading.forward_ms:
+        return fewer
+    torch.set_num_threads(reading.threads)
+    kernels.read_only(False)
+    return None
 
 
 @dataclass
