@@ -41,6 +41,8 @@ MARGIN = 0.0
 CPU_TRAINABLE_PARAMS = 1_000_000_000
 # Heads trained within the run learn from answers this long (all trainers share them).
 ANSWER_TOKENS = 128
+# The fewest search prompts answered (the first chunk's least on a short budget).
+LEAST_ANSWERS = 6
 # Answers are decoded in batches: this many times faster than one sequence (2 cores:
 # 16 answers of 128 tokens in 32 s at 32 ms a forward; 60 answers in 72 s at 32 ms).
 BATCHED_DECODING_GAIN = 3.0
@@ -95,6 +97,9 @@ PROBE_CURVE_TOKENS = 16
 PROBE_PROMPTS = 10
 # The drafts it decodes beside greedy: each of n-gram's two kinds at its proxy best.
 DRAFT_FREE_PROBE_DRAFTS = 2
+# At most this share of the training and tuning time (quiet 2 cores: 2:13 of about 11:30; beside
+# three CPU hogs 10 prompts were planned 7:09 and left the studies nothing).
+DRAFT_FREE_PROBE_SHARE = 0.2
 # A head kind's probe trains for this share of its planned training (at least
 # PROBE_LEAST_S); the rest of the training happens only if its bound can win.
 PROBE_SHARE = 0.2
@@ -281,15 +286,17 @@ def answers_seconds(facts: Facts, prompts: int) -> float:
 
 
 def probe_seconds(facts: Facts, method: str, training_s: float) -> float:
-    """A method's probe: a draft-free one decodes its proxy's best side by side; a head
-    method trains a slice of its training time; a proxy-scored one scores its seeds."""
+    """A method's probe: a draft-free one decodes its proxy's best side by side (at most
+    ``DRAFT_FREE_PROBE_SHARE`` of ``training_s``, the training and tuning time); a head
+    method trains a slice of its training time (``training_s``); a proxy-scored one scores
+    its seeds."""
     if method in facts.train:
         return max(PROBE_LEAST_S, PROBE_SHARE * training_s)
     if method not in facts.draft_free:
         return 20.0  # its seeds scored on the proxy, about
     drafts = DRAFT_FREE_PROBE_DRAFTS * DRAFT_FREE_COST
     decode = PROBE_PROMPTS * facts.heldback_tokens * facts.forward_s * (1 + drafts)
-    return decode + 20.0  # its proxy search, about
+    return min(decode, DRAFT_FREE_PROBE_SHARE * training_s) + 20.0  # + its proxy search
 
 
 def measuring_phases(facts: Facts, methods: int, chains: int, seconds: float) -> list[Phase]:
@@ -300,9 +307,13 @@ def measuring_phases(facts: Facts, methods: int, chains: int, seconds: float) ->
     (n-gram measured 0.99x at 64 tokens on search prompts, 1.44x at 128 held back)."""
     tokens_per_s = 1.0 / facts.forward_s
     cost = 1 + SPECULATIVE_COST * methods
-    held_back = min(facts.heldback_prompts, HELDBACK_PLANNED)
-    held_back_s = held_back * facts.heldback_tokens * cost / tokens_per_s
     share = MEASURE_SHARE * (facts.budget_s or seconds)
+    # as many prompts as the share holds, between the least an interval needs and the
+    # planned (a slow or busy machine: 12 prompts of 3 decoders were 8:28 of a 20:00 run)
+    per_held_back = facts.heldback_tokens * cost / tokens_per_s
+    fit = int(share / per_held_back)
+    held_back = min(facts.heldback_prompts, max(LEAST_INTERVAL_PROMPTS, min(HELDBACK_PLANNED, fit)))
+    held_back_s = held_back * per_held_back
     phases = []
     if methods > 1 or chains:  # one method alone has nothing to choose between
         per_prompt = facts.heldback_tokens * (cost + SPECULATIVE_COST * chains) / tokens_per_s
@@ -323,6 +334,7 @@ def measuring_phases(facts: Facts, methods: int, chains: int, seconds: float) ->
             f"{held_back} prompts x {1 + methods} decoders (more when undecided), "
             f"{tokens_per_s:.0f} tokens/s greedy",
             reserved=True,
+            count=held_back,
         )
     )
     return phases
@@ -367,7 +379,7 @@ def phases(facts: Facts, evidence: Evidence, seconds: float) -> list[Phase]:
         kind = facts.train.get(method)
         if kind is not None and kind not in kinds:
             continue  # trained already: nothing left to probe
-        probe = probe_seconds(facts, method, per_kind.get(kind or "", 0.0))
+        probe = probe_seconds(facts, method, per_kind[kind] if kind else rest)
         out.append(Phase(f"probe {method}", probe, _probe_why(facts, method)))
         if kind is not None:
             per_kind[kind] = max(per_kind[kind] - probe, 0.0)
@@ -395,14 +407,16 @@ def _probe_why(facts: Facts, method: str) -> str:
 
 
 def least_budget(facts: Facts) -> float:
-    """The smallest budget worth starting: start-up, the answers a draft-free method's
-    proxy replays, its probe on two prompts, and the least held-back measurement an
-    interval needs (``LEAST_INTERVAL_PROMPTS``) of one method against greedy."""
-    per_token = facts.forward_s * (1 + SPECULATIVE_COST)
-    measure = LEAST_INTERVAL_PROMPTS * facts.heldback_tokens * per_token
-    probe = 2 * facts.heldback_tokens * per_token
-    answers = answers_seconds(facts, min(facts.answer_prompts, 2 * PROBE_PROMPTS))
-    return math.ceil((STARTUP_S + answers + probe + measure) / 10.0) * 10.0
+    """The least time worth going on with, from here: start-up, the answers to
+    ``LEAST_ANSWERS`` search prompts (what a proxy replays), and the least held-back
+    measurement an interval needs (``LEAST_INTERVAL_PROMPTS``) of one method against
+    greedy (a draft-free one's cost where every method is draft-free). The probes and
+    studies shrink to what is left; these do not."""
+    draft_free = bool(facts.methods) and set(facts.methods) <= set(facts.draft_free)
+    cost = DRAFT_FREE_COST if draft_free else SPECULATIVE_COST
+    measure = LEAST_INTERVAL_PROMPTS * facts.heldback_tokens * facts.forward_s * (1 + cost)
+    answers = answers_seconds(facts, min(facts.answer_prompts, LEAST_ANSWERS))
+    return math.ceil((STARTUP_S + answers + measure) / 10.0) * 10.0
 
 
 def cannot_train(

@@ -26,6 +26,7 @@ from autotune.budget import Budget
 from autotune.engine.sampling import GREEDY
 from autotune.errors import AutotuneError
 from autotune.measure.noise import NoiseRecord, fewer_threads, probe, settle
+from autotune.measure.stats import MIN_PROMPTS
 from autotune.measure.timing import EncodedPrompt, Measurement, Variant, interval_text
 from autotune.methods import registry
 from autotune.methods.base import DraftEnv, Entry, Method, TuneContext
@@ -107,6 +108,7 @@ class HeldBack:
     measured: dict[str, Measurement]
     looks: int
     stopped: str
+    planned: int = 0  # the held-back prompts it could have measured
 
 
 def run_profile(request: ProfileRequest) -> tuple[ProfileBase, Path]:
@@ -401,13 +403,17 @@ class Run:
         self.evidence.skipped[method] = why
 
     def _refuse_small_budget(self) -> None:
-        least = plan.least_budget(self.facts)
+        least = self.budget.elapsed() + plan.least_budget(self.facts)  # from the start
         if self.budget.seconds is not None and self.budget.seconds < least:
             raise AutotuneError(
                 f"--budget {clock(self.budget.seconds)} is too small for this model here (one "
-                f"forward takes {self.facts.forward_s * 1e3:.0f} ms): the least useful run "
-                f"needs about {clock(least)} (m:s); give --budget {int(least // 60) + 1}m or more"
+                f"forward takes {self.facts.forward_s * 1e3:.0f} ms{self._load_said()}): the "
+                f"least useful run needs about {clock(least)} (m:s); give --budget "
+                f"{int(least // 60) + 1}m or more"
             )
+
+    def _load_said(self) -> str:
+        return "; the machine is busy" if self.noise.busy else ""
 
     def _drop_untrainable(self) -> None:
         """Head kinds that cannot be trained here, or not in the time the plan gives them,
@@ -483,6 +489,7 @@ class Run:
             plan.ANSWER_TOKENS,
             seconds,
             extras=False,
+            first_estimate=(plan.answers_seconds(self.facts, 1), plan.LEAST_ANSWERS),
         )
         self.end(f"answers to {self.facts.answer_prompts} search prompts")
 
@@ -511,7 +518,8 @@ class Run:
             self.end("nothing")
             return
         self.evidence.bounds[name] = found.bound
-        if found.measured is not None and found.measured.prompts:
+        # a lead needs an interval worth the name (a probe cut short by time has none)
+        if found.measured is not None and len(found.measured.prompts) >= MIN_PROMPTS:
             interval = found.measured.interval()
             lead = plan.Lead(
                 name,
@@ -815,8 +823,9 @@ def measure_held_back(
             budget,
             between=lambda: noise.during.append(probe(ws.runner)),
             on_prompt=lambda _: advance(),
+            deadline=ws.deadline,  # the run's: its least prompts too stop there
         )
-    return HeldBack(result.measurements, result.looks, result.stopped)
+    return HeldBack(result.measurements, result.looks, result.stopped, len(prompts))
 
 
 def _selection_speedup(settings: MethodSettings) -> float:
@@ -896,7 +905,16 @@ def decide(
 
     clear = [n for n in chosen if rows[n][0].lossless is not False and rows[n][1].above(bound)]
     lossy = [n for n in chosen if rows[n][0].lossless is False]
-    if clear:
+    measured_prompts = max(len(held.measured[n].prompts) for n in chosen)
+    if held.stopped == "time" and measured_prompts < min(MIN_PROMPTS, held.planned):
+        # the run's deadline came first: too few prompts for an interval to prove
+        verdict.reason = (
+            "; ".join(text(n) for n in chosen)
+            + f": the budget ran out after {measured_prompts} of "
+            f"{held.planned} held-back prompts, and fewer than {MIN_PROMPTS} prove nothing; "
+            "give more --budget"
+        )
+    elif clear:
         best = max(clear, key=lambda n: rows[n][0].speedup)
         verdict.recommended = best
         verdict.reason = f"{text(best)}: its interval lies above {bound:.2f}"

@@ -51,6 +51,21 @@ def test_the_answers_phase_stops_when_the_next_chunk_would_not_fit(tiny_target, 
     assert not {p.id for p in reported} & {p.id for p in trained}
 
 
+def test_a_first_chunk_that_cannot_fit_is_cut_to_its_least(tiny_target, workload, monkeypatch):
+    path, prompts = workload
+    monkeypatch.setattr(job, "_process_rate", lambda fingerprint: job._Rate())  # none yet
+    # at an estimated 10 s an answer none fits: the least, 3, is decoded (not the 16 of a
+    # first chunk), and then the time is gone
+    job.decode_calibration(
+        tiny_target, path, prompts, 8, seconds=1e-3, extras=False, first_estimate=(10.0, 3)
+    )
+    search = split_prompts(prompts)[0]
+    known = job.answer_cache(tiny_target.fingerprint).load(
+        [tiny_target.encode_chat(p.text) for p in search], 8
+    )
+    assert sum(k is not None for k in known) == 3
+
+
 def test_tuners_calibrate_on_the_shared_answers(tiny_target, workload, monkeypatch):
     ids = [tiny_target.encode_chat(f"Say {w}.") for w in WORDS[:5]]
     prompts = [SimpleNamespace(ids=i) for i in ids]

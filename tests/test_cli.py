@@ -397,6 +397,31 @@ def test_profile_writes_valid_profile_with_stubbed_search(workdir, tiny_llama_di
     assert "recommended:" in result.stdout
 
 
+def test_a_budget_too_small_for_the_least_run_is_refused_at_once(workdir, tiny_llama_dir):
+    prompts = write_prompts(workdir.parent / "prompts.jsonl")
+    out = workdir / "p.yaml"
+    result = invoke(
+        "profile",
+        "--model",
+        tiny_llama_dir,
+        "--prompts",
+        prompts,
+        "--methods",
+        "ngram",
+        "--budget",
+        "1s",
+        "--out",
+        out,
+        "--storage",
+        f"sqlite:///{workdir / 'x.db'}",
+    )
+    assert result.exit_code == 2, (result.stdout, result.stderr, result.exception)
+    last = result.stderr.strip().splitlines()[-1]  # after the progress of what it timed
+    assert last.startswith("error: --budget 0:01 is too small") and "give --budget" in last
+    assert "Traceback" not in result.stdout + result.stderr
+    assert not out.exists()
+
+
 def test_profile_default_out_goes_to_profiles_folder(workdir, tiny_llama_dir, monkeypatch):
     stub_tuning(monkeypatch, {})
     prompts = write_prompts(workdir.parent / "prompts.jsonl")

@@ -26,9 +26,7 @@ def threads_restored(monkeypatch):
     kernels.read_only(False)
 
 
-@pytest.mark.parametrize(
-    ("one_thread_ms", "kept"), [(110.0, True), (300.0, True), (320.0, False)]
-)
+@pytest.mark.parametrize(("one_thread_ms", "kept"), [(110.0, True), (300.0, True), (320.0, False)])
 def test_one_thread_is_kept_only_when_clearly_faster(
     monkeypatch, threads_restored, one_thread_ms, kept
 ):

@@ -144,12 +144,17 @@ def test_a_phase_plan_fits_the_time_and_keeps_the_measurements_least():
     assert names.index("probe medusa") < names.index("train medusa heads")
     assert names[-1] == "held-back measurement"
     assert sum(p.seconds for p in phases) <= 1200.0 * 1.01
-    # a tiny budget still keeps the held-back measurement's first look
+    per_prompt = 128 * 0.03 * (1 + 4 * plan.SPECULATIVE_COST)
+    held = next(p for p in phases if p.name == "held-back measurement")
+    assert held.seconds == pytest.approx(plan.HELDBACK_PLANNED * per_prompt)
+    # a tiny budget still keeps the least prompts an interval needs
     tiny = plan.phases(f, Evidence(), 60.0)
     held = next(p for p in tiny if p.name == "held-back measurement")
-    assert held.seconds == pytest.approx(
-        plan.HELDBACK_PLANNED * 128 * 0.03 * (1 + 4 * plan.SPECULATIVE_COST)
-    )
+    assert held.seconds == pytest.approx(plan.LEAST_INTERVAL_PROMPTS * per_prompt)
+    # a slow machine: as many as the measurements' share holds
+    slow = plan.phases(facts(forward_s=0.07), Evidence(), 1200.0)
+    held = next(p for p in slow if p.name == "held-back measurement")
+    assert plan.LEAST_INTERVAL_PROMPTS < held.count < plan.HELDBACK_PLANNED
 
 
 def test_the_least_budget_grows_with_the_forward_time():

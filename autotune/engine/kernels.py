@@ -75,9 +75,7 @@ class KernelTable:
     """For each weight shape, which row counts take ``W @ x.T`` (True) rather than
     ``F.linear``; shapes not measured yet are measured on first use."""
 
-    def __init__(
-        self, timer: Timer | None = None, store: Path | None = None, timing: bool = True
-    ):
+    def __init__(self, timer: Timer | None = None, store: Path | None = None, timing: bool = True):
         self._timer = timer or _fastest_pass
         self._store = store
         self._timing = timing  # False: record only, F.linear for shapes not on it

@@ -37,10 +37,12 @@ def measure_until_decided(
     on_prompt: Callable[[PromptMeasurement], None] | None = None,
     first: int = FIRST_LOOK,
     every: int = EVERY,
+    deadline: Budget | None = None,
 ) -> Sequential:
     """Measure ``prompts`` in batches with ``session`` until ``candidate``'s interval
     decides against ``bound``. With no candidate (nothing to decide) one batch is measured,
-    for the report. ``between()`` runs after each batch (a noise probe)."""
+    for the report. ``between()`` runs after each batch (a noise probe). ``deadline``, the
+    whole run's: once it is spent no prompt starts but the first, whatever the least."""
     first = max(first, min(MIN_PROMPTS, len(prompts)))
     planned = planned_looks(len(prompts), first, every)
     for measurement in session.measurements.values():
@@ -52,7 +54,7 @@ def measure_until_decided(
         # the first look fits the time down to the least prompts an interval needs; a
         # later one stops at the deadline, however few of its batch it measured
         least = MIN_PROMPTS if looks == 0 else 0
-        measured = session.measure(batch, on_prompt, until=budget, least=least)
+        measured = session.measure(batch, on_prompt, until=budget, least=least, deadline=deadline)
         done, looks = done + measured, looks + 1
         if between is not None:
             between()
@@ -62,7 +64,7 @@ def measure_until_decided(
         if session.measurements[candidate].interval().decides(bound):
             stopped = "decided"
             break
-        if budget is not None and budget.spent():
+        if (budget is not None and budget.spent()) or (deadline is not None and deadline.spent()):
             stopped = "time"
             break
     return Sequential(session.measurements, looks, planned, stopped)

@@ -214,11 +214,12 @@ def measure_variants(
     sampling: SamplingConfig = GREEDY,
     on_prompt: Callable[[PromptMeasurement], None] | None = None,
     until: Budget | None = None,
+    least: int = MIN_PROMPTS,
 ) -> dict[str, Measurement]:
     """Several methods against one plain greedy decoding per prompt, interleaved.
-    ``until``: no prompt is started once it is spent, after the first ``MIN_PROMPTS``."""
+    ``until``: no prompt is started once it is spent, after the first ``least``."""
     session = SideBySide(runner, variants, max_new_tokens, sampling)
-    session.measure(prompts, on_prompt, until)
+    session.measure(prompts, on_prompt, until, least)
     return session.measurements
 
 
@@ -273,15 +274,18 @@ class SideBySide:
         on_prompt: Callable[[PromptMeasurement], None] | None = None,
         until: Budget | None = None,
         least: int = MIN_PROMPTS,
+        deadline: Budget | None = None,
     ) -> int:
-        """Measure ``prompts`` in turn (past ``until``'s time, no more than ``least``);
-        the number measured."""
+        """Measure ``prompts`` in turn (past ``until``'s time, no more than ``least``;
+        past ``deadline``'s, the whole run's, none after the first); the number measured."""
         if prompts and not self._warm:
             self.warm_up(prompts[0])
         names: list[str | None] = [None, *self.variants]  # None: plain greedy
         measured = 0
         for i, prompt in enumerate(prompts):
             if until is not None and i >= least and until.spent():
+                break
+            if deadline is not None and i >= 1 and deadline.spent():
                 break
             measured += 1
             shift = self._measured % len(names)

@@ -257,6 +257,7 @@ def decode_calibration(
     answer_tokens: int,
     seconds: float | None,
     extras: bool = True,
+    first_estimate: tuple[float, int] | None = None,
 ) -> list:
     """Fill the model's shared self-distillation set while ``seconds`` last (None: all),
     most needed first: the workload's search split (every method's calibration and the
@@ -264,6 +265,8 @@ def decode_calibration(
     prompts (in an order that spreads every prefix over the files' categories), then
     second turns. A chunk is started only when, at the rate measured so far, it ends
     within the time.
+    ``first_estimate`` (seconds an answer, least answers): the first chunk, which has no
+    measured rate to go by, is cut to what fits at that estimate, never under the least.
     Returns the calibration prompts that were answered: the trainers' extras (none
     when ``extras`` is False: the search split's first turns alone are decoded)."""
     from autotune.budget import Budget
@@ -290,6 +293,10 @@ def decode_calibration(
     chunks += [pool[i : i + CALIBRATION_CHUNK] for i in range(0, len(pool), CALIBRATION_CHUNK)]
     taken = 0
     for chunk in chunks:
+        left = budget.left()
+        if first_estimate is not None and rate.count == 0 and left is not None:
+            each, least = first_estimate
+            chunk = chunk[: max(least, int(left / max(each, 1e-9)))]
         got = decode([target.encode_chat(p.text) for p in chunk])
         if got is None:
             break

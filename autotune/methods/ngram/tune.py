@@ -80,17 +80,21 @@ def probe(ctx: TuneContext) -> Probe:
             prompts,
             ctx.max_new_tokens,
             on_prompt=lambda _: advance(),
-            until=ctx.budget,  # a busy machine: the least prompts an interval needs, then stop
+            until=ctx.budget,  # stops at its share, however few it decoded (a busy machine)
+            least=0,
         )
+    predicted = max(proxy.predicted.values())
+    decoded = len(next(iter(measured.values())).prompts)
+    if not decoded:  # no time for one prompt: the proxy's word alone
+        return Probe(Bound("ngram", predicted, f"the proxy predicted {predicted:.3f}x"), None)
     for m in measured.values():
         m.looks = len(measured)  # the faster of several: its interval allows for the choice
     best = max(measured, key=lambda n: measured[n].speedup)
-    highs = [m.interval().high for m in measured.values() if m.prompts]
-    predicted = max(proxy.predicted.values())
+    highs = [m.interval().high for m in measured.values()]
     bound = Bound(
         "ngram",
         max([predicted, *highs]),
-        f"the proxy predicted {predicted:.3f}x; on {len(prompts)} search prompts "
+        f"the proxy predicted {predicted:.3f}x; on {decoded} search prompts "
         + ", ".join(f"{n} {m.speedup:.3f}x" for n, m in measured.items()),
     )
     return Probe(bound, measured[best])
