@@ -46,8 +46,6 @@ LEAST_ANSWERS = 6
 # Answers are decoded in batches: this many times faster than one sequence (2 cores:
 # 16 answers of 128 tokens in 32 s at 32 ms a forward; 60 answers in 72 s at 32 ms).
 BATCHED_DECODING_GAIN = 3.0
-# Start-up after the first forward: Ray's first worker loads the model (2 cores).
-STARTUP_S = 30.0
 
 # --- shares of the time ------------------------------------------------------------------
 # Decoding with a method costs about this much of greedy's time (for the plan only;
@@ -407,16 +405,16 @@ def _probe_why(facts: Facts, method: str) -> str:
 
 
 def least_budget(facts: Facts) -> float:
-    """The least time worth going on with, from here: start-up, the answers to
-    ``LEAST_ANSWERS`` search prompts (what a proxy replays), and the least held-back
-    measurement an interval needs (``LEAST_INTERVAL_PROMPTS``) of one method against
-    greedy (a draft-free one's cost where every method is draft-free). The probes and
-    studies shrink to what is left; these do not."""
+    """The least time worth going on with, from here: the answers to ``LEAST_ANSWERS``
+    search prompts (what a proxy replays) and the least held-back measurement an interval
+    needs (``LEAST_INTERVAL_PROMPTS``) of one method against greedy (a draft-free one's
+    cost where every method is draft-free). The probes and studies, and the trial
+    workers' start-up, shrink to what is left; these do not."""
     draft_free = bool(facts.methods) and set(facts.methods) <= set(facts.draft_free)
     cost = DRAFT_FREE_COST if draft_free else SPECULATIVE_COST
     measure = LEAST_INTERVAL_PROMPTS * facts.heldback_tokens * facts.forward_s * (1 + cost)
     answers = answers_seconds(facts, min(facts.answer_prompts, LEAST_ANSWERS))
-    return math.ceil((STARTUP_S + answers + measure) / 10.0) * 10.0
+    return math.ceil((answers + measure) / 10.0) * 10.0
 
 
 def cannot_train(

@@ -247,21 +247,22 @@ def open_workspace(request: ProfileRequest) -> Workspace:
 def check_machine(ws: Workspace, threads_chosen: bool = False) -> NoiseRecord:
     """Probe the machine before timing; a busy one is said and given time to settle, and
     (unless ``--threads`` was chosen) run on one torch thread where that is faster."""
-    noise = NoiseRecord(before=settle(ws.runner, say))
+    first = probe(ws.runner)
+    # the threads first: the probes while it settles then cost a third (three CPU hogs)
+    fewer = None if threads_chosen else fewer_threads(ws.runner, first)
+    if fewer is not None:
+        ws.hardware["threads"] = fewer.threads  # trials, cached timings and the profile
+        say(
+            f"[yellow]torch runs {fewer.threads} thread instead of {first.threads} on the busy "
+            f"machine: a forward takes {fewer.forward_ms:.0f} ms instead of "
+            f"{first.forward_ms:.0f}[/yellow]"
+        )
+    noise = NoiseRecord(before=[first, *([fewer] if fewer else []), *settle(ws.runner, say)])
     busy = noise.before[-1]
     if busy.busy:
         say(
             f"[yellow]timing on a busy machine ({'; '.join(busy.reasons)}): the "
             "intervals will be wider, and the profile records it[/yellow]"
-        )
-    fewer = None if threads_chosen else fewer_threads(ws.runner, busy)
-    if fewer is not None:
-        noise.before.append(fewer)
-        ws.hardware["threads"] = fewer.threads  # trials, cached timings and the profile
-        say(
-            f"[yellow]torch runs {fewer.threads} thread instead of {busy.threads} on the busy "
-            f"machine: a forward takes {fewer.forward_ms:.0f} ms instead of "
-            f"{busy.forward_ms:.0f}[/yellow]"
         )
     return noise
 
