@@ -716,6 +716,9 @@ def select(
         len(prompts) * len(variants),
     ) as advance:
         result = race(session, prompts, 1.0 + request.margin, budget, on_prompt=lambda _: advance())
+    if not any(m.prompts for m in result.measurements.values()):
+        say("no time was left for the race: every method goes on to the held-back measurement")
+        return Selection(list(tuned), dict(tuned), stopped=result.stopped)
     figures, kept, dropped = {}, {}, {}
     for name, settings in tuned.items():
         kept[name], figures[name] = keep_faster(settings, name, result.measurements, result.alive)
@@ -835,14 +838,14 @@ def _selection_speedup(settings: MethodSettings) -> float:
 
 def finalists(tuned: dict[str, MethodSettings], ranking: list[str], bound: float) -> list[str]:
     """The methods still in the running after the selection: those whose search-prompt
-    interval reaches above ``bound`` (best first), or the only method, when it has no
-    search figures (no time was left to measure it there)."""
+    interval reaches above ``bound`` (best first); every method, when none has search
+    figures (a lone method is not raced; a race may have had no time)."""
+    if all(tuned[name].selection is None for name in ranking):
+        return list(ranking)  # undecided, all of them
     out = []
     for name in ranking:
         selection = tuned[name].selection
         if selection is None:
-            if len(ranking) == 1:  # a lone method with no search figures: undecided
-                out.append(name)
             continue
         high = (selection.speedup_interval or [selection.speedup] * 2)[1]
         if high > bound:  # not clearly below the bar: still undecided
@@ -907,7 +910,7 @@ def decide(
     clear = [n for n in chosen if rows[n][0].lossless is not False and rows[n][1].above(bound)]
     lossy = [n for n in chosen if rows[n][0].lossless is False]
     measured_prompts = max(len(held.measured[n].prompts) for n in chosen)
-    if held.stopped == "time" and measured_prompts < min(MIN_PROMPTS, held.planned):
+    if measured_prompts < min(MIN_PROMPTS, held.planned):
         # the run's deadline came first: too few prompts for an interval to prove
         verdict.reason = (
             "; ".join(text(n) for n in chosen)

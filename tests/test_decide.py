@@ -85,11 +85,14 @@ def test_a_lone_method_left_no_time_for_search_figures_is_judged_held_back():
     # among several, one without search figures is not a finalist
     both = {"ngram": Unmeasured(), "eagle": Settings(1.2, 1.05, 1.4)}
     assert finalists(both, ["eagle", "ngram"], 1.0) == ["eagle"]  # type: ignore[arg-type]
+    # a race that had no time: every method is undecided, judged held back
+    none = {"ngram": Unmeasured(), "eagle": Unmeasured()}
+    assert finalists(none, ["ngram", "eagle"], 1.0) == ["ngram", "eagle"]  # type: ignore[arg-type]
 
 
 def test_too_few_held_back_prompts_at_the_deadline_recommend_nothing():
     tuned = {"ngram": Settings(1.3, 1.1, 1.5)}
-    cut = HeldBack({"ngram": measured(1.6, prompts=3)}, 1, "time", planned=8)
+    cut = HeldBack({"ngram": measured(1.6, prompts=3)}, 1, "decided", planned=8)
     verdict = decide(tuned, ["ngram"], cut, 0.0)  # type: ignore[arg-type]
     assert verdict.recommended == "none"
     assert "the budget ran out after 3 of 8 held-back prompts" in verdict.reason

@@ -81,3 +81,17 @@ def test_no_one_leaves_on_fewer_prompts_than_an_interval_needs():
     session = FakeSession({"ngram": 1.4, "self_spec": 0.5})
     result = race(session, prompts(4), bound=1.0)  # type: ignore[arg-type]
     assert sorted(result.alive) == ["ngram", "self_spec"] and result.stopped == "prompts"
+
+
+def test_a_race_out_of_time_decodes_nothing_more():
+    from autotune.budget import Budget
+
+    class Timed(FakeSession):
+        def measure(self, prompts, on_prompt=None, until=None, least=0) -> int:
+            if until is not None and until.spent() and least == 0:
+                return 0  # as SideBySide: past its time, nothing under the least
+            return super().measure(prompts, on_prompt, until, least)
+
+    session = Timed({"a": 1.3, "b": 1.0})
+    result = race(session, prompts(12), bound=1.0, budget=Budget(0.0))  # type: ignore[arg-type]
+    assert session.decoded == {"a": 0, "b": 0} and result.stopped == "time"

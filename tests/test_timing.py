@@ -182,3 +182,16 @@ def test_a_held_back_first_look_short_of_time_takes_the_least_an_interval_needs(
     session = SideBySide(Runner(tiny_llama), {"m": drafter}, 4)
     measure_until_decided(session, prompts, None, 1.0, budget=Budget(600.0))
     assert len(session.measurements["m"].prompts) == 8
+
+
+def test_past_the_runs_deadline_the_held_back_measurement_stops_after_one_prompt(tiny_llama):
+    from autotune.budget import Budget
+    from autotune.measure.sequential import measure_until_decided
+
+    prompts = [EncodedPrompt(f"q{i}", [1, 7 + i, 9, 33]) for i in range(12)]
+    session = SideBySide(Runner(tiny_llama), {"m": drafter}, 4)
+    result = measure_until_decided(
+        session, prompts, "m", 1.0, budget=Budget(600.0), deadline=Budget(0.0)
+    )
+    assert len(session.measurements["m"].prompts) == 1
+    assert result.stopped == "time"  # one prompt decides nothing, however it came out

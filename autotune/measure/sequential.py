@@ -61,7 +61,8 @@ def measure_until_decided(
         if candidate is None:
             stopped = "no candidate"
             break
-        if session.measurements[candidate].interval().decides(bound):
+        enough = done >= min(MIN_PROMPTS, len(prompts))  # fewer decide nothing
+        if enough and session.measurements[candidate].interval().decides(bound):
             stopped = "decided"
             break
         if (budget is not None and budget.spent()) or (deadline is not None and deadline.spent()):
