@@ -83,15 +83,15 @@ def test_no_one_leaves_on_fewer_prompts_than_an_interval_needs():
     assert sorted(result.alive) == ["ngram", "self_spec"] and result.stopped == "prompts"
 
 
-def test_a_race_out_of_time_decodes_nothing_more():
+def test_a_race_out_of_time_decodes_one_prompt_not_an_intervals_least():
     from autotune.budget import Budget
 
     class Timed(FakeSession):
         def measure(self, prompts, on_prompt=None, until=None, least=0) -> int:
-            if until is not None and until.spent() and least == 0:
-                return 0  # as SideBySide: past its time, nothing under the least
+            if until is not None and until.spent():  # as SideBySide: the least, no more
+                prompts = prompts[:least]
             return super().measure(prompts, on_prompt, until, least)
 
     session = Timed({"a": 1.3, "b": 1.0})
     result = race(session, prompts(12), bound=1.0, budget=Budget(0.0))  # type: ignore[arg-type]
-    assert session.decoded == {"a": 0, "b": 0} and result.stopped == "time"
+    assert session.decoded == {"a": 1, "b": 1} and result.stopped == "time"
