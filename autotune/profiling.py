@@ -406,15 +406,13 @@ class Run:
     def _refuse_small_budget(self) -> None:
         least = self.budget.elapsed() + plan.least_budget(self.facts)  # from the start
         if self.budget.seconds is not None and self.budget.seconds < least:
+            busy = "; the machine is busy" if self.noise.busy else ""
             raise AutotuneError(
                 f"--budget {clock(self.budget.seconds)} is too small for this model here (one "
-                f"forward takes {self.facts.forward_s * 1e3:.0f} ms{self._load_said()}): the "
-                f"least useful run needs about {clock(least)} (m:s); give --budget "
-                f"{int(least // 60) + 1}m or more"
+                f"forward takes {self.facts.forward_s * 1e3:.0f} ms{busy}): the least useful "
+                f"run needs about {clock(least)} (m:s); give --budget {int(least // 60) + 1}m "
+                "or more"
             )
-
-    def _load_said(self) -> str:
-        return "; the machine is busy" if self.noise.busy else ""
 
     def _drop_untrainable(self) -> None:
         """Head kinds that cannot be trained here, or not in the time the plan gives them,

@@ -4,6 +4,7 @@ machine and kept; both products give the same result."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -82,11 +83,13 @@ def test_a_read_only_table_times_nothing_and_takes_linear_off_the_record(tmp_pat
     assert "12:16" not in store.read_text()
 
 
-def test_read_only_reaches_the_table_and_is_undone(monkeypatch):
-    monkeypatch.delenv(kernels.READ_ONLY_ENV, raising=False)
+def test_read_only_reaches_the_table_and_its_workers_and_is_undone():
+    kernels.read_only(False)
     try:
         kernels.read_only()
         assert kernels.table()._timing is False
+        assert os.environ.get(kernels.READ_ONLY_ENV)  # what trial workers inherit
     finally:
         kernels.read_only(False)
     assert kernels.table()._timing is True
+    assert kernels.READ_ONLY_ENV not in os.environ

@@ -18,8 +18,8 @@ def reading(ms: float, threads: int, busy: bool = True) -> noise.Reading:
 
 
 @pytest.fixture
-def threads_restored(monkeypatch):
-    monkeypatch.delenv(kernels.READ_ONLY_ENV, raising=False)
+def threads_restored():
+    kernels.read_only(False)
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)

@@ -98,8 +98,10 @@ class KernelTable:
         """The choices for these weights' shapes: from this machine's record where it has
         them, else timed now (and recorded)."""
         self._load()
+        if not self._timing:
+            return dict(self._choices)
         new = {}
-        for weight in weights if self._timing else ():
+        for weight in weights:
             shape = _shape(weight)
             if shape not in self._choices:
                 self._choices[shape] = new[shape] = self._time_shape(weight)
@@ -215,11 +217,14 @@ def _fastest_pass(kernel: str, rows: int, run: Callable[[], object]) -> float:
 
 # by torch thread count and whether it may time, this process's
 _TABLES: dict[tuple[int, bool], KernelTable] = {}
+# read once here and kept by ``read_only``: ``table()`` runs for every product of every
+# forward, where reading the environment would cost 0.65 us a call
+_read_only = bool(os.environ.get(READ_ONLY_ENV))
 
 
 def table() -> KernelTable:
     """This process's table for its current thread count (kept on disk per machine)."""
-    key = (torch.get_num_threads(), not os.environ.get(READ_ONLY_ENV))
+    key = (torch.get_num_threads(), not _read_only)
     found = _TABLES.get(key)
     if found is None:
         found = _TABLES[key] = KernelTable(store=_store_path(), timing=key[1])
@@ -229,8 +234,10 @@ def table() -> KernelTable:
 def read_only(on: bool = True) -> None:
     """From now on, in this process and the trial workers it starts, kernel choices are
     read from this machine's record, never timed (a busy machine); ``on=False`` undoes it."""
+    global _read_only
+    _read_only = on
     if on:
-        os.environ[READ_ONLY_ENV] = "1"
+        os.environ[READ_ONLY_ENV] = "1"  # for the processes it starts
     else:
         os.environ.pop(READ_ONLY_ENV, None)
 
