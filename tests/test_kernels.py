@@ -1,5 +1,6 @@
 """The kernel table: which CPU product a weight takes for a row count, measured once per
-machine and kept; both products give the same result."""
+machine and kept; every product gives the same result, the engine's own one row by row
+whatever the row count."""
 
 from __future__ import annotations
 
@@ -10,28 +11,34 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autotune.engine import kernels, layers
+from autotune.engine import kernels, layers, small_gemm
 
 
 def timer_preferring_transposed_from(rows_at_least: int):
     """A stand-in for the clock: the transposed product is 'faster' from this many rows
-    on."""
+    on (the small kernel, where it is built, slowest of all)."""
     calls = []
 
     def timer(kernel: str, rows: int, run) -> float:
         calls.append(rows)
-        faster = (kernel == "transposed") == (rows >= rows_at_least)
+        if kernel == kernels.SMALL:
+            return 3.0
+        faster = (kernel == kernels.TRANSPOSED) == (rows >= rows_at_least)
         return 1.0 if faster else 2.0
 
     return timer, calls
+
+
+def transposed(table: kernels.KernelTable, weight: torch.Tensor, rows: int) -> bool:
+    return table.kernel(weight, rows) == kernels.TRANSPOSED
 
 
 def test_the_table_follows_the_measured_times_and_rounds_rows_up():
     timer, _ = timer_preferring_transposed_from(12)
     table = kernels.KernelTable(timer=timer)
     weight = torch.randn(24, 16)
-    assert [table.transposed(weight, r) for r in (1, 4, 11)] == [False, False, False]
-    assert [table.transposed(weight, r) for r in (12, 16, 17, 64)] == [True] * 4
+    assert [transposed(table, weight, r) for r in (1, 4, 11)] == [False, False, False]
+    assert [transposed(table, weight, r) for r in (12, 16, 17, 64)] == [True] * 4
 
 
 def test_a_recorded_table_is_read_back_without_timing(tmp_path):
@@ -42,7 +49,7 @@ def test_a_recorded_table_is_read_back_without_timing(tmp_path):
     assert calls and json.loads(store.read_text())["rows"] == list(kernels.ROWS)
     timed = len(calls)
     again = kernels.KernelTable(timer=timer, store=store)
-    assert again.transposed(weight, 5) and not again.transposed(weight, 4)
+    assert transposed(again, weight, 5) and not transposed(again, weight, 4)
     assert len(calls) == timed  # nothing timed: the record answered
 
 
@@ -50,23 +57,25 @@ def test_an_unreadable_record_is_measured_again(tmp_path):
     store = tmp_path / "kernels.json"
     store.write_text("{not json")
     timer, calls = timer_preferring_transposed_from(1)
-    assert kernels.KernelTable(timer=timer, store=store).transposed(torch.randn(4, 4), 3)
+    assert transposed(kernels.KernelTable(timer=timer, store=store), torch.randn(4, 4), 3)
     assert calls
     assert json.loads(store.read_text())["choices"]  # rewritten whole
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 8, 9, 17, 64, 65])
-@pytest.mark.parametrize("transposed", [False, True])
-def test_both_products_equal_torch_linear(monkeypatch, rows, transposed):
+@pytest.mark.parametrize("kernel", [kernels.LINEAR, kernels.TRANSPOSED, kernels.SMALL])
+def test_every_product_equals_torch_linear(monkeypatch, rows, kernel):
+    if kernel == kernels.SMALL and not small_gemm.available():
+        pytest.skip("the engine's own kernel could not be built here (no C++ compiler?)")
     torch.manual_seed(rows)
-    module = torch.nn.Linear(32, 48)
+    module = torch.nn.Linear(40, 50)  # neither a multiple of the kernel's 16 lanes
     table = kernels.KernelTable(timer=lambda kernel, rows, run: 1.0)
-    table._choices[kernels._shape(module.weight)] = (transposed,) * len(kernels.ROWS)
+    table._choices[kernels._shape(module.weight)] = (kernel,) * len(kernels.ROWS)
     monkeypatch.setattr(kernels, "table", lambda: table)
-    x = torch.randn(1, rows, 32)
+    x = torch.randn(1, rows, 40)
     with torch.inference_mode():
         got = layers.linear(x, module)
-        assert got.shape == (1, rows, 48)
+        assert got.shape == (1, rows, 50)
         torch.testing.assert_close(got, F.linear(x, module.weight, module.bias))
 
 
@@ -77,8 +86,8 @@ def test_a_read_only_table_times_nothing_and_takes_linear_off_the_record(tmp_pat
     kernels.KernelTable(timer=timer, store=store).measure([recorded])
     timed = len(calls)
     busy = kernels.KernelTable(timer=timer, store=store, timing=False)
-    assert busy.transposed(recorded, 3)  # the record still answers
-    assert not busy.transposed(other, 3)  # no record: F.linear, and nothing timed
+    assert transposed(busy, recorded, 3)  # the record still answers
+    assert busy.kernel(other, 3) == kernels.LINEAR  # no record: F.linear, nothing timed
     assert len(calls) == timed
     assert "12:16" not in store.read_text()
 
@@ -93,3 +102,54 @@ def test_read_only_reaches_the_table_and_its_workers_and_is_undone():
         kernels.read_only(False)
     assert kernels.table()._timing is True
     assert kernels.READ_ONLY_ENV not in os.environ
+
+
+def test_the_small_kernel_is_kept_when_nearly_fastest():
+    """Within SMALL_KEPT_WITHIN of the fastest, the small kernel wins: a verify pass then
+    scores every token exactly as a one-token step does."""
+    if not small_gemm.available():
+        pytest.skip("the engine's own kernel could not be built here (no C++ compiler?)")
+
+    def timer(kernel: str, rows: int, run) -> float:
+        return {kernels.LINEAR: 1.0, kernels.TRANSPOSED: 1.5, kernels.SMALL: 1.04}[kernel]
+
+    table = kernels.KernelTable(timer=timer)
+    assert table.kernel(torch.randn(24, 16), 3) == kernels.SMALL
+
+    def slower(kernel: str, rows: int, run) -> float:
+        return {kernels.LINEAR: 1.0, kernels.TRANSPOSED: 1.5, kernels.SMALL: 1.2}[kernel]
+
+    assert kernels.KernelTable(timer=slower).kernel(torch.randn(24, 16), 3) == kernels.LINEAR
+
+
+def test_a_record_of_another_format_is_measured_again(tmp_path):
+    """Records written before the small kernel held booleans: not read as kernel names."""
+    store = tmp_path / "kernels.json"
+    rows = [True] * len(kernels.ROWS)
+    store.write_text(json.dumps({"rows": list(kernels.ROWS), "choices": {"float32:8:16": rows}}))
+    timer, calls = timer_preferring_transposed_from(100)
+    assert kernels.KernelTable(timer=timer, store=store).kernel(torch.randn(8, 16), 3) == "linear"
+    assert calls
+
+
+@pytest.mark.skipif(not small_gemm.available(), reason="no C++ compiler for the engine's kernel")
+def test_the_small_kernel_gives_a_row_the_same_bits_in_any_batch():
+    """What makes it lossless-friendly: row i of an M-row product is bit for bit the
+    one-row product of row i, for every M the engine verifies (1..64)."""
+    torch.manual_seed(0)
+    weight = torch.randn(70, 75)
+    x = torch.randn(64, 75)
+    alone = torch.cat([small_gemm.product(x[i : i + 1], weight) for i in range(64)])
+    for rows in (2, 5, 8, 9, 16, 33, 64):
+        assert torch.equal(small_gemm.product(x[:rows], weight), alone[:rows])
+
+
+@pytest.mark.skipif(not small_gemm.available(), reason="no C++ compiler for the engine's kernel")
+def test_the_small_kernel_counts_subnormal_inputs_as_zero():
+    """Subnormal activations made one verify pass 60x slower; they count as zero (as in
+    torch's own kernels), and the product stays right for the normal part."""
+    weight = torch.randn(32, 48)
+    x = torch.randn(4, 48)
+    x[:, ::2] = 1e-41  # subnormal in float32
+    expected = F.linear(torch.where(x.abs() < 1e-38, torch.zeros_like(x), x), weight)
+    torch.testing.assert_close(small_gemm.product(x, weight), expected)

@@ -1,0 +1,4 @@
+# Raised when a change to the engine changes what a forward costs, so that timings cached by
+# an earlier engine are measured again rather than reused (2: the engine's own small-batch
+# float32 kernel, fused RMSNorm, grouped-query attention without copies).
+REVISION = 2

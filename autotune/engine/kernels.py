@@ -1,15 +1,15 @@
 """Which CPU kernel multiplies a few rows by a weight fastest, measured on this machine.
 
-A decode or verify step multiplies 1 to a few dozen rows by every weight. torch's CPU
-build has two kernels worth choosing between for that, and which is faster depends on
-the CPU, the torch build, the thread count, the weight's shape and the row count:
-``x @ W.T`` (``F.linear``, a matrix-vector kernel for one row) and ``W @ x.T`` (the
-multithreaded GEMM, given at least two columns). Measured on two 2-core machines of this
-project: one ran a SmolLM2-135M one-token forward in 33 ms by ``W @ x.T`` (``F.linear``
-was single-threaded there); another in 30 ms by ``F.linear`` and 64 ms by ``W @ x.T``.
-So the choice is measured, per weight shape and row count, once per machine (kept in
-autotune's cache), with the weights streamed from memory as in a real forward (copies
-cycled through, so that a small weight is not timed hot in the CPU's cache).
+A decode or verify step multiplies 1 to a few dozen rows by every weight. Which kernel is
+fastest for that depends on the CPU, the torch build, the thread count, the weight's shape
+and the row count: ``x @ W.T`` (``F.linear``, a matrix-vector kernel for one row),
+``W @ x.T`` (the multithreaded GEMM, given at least two columns) and, in float32 where it
+could be built, the engine's own ``small`` kernel (``engine.small_gemm``). Measured on two
+2-core machines of this project: one ran a SmolLM2-135M one-token forward in 33 ms by
+``W @ x.T`` (``F.linear`` was single-threaded there); another in 30 ms by ``F.linear`` and
+64 ms by ``W @ x.T``. So the choice is measured, per weight shape and row count, once per
+machine (kept in autotune's cache), with the weights streamed from memory as in a real
+forward (copies cycled through, so that a small weight is not timed hot in the CPU's cache).
 
 Plain and speculative decoding go through the same table, so their ratio stays fair.
 
@@ -26,13 +26,15 @@ import functools
 import hashlib
 import json
 import os
-import platform
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from autotune.engine import small_gemm
+from autotune.engine.machine import machine_key
 
 # Row counts that are measured; a count between two takes the larger one's choice.
 ROWS = (*range(1, 17), 20, 24, 28, 32, 40, 48, 56, 64)
@@ -44,9 +46,13 @@ MAX_COPIES = 64
 REPEATS = 3  # the fastest of this many passes over the copies counts
 # Set (by ``read_only``) in a run on a busy machine; its trial workers inherit it.
 READ_ONLY_ENV = "AUTOTUNE_KERNELS_READ_ONLY"
+LINEAR, TRANSPOSED, SMALL = "linear", "transposed", "small"
+# The small kernel is kept when within this factor of the fastest: its rows never depend on
+# how many share a call, so a verify pass scores each token exactly as a one-token step does.
+SMALL_KEPT_WITHIN = 1.05
 
 Shape = tuple[str, int, int]  # dtype, out features, in features
-_LINEAR = (False,) * len(ROWS)  # F.linear at every row count
+_LINEAR = (LINEAR,) * len(ROWS)  # F.linear at every row count
 # (kernel name, rows, the work) -> seconds: the clock, or a stand-in in tests
 Timer = Callable[[str, int, Callable[[], object]], float]
 
@@ -72,29 +78,31 @@ def transposed_product(x2d: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 class KernelTable:
-    """For each weight shape, which row counts take ``W @ x.T`` (True) rather than
-    ``F.linear``; shapes not measured yet are measured on first use."""
+    """For each weight shape, the kernel (LINEAR, TRANSPOSED or SMALL) each row count
+    takes; shapes not measured yet are measured on first use."""
 
     def __init__(self, timer: Timer | None = None, store: Path | None = None, timing: bool = True):
         self._timer = timer or _fastest_pass
         self._store = store
         self._timing = timing  # False: record only, F.linear for shapes not on it
-        self._choices: dict[Shape, tuple[bool, ...]] = {}
+        self._choices: dict[Shape, tuple[str, ...]] = {}
         # by weight tensor (id): a forward asks ~200 times, so the shape's key is built
         # once per weight (a reused id gives another weight's choice: slower, not wrong)
-        self._by_weight: dict[int, tuple[bool, ...]] = {}
+        self._by_weight: dict[int, tuple[str, ...]] = {}
         self._loaded = False
 
-    def transposed(self, weight: torch.Tensor, rows: int) -> bool:
-        """Whether ``rows`` rows (1 .. SMALL_ROWS) take ``W @ x.T`` with this weight."""
+    def kernel(self, weight: torch.Tensor, rows: int) -> str:
+        """The kernel ``rows`` rows (1 .. SMALL_ROWS) take with this weight."""
         choices = self._by_weight.get(id(weight))
         if choices is None:
             shape = _shape(weight)
             choices = self.measure([weight]).get(shape, _LINEAR)
+            if SMALL in choices and not small_gemm.available(build=self._timing):
+                choices = tuple(LINEAR if c == SMALL else c for c in choices)
             self._by_weight[id(weight)] = choices
         return choices[_ROW_INDEX[rows]]
 
-    def measure(self, weights: Iterable[torch.Tensor]) -> dict[Shape, tuple[bool, ...]]:
+    def measure(self, weights: Iterable[torch.Tensor]) -> dict[Shape, tuple[str, ...]]:
         """The choices for these weights' shapes: from this machine's record where it has
         them, else timed now (and recorded)."""
         self._load()
@@ -109,21 +117,27 @@ class KernelTable:
             self._save()
         return dict(self._choices)
 
-    def _time_shape(self, weight: torch.Tensor) -> tuple[bool, ...]:
+    def _time_shape(self, weight: torch.Tensor) -> tuple[str, ...]:
         in_features = weight.shape[1]
         size = weight.numel() * weight.element_size()
         count = min(MAX_COPIES, max(1, STREAM_BYTES // size))
         copies = [weight.detach().clone() for _ in range(count - 1)]
         pool = [weight.detach(), *copies]
+        products: dict[str, Callable] = {LINEAR: F.linear, TRANSPOSED: transposed_product}
+        if weight.dtype == torch.float32 and small_gemm.available():
+            products[SMALL] = small_gemm.product
         choices = []
         with torch.inference_mode():
             for rows in ROWS:
                 x = torch.randn(rows, in_features, dtype=weight.dtype)
-                plain = self._timer("linear", rows, functools.partial(_each, F.linear, x, pool))
-                flipped = self._timer(
-                    "transposed", rows, functools.partial(_each, transposed_product, x, pool)
-                )
-                choices.append(flipped < plain)
+                seconds = {
+                    name: self._timer(name, rows, functools.partial(_each, product, x, pool))
+                    for name, product in products.items()
+                }
+                fastest = min(seconds, key=seconds.__getitem__)
+                if SMALL in seconds and seconds[SMALL] <= SMALL_KEPT_WITHIN * seconds[fastest]:
+                    fastest = SMALL
+                choices.append(fastest)
         return tuple(choices)
 
     def _load(self) -> None:
@@ -136,9 +150,9 @@ class KernelTable:
             record = json.loads(self._store.read_text())
             for key, choices in record["choices"].items():
                 dtype, out_features, in_features = key.split(":")
-                if len(choices) == len(ROWS):
+                if len(choices) == len(ROWS) and set(choices) <= {LINEAR, TRANSPOSED, SMALL}:
                     shape = (dtype, int(out_features), int(in_features))
-                    self._choices[shape] = tuple(bool(c) for c in choices)
+                    self._choices[shape] = tuple(choices)
         except (OSError, ValueError, KeyError, AttributeError):
             self._choices.clear()  # an unreadable record is measured again
 
@@ -158,31 +172,6 @@ class KernelTable:
             write_atomic(
                 self._store, json.dumps(record, indent=1), "free space in autotune's cache"
             )
-
-
-def machine_key() -> dict:
-    """What the choice depends on: the CPU, the torch build, the threads."""
-    return {
-        "cpu": _cpu_name(),
-        "machine": platform.machine(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-    }
-
-
-def _cpu_name() -> str:
-    """The CPU's model name and a digest of its feature flags (virtual machines often
-    name every CPU alike)."""
-    name, flags = platform.processor() or "unknown", ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = hashlib.sha256(line.encode()).hexdigest()[:8]
-    except OSError:
-        pass
-    return f"{name} {flags}".strip()
 
 
 def _store_path() -> Path:

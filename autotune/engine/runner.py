@@ -92,10 +92,10 @@ class Runner:
             if index not in skip.attention:
                 prefix = cache.length(index)
                 if prefix not in masks:
-                    masks[prefix] = visibility(mask, prefix, seq, self.device)
+                    masks[prefix] = additive(visibility(mask, prefix, seq, self.device), self.dtype)
                 hidden = hidden + layers.self_attention(
                     layer.self_attn,
-                    layer.input_layernorm(hidden),
+                    layers.rms_norm(layer.input_layernorm, hidden),
                     rope,
                     masks[prefix],
                     cache,
@@ -104,7 +104,7 @@ class Runner:
                 )
             if index not in skip.mlp:
                 hidden = hidden + layers.mlp(
-                    layer.mlp, layer.post_attention_layernorm(hidden), self.product
+                    layer.mlp, layers.rms_norm(layer.post_attention_layernorm, hidden), self.product
                 )
         hidden = hidden[0]
         normed = self.norm(hidden[-1:] if last_only else hidden)
@@ -131,6 +131,16 @@ def visibility(mask: torch.Tensor | None, prefix: int, seq: int, device) -> torc
     if mask.shape[1] != prefix + seq:
         raise ValueError(f"mask has {mask.shape[1]} columns; expected {seq} or {prefix + seq}")
     return mask
+
+
+def additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """A bool mask as the additive one attention turns it into (0 where visible, -inf
+    elsewhere), made once per forward rather than in every layer."""
+    if mask is None:
+        return None
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+        ~mask, float("-inf")
+    )
 
 
 def eos_ids(config) -> frozenset[int]:

@@ -1,0 +1,93 @@
+"""The engine's own float32 product for a few rows (``small_gemm.cpp``), built for this CPU.
+
+torch's CPU kernels are near the memory floor for one row, but from about 3 rows on they
+re-pack the weight on every call: on a 2-core Xeon, SmolLM2-135M's products over 8 rows
+took 45 ms where one row took 21 ms (the weights alone stream in 21 ms). The kernel here
+reads each weight once per call for up to 64 rows (8 rows: 26 ms on that machine), and a
+row's result does not depend on how many rows share the call.
+
+It is compiled once per machine with the C++ compiler torch's extensions use (about 20 s),
+into torch's extension folder (``$TORCH_EXTENSIONS_DIR``, by default
+``~/.cache/torch_extensions``), which every autotune process and trial worker shares. With
+no compiler, or ``AUTOTUNE_SMALL_GEMM=0``, the engine keeps torch's kernels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from autotune.engine.machine import machine_key
+
+SOURCE = Path(__file__).with_name("small_gemm.cpp")
+SWITCH_ENV = "AUTOTUNE_SMALL_GEMM"  # "0": never built or used
+
+_module: Any = None
+_tried = False
+
+
+def available(build: bool = True) -> bool:
+    """Whether the kernel can be used in this process; ``build=False`` uses a build that
+    is already on disk but starts none (a busy machine)."""
+    global _module, _tried
+    if _module is not None:
+        return True
+    if _tried or os.environ.get(SWITCH_ENV, "1") == "0":
+        return False
+    if not build and not _built_file().is_file():
+        return False
+    _tried = True
+    _module = _load()
+    return _module is not None
+
+
+def product(x2d: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x2d @ weight.T`` for float32 ``x2d`` [M, K] and a contiguous ``weight`` [N, K]."""
+    # model weights are contiguous; a view of one (a slice of a fused weight) is copied
+    return _module.small_linear(x2d, weight if weight.is_contiguous() else weight.contiguous())
+
+
+def _name() -> str:
+    """One build per source, compiler target and torch: ``-march=native`` code runs only
+    on the CPU it was built for."""
+    key = {**machine_key(), "threads": None, "source": SOURCE.read_text()}
+    return (
+        "autotune_small_gemm_" + hashlib.sha256(repr(sorted(key.items())).encode()).hexdigest()[:12]
+    )
+
+
+def _folder() -> Path:
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return Path(get_default_build_root()) / _name()
+
+
+def _built_file() -> Path:
+    return _folder() / f"{_name()}.so"
+
+
+def _load() -> Any:
+    from torch.utils.cpp_extension import load
+
+    folder = _folder()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        # the compiler's own output is not the user's business; a failure means torch's
+        # kernels, which are correct, only slower
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            return load(
+                name=_name(),
+                sources=[str(SOURCE)],
+                extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(folder),
+                verbose=False,
+            )
+    except Exception:  # no compiler, a failed build, an unwritable folder
+        return None
