@@ -8,11 +8,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from autotune import hardware
+from autotune import engine, hardware
 from autotune.budget import Budget
 from autotune.engine.runner import Runner
 from autotune.errors import PromptsFileError
 from autotune.measure.costs import LatencyCurve, SublayerCosts
+from autotune.measure.roofline import (
+    Roofline,
+    linear_params,
+    measure_roofline,
+    verify_record,
+    weight_bytes,
+)
 from autotune.measure.timing import EncodedPrompt
 from autotune.models.loading import Target
 from autotune.models.ref import TargetRef
@@ -99,6 +106,11 @@ class Workspace:
     def encode(self, prompts: list[Prompt]) -> list[EncodedPrompt]:
         return [EncodedPrompt(p.id, self.target.encode_chat(p.text), p.category) for p in prompts]
 
+    def device_key(self) -> str:
+        """What a cached timing is valid for: this device, threads, dtype, torch, and the
+        engine's revision (a faster engine's timings replace a slower one's)."""
+        return f"{hardware.key(self.hardware, self.target.dtype)}|engine {engine.REVISION}"
+
     # Measurements reused between runs: same model, same inputs, and for timings the same
     # device, threads, dtype and torch; each is labelled with where and when it was taken.
     def cached_measurement(
@@ -112,7 +124,7 @@ class Workspace:
         """``build()``'s value, or the one cached for these inputs. ``spot_check(value)``
         (timings) measures one point again and returns how far off the cached value is
         (relative): past ``SPOT_CHECK_TOLERANCE`` the cache is dropped and rebuilt."""
-        hw = hardware.key(self.hardware, self.target.dtype) if device_bound else "any"
+        hw = self.device_key() if device_bound else "any"
         if (kind, key, hw) in self._this_run:
             return self._this_run[kind, key, hw]
         if self._cache is not None:
@@ -222,6 +234,26 @@ class Workspace:
             spot_check=lambda seconds: self._off(seconds[0]),
         )
         return LatencyCurve(seconds[:max_tokens])
+
+    def roofline(self) -> Roofline:
+        """This machine's floor for the target (``measure.roofline``): its bandwidth and
+        GEMM peak measured once (quick sizes, ~0.3 s on 2 cores) and cached like the
+        curves; the weights counted now."""
+
+        def build():
+            with step("latency: memory bandwidth and GEMM peak", 1) as advance:
+                measured = measure_roofline(self.runner, quick=True)
+                advance()
+            return {"bandwidth": measured.bandwidth, "gemm_peak": measured.gemm_peak}
+
+        machine = self.cached_measurement("latency", "roofline quick", build)
+        return Roofline(
+            **machine, weight_bytes=weight_bytes(self.runner), params=linear_params(self.runner)
+        )
+
+    def verify_record(self, curve: LatencyCurve) -> dict:
+        """What a method's profile block records of the verify curve it was tuned on."""
+        return verify_record(curve, self.roofline())
 
     def _off(self, cached_seconds: float) -> float:
         return self.forward_seconds_now() / max(cached_seconds, 1e-12) - 1.0

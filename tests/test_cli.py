@@ -533,6 +533,8 @@ def test_profile_and_bench_end_to_end(tmp_path, tiny_llama_dir, run_autotune):
     assert set(block.skip.attention) | set(block.skip.mlp) <= {1, 2}  # keep_first/last 1
     assert 1 <= block.draft.max_tokens <= 8
     assert block.search  # how the setting was found is recorded
+    # the verify curve it was tuned on, relative to one token and to this machine's floor
+    assert len(block.search["verify_floor_ratio"]) == len(block.search["verify_cost_relative"])
     assert profile.model.num_layers == 4 and profile.hardware.threads == 1
     assert db.is_file()
     cape = block.cape  # fitted on the tuned layer-skip drafter, kept if it decoded faster

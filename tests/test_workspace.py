@@ -52,9 +52,7 @@ def test_timings_are_labelled_and_reused_while_they_hold(workspace):
 
 
 def test_an_unlabelled_timing_is_not_trusted(workspace):
-    from autotune import hardware
-
-    key = hardware.key(workspace.hardware, workspace.target.dtype)
+    key = workspace.device_key()
     workspace._cache.put("latency", workspace.target.fingerprint, key, "old", [1.0, 2.0])
     assert workspace.cached_measurement("latency", "old", lambda: [3.0]) == [3.0]
     # what does not depend on the device keeps its old, unlabelled form
@@ -71,9 +69,7 @@ def test_prompts_keep_their_categories(workspace):
 
 
 def _keys(workspace):
-    from autotune import hardware
-
-    yield hardware.key(workspace.hardware, workspace.target.dtype)
+    yield workspace.device_key()
 
 
 def test_a_prompt_longer_than_the_context_is_refused_by_name(workspace):

@@ -112,6 +112,44 @@ def attend(
     return out.transpose(1, 2).reshape(batch, seq, -1)
 
 
+class Fused:
+    """Linear layers over one input multiplied as one product: their weights become row
+    slices of one tensor (no extra memory; the modules read the same rows), so a step
+    makes one call where it made two or three."""
+
+    def __init__(self, modules: list[torch.nn.Linear]):
+        self.sizes = [m.weight.shape[0] for m in modules]
+        self.weight = torch.cat([m.weight.detach() for m in modules])
+        biases = [m.bias for m in modules]
+        self.bias = (
+            None
+            if all(b is None for b in biases)
+            else torch.cat(
+                [
+                    b.detach() if b is not None else self.weight.new_zeros(size)
+                    for b, size in zip(biases, self.sizes)
+                ]
+            )
+        )
+        offset = 0
+        for module, size in zip(modules, self.sizes):
+            module.weight.data = self.weight[offset : offset + size]
+            offset += size
+
+    @classmethod
+    def of(cls, modules: list[torch.nn.Linear]) -> Fused:
+        """The fused product of these modules, made once (kept on the first module): a
+        second runner over the same model shares it rather than copying the weights."""
+        found = getattr(modules[0], "_autotune_fused", None)
+        if found is None or found.sizes != [m.weight.shape[0] for m in modules]:
+            found = cls(modules)
+            object.__setattr__(modules[0], "_autotune_fused", found)
+        return found
+
+    def __call__(self, x: torch.Tensor, product: Product) -> tuple[torch.Tensor, ...]:
+        return product(x, self).split(self.sizes, dim=-1)  # type: ignore[arg-type]
+
+
 def self_attention(
     attention: Any,
     x: torch.Tensor,
@@ -120,22 +158,35 @@ def self_attention(
     cache=None,
     layer: int = 0,
     product: Product = linear,
+    qkv: Fused | None = None,
 ) -> torch.Tensor:
     """One attention sublayer (its input already normed): queries, keys and values of x,
     rotated at their positions; with ``cache`` (B = 1), keys and values are appended to
-    layer ``layer`` of it and the queries see the whole layer, as ``mask`` allows."""
+    layer ``layer`` of it and the queries see the whole layer, as ``mask`` allows.
+    ``qkv``: the three projections fused (``Fused``)."""
     dim = attention.head_dim
-    query = apply_rope(heads_of(product(x, attention.q_proj), dim), rope)
-    keys = apply_rope(heads_of(product(x, attention.k_proj), dim), rope)
-    values = heads_of(product(x, attention.v_proj), dim)
+    if qkv is None:
+        projected = tuple(
+            product(x, m) for m in (attention.q_proj, attention.k_proj, attention.v_proj)
+        )
+    else:
+        projected = qkv(x, product)
+    query = apply_rope(heads_of(projected[0], dim), rope)
+    keys = apply_rope(heads_of(projected[1], dim), rope)
+    values = heads_of(projected[2], dim)
     if cache is not None:
         keys, values = cache.update(keys, values, layer)
     scale = getattr(attention, "scaling", dim**-0.5)
     return product(attend(query, keys, values, mask, scale), attention.o_proj)
 
 
-def mlp(block: Any, x: torch.Tensor, product: Product = linear) -> torch.Tensor:
-    """A gated MLP sublayer (its input already normed): down(act(gate(x)) * up(x))."""
-    return product(
-        block.act_fn(product(x, block.gate_proj)) * product(x, block.up_proj), block.down_proj
-    )
+def mlp(
+    block: Any, x: torch.Tensor, product: Product = linear, gate_up: Fused | None = None
+) -> torch.Tensor:
+    """A gated MLP sublayer (its input already normed): down(act(gate(x)) * up(x));
+    ``gate_up``: the gate and up projections fused (``Fused``)."""
+    if gate_up is None:
+        gate, up = product(x, block.gate_proj), product(x, block.up_proj)
+    else:
+        gate, up = gate_up(x, product)
+    return product(block.act_fn(gate) * up, block.down_proj)

@@ -49,11 +49,22 @@ class Runner:
         self.device: torch.device = self.embed.weight.device
         self.dtype: torch.dtype = self.embed.weight.dtype
         self.eos_token_ids = eos_ids(self.config)
+        # q/k/v and gate/up as one product each: 1.5 ms of a 35 ms one-token forward and
+        # 2.5 of 60 at 16 tokens on 2 cores (fewer calls, larger parallel tasks)
+        self.fused = [
+            (
+                layers.Fused.of([a.q_proj, a.k_proj, a.v_proj]),
+                layers.Fused.of([layer.mlp.gate_proj, layer.mlp.up_proj]),
+            )
+            for layer in self.layers
+            for a in (layer.self_attn,)
+        ]
         if self.device.type == "cpu" and product is layers.linear:
             # which kernel each weight takes, measured now (or read from this machine's
             # record) rather than inside the first timed decoding
             kernels.table().measure(
-                m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)
+                [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+                + [f.weight for pair in self.fused for f in pair]
             )
 
     def new_cache(self, capacity: int = 512) -> KVCache:
@@ -101,10 +112,14 @@ class Runner:
                     cache,
                     index,
                     self.product,
+                    qkv=self.fused[index][0],
                 )
             if index not in skip.mlp:
                 hidden = hidden + layers.mlp(
-                    layer.mlp, layers.rms_norm(layer.post_attention_layernorm, hidden), self.product
+                    layer.mlp,
+                    layers.rms_norm(layer.post_attention_layernorm, hidden),
+                    self.product,
+                    gate_up=self.fused[index][1],
                 )
         hidden = hidden[0]
         normed = self.norm(hidden[-1:] if last_only else hidden)

@@ -75,7 +75,11 @@ def _built_file() -> Path:
 def _load() -> Any:
     from torch.utils.cpp_extension import load
 
+    from autotune.progress import say
+
     folder = _folder()
+    if not _built_file().is_file():
+        say("[dim]building the engine's small-batch kernel for this CPU (once, about 20 s)[/dim]")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         # the compiler's own output is not the user's business; a failure means torch's

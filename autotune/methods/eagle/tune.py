@@ -84,7 +84,7 @@ def tune(ctx: TuneContext) -> EagleSettings:
                 }
                 for v in calibrated.vocabs
             },
-            "verify_cost_relative": [round(v, 3) for v in curve.relative()],
+            **ctx.workspace.verify_record(curve),
             "predicted_static_top": predicted[:6],
             "finalists_on_search_prompts": selection,
             **trials,

@@ -89,7 +89,7 @@ def tune(ctx: TuneContext) -> GlideSettings:
                 }
                 for v in calibrated.vocabs
             },
-            "verify_cost_relative": [round(v, 3) for v in curve.relative()],
+            **ctx.workspace.verify_record(curve),
             "predicted_top": predicted[:6],
             "trials": trials,
             "calibration_prompts": calibrated.calibration_prompts,

@@ -69,7 +69,7 @@ def tune(ctx: TuneContext) -> MedusaSettings:
             "head_top5": [round(a, 4) for a in accuracy.top5],
             "head_seconds": [round(s, 5) for s in head_seconds],
             "predicted_top": candidates[:8],
-            "verify_cost_relative": [round(v, 3) for v in curve.relative()],
+            **ws.verify_record(curve),
             "seconds": round(ctx.budget.elapsed(), 1),
         },
     )

@@ -172,7 +172,7 @@ def tune(ctx: TuneContext) -> NgramSettings:
             "side_by_side": {"kinds": selection, "categories": verdicts},
             "calibration": {"continuations": len(sequences), "confirm_prompts": len(confirm)},
             "draft_seconds": {k: round(v, 6) for k, v in draft_seconds.items()},
-            "verify_cost_relative": [round(v, 3) for v in curve.relative()],
+            **ctx.workspace.verify_record(curve),
             "seconds": round(ctx.budget.elapsed(), 1),
         },
     )

@@ -88,7 +88,7 @@ def tune(ctx: TuneContext) -> SelfSpecSettings:
                 {"skip": c.skip.as_dict(), "speedup": round(v, 4), "proxy": round(c.proxy, 4)}
                 for v, c in confirmed
             ],
-            "verify_cost_relative": [round(v, 3) for v in curve.relative()],
+            **ws.verify_record(curve),
             "draft_cost_relative": round(costs.draft_ratio(best.skip), 4),
             "skip_ratio": round(best.skip.ratio(costs.num_layers), 4),
             "seconds": round(ctx.budget.elapsed(), 1),
