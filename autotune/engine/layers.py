@@ -76,6 +76,21 @@ def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torc
     return x * cos + rotate_half(x) * sin
 
 
+class Rotation:
+    """RoPE at one forward's positions, prepared once for all its layers: cos, and sin with
+    the sign of ``rotate_half`` folded in, both shaped for [B, heads, S, D]; a rotation is
+    then four operations (``apply_rope`` takes nine), with the same bits."""
+
+    def __init__(self, rope: tuple[torch.Tensor, torch.Tensor]):
+        cos, sin = rope
+        self.half = cos.shape[-1] // 2
+        self.cos = cos.unsqueeze(1)
+        self.sin = torch.cat((-sin[..., : self.half], sin[..., self.half :]), dim=-1).unsqueeze(1)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.cos + x.roll(self.half, dims=-1) * self.sin
+
+
 def heads_of(x: torch.Tensor, head_dim: int) -> torch.Tensor:
     """[B, S, heads * D] -> [B, heads, S, D]."""
     batch, seq, _ = x.shape
@@ -153,7 +168,7 @@ class Fused:
 def self_attention(
     attention: Any,
     x: torch.Tensor,
-    rope: tuple[torch.Tensor, torch.Tensor],
+    rope: tuple[torch.Tensor, torch.Tensor] | Rotation,
     mask: torch.Tensor | None,
     cache=None,
     layer: int = 0,
@@ -163,17 +178,20 @@ def self_attention(
     """One attention sublayer (its input already normed): queries, keys and values of x,
     rotated at their positions; with ``cache`` (B = 1), keys and values are appended to
     layer ``layer`` of it and the queries see the whole layer, as ``mask`` allows.
-    ``qkv``: the three projections fused (``Fused``)."""
+    ``qkv``: the three projections fused (``Fused``): queries and keys are then rotated
+    together, as the adjacent columns they are."""
     dim = attention.head_dim
+    rotate = rope if isinstance(rope, Rotation) else Rotation(rope)
     if qkv is None:
-        projected = tuple(
-            product(x, m) for m in (attention.q_proj, attention.k_proj, attention.v_proj)
-        )
+        query = rotate(heads_of(product(x, attention.q_proj), dim))
+        keys = rotate(heads_of(product(x, attention.k_proj), dim))
+        values = heads_of(product(x, attention.v_proj), dim)
     else:
-        projected = qkv(x, product)
-    query = apply_rope(heads_of(projected[0], dim), rope)
-    keys = apply_rope(heads_of(projected[1], dim), rope)
-    values = heads_of(projected[2], dim)
+        out = product(x, qkv)  # type: ignore[arg-type]
+        q_cols, k_cols, _ = qkv.sizes
+        rotated = rotate(heads_of(out[..., : q_cols + k_cols], dim))
+        query, keys = rotated.split([q_cols // dim, k_cols // dim], dim=1)
+        values = heads_of(out[..., q_cols + k_cols :], dim)
     if cache is not None:
         keys, values = cache.update(keys, values, layer)
     scale = getattr(attention, "scaling", dim**-0.5)

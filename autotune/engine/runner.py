@@ -97,7 +97,7 @@ class Runner:
         """
         seq = tokens.shape[0]
         hidden = self.embed(tokens.view(1, seq))
-        rope = self.rotary(hidden, positions.view(1, seq))
+        rope = layers.Rotation(self.rotary(hidden, positions.view(1, seq)))
         masks: dict[int, torch.Tensor | None] = {}
         for index, layer in enumerate(self.layers):
             if index not in skip.attention:
