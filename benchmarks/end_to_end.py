@@ -35,6 +35,8 @@ def main(argv: list[str]) -> int:
     env = dict(os.environ)
     if fresh:
         env["AUTOTUNE_CACHE"] = str(work / "cache")
+        # the engine's kernel is built for this CPU once per machine: a fresh run builds it
+        env["TORCH_EXTENSIONS_DIR"] = str(work / "torch_extensions")
     out = work / "profile.yaml"
     command = [str(autotune), "profile", "--model", "smollm2-135m", "--out", str(out), *extra]
     print("running:", " ".join(command[1:]), f"(in {work})", flush=True)
