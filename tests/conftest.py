@@ -124,3 +124,21 @@ def random_eagle_head():
         return head.requires_grad_(False)
 
     return make
+
+
+@pytest.fixture
+def tiny_alias(monkeypatch):
+    """A model alias of tiny shapes ("tiny-arch"), for commands run on random weights."""
+    from autotune.models import registry
+
+    shapes = registry.Shapes(
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        intermediate_size=128,
+        vocab_size=128,
+        max_positions=512,
+        num_kv_heads=2,
+    )
+    monkeypatch.setitem(registry.ARCHITECTURES, "tiny-arch", shapes)
+    return "tiny-arch"

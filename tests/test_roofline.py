@@ -14,7 +14,7 @@ from autotune.engine.runner import Runner
 from autotune.measure import device_latency, roofline
 from autotune.measure.costs import LatencyCurve
 from autotune.measure.roofline import Roofline
-from autotune.models import registry, tiny
+from autotune.models import tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -81,22 +81,11 @@ def test_the_measurements_are_rates():
 
 
 @pytest.fixture
-def tiny_alias(monkeypatch):
-    shapes = registry.Shapes(
-        hidden_size=64,
-        num_layers=2,
-        num_heads=4,
-        intermediate_size=128,
-        vocab_size=128,
-        max_positions=512,
-        num_kv_heads=2,
-    )
-    monkeypatch.setitem(registry.ARCHITECTURES, "tiny-arch", shapes)
+def quick_roofline(monkeypatch):
     # the profile's sizes: the CLI's 1 GiB stream is not what these tests are about
     monkeypatch.setattr(
         device_latency, "measure_roofline", lambda r: roofline.measure_roofline(r, quick=True)
     )
-    return "tiny-arch"
 
 
 def latency(*args: str) -> str:
@@ -111,7 +100,7 @@ def rows(text: str) -> dict[str, list[str]]:
     return {row[0]: row for row in cells if row and row[0]}
 
 
-@pytest.mark.usefixtures("tiny_alias")
+@pytest.mark.usefixtures("tiny_alias", "quick_roofline")
 def test_latency_roofline_prints_the_floor_beside_the_curve():
     out = latency("--roofline", "--max-tokens", "4")
     assert "floor ms" in out and "x floor" in out
@@ -121,7 +110,7 @@ def test_latency_roofline_prints_the_floor_beside_the_curve():
     assert all(len(table[n]) == 5 for n in "1234")
 
 
-@pytest.mark.usefixtures("tiny_alias")
+@pytest.mark.usefixtures("tiny_alias", "quick_roofline")
 def test_latency_roofline_json_has_the_floor_and_times_a_grid_past_16():
     data = json.loads(latency("--roofline", "--max-tokens", "20", "--json"))
     assert len(data["seconds"]) == 20
@@ -139,7 +128,7 @@ def test_latency_roofline_json_has_the_floor_and_times_a_grid_past_16():
     assert set(table) >= {"16", "18"} and "17" not in table
 
 
-@pytest.mark.usefixtures("tiny_alias")
+@pytest.mark.usefixtures("tiny_alias", "quick_roofline")
 def test_latency_without_roofline_is_as_before():
     data = json.loads(latency("--max-tokens", "2", "--json"))
     assert data["roofline"] is None and data["timed"] == [1, 2]

@@ -17,7 +17,6 @@ from optuna.trial import FrozenTrial, TrialState
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from autotune.models import registry
 from autotune.studies.storage import MeasurementCache
 
 MEDUSA = "tiny/medusa/abc12345"
@@ -445,22 +444,6 @@ def test_delete_unknown_study(db):
 
 
 # --- latency ---------------------------------------------------------------------------
-
-TINY_SHAPES = registry.Shapes(
-    hidden_size=64,
-    num_layers=2,
-    num_heads=4,
-    intermediate_size=128,
-    vocab_size=128,
-    max_positions=512,
-    num_kv_heads=2,
-)
-
-
-@pytest.fixture
-def tiny_alias(monkeypatch):
-    monkeypatch.setitem(registry.ARCHITECTURES, "tiny-arch", TINY_SHAPES)
-    return "tiny-arch"
 
 
 @pytest.mark.usefixtures("one_thread")
