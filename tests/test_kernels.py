@@ -153,3 +153,24 @@ def test_the_small_kernel_counts_subnormal_inputs_as_zero():
     x[:, ::2] = 1e-41  # subnormal in float32
     expected = F.linear(torch.where(x.abs() < 1e-38, torch.zeros_like(x), x), weight)
     torch.testing.assert_close(small_gemm.product(x, weight), expected)
+
+
+def test_without_the_engines_kernel_the_table_chooses_among_torchs(monkeypatch):
+    """No compiler, or AUTOTUNE_SMALL_GEMM=0: the engine's kernel is never timed nor used,
+    and a recorded choice of it reads as F.linear."""
+    monkeypatch.setattr(small_gemm, "_module", None)
+    monkeypatch.setattr(small_gemm, "_tried", False)
+    monkeypatch.setenv(small_gemm.SWITCH_ENV, "0")
+    timed = set()
+
+    def timer(kernel: str, rows: int, run) -> float:
+        timed.add(kernel)
+        return 1.0
+
+    weight = torch.randn(24, 16)
+    table = kernels.KernelTable(timer=timer)
+    assert table.kernel(weight, 3) == kernels.LINEAR
+    assert timed == {kernels.LINEAR, kernels.TRANSPOSED}
+    recorded = kernels.KernelTable(timer=timer)
+    recorded._choices[kernels._shape(weight)] = (kernels.SMALL,) * len(kernels.ROWS)
+    assert recorded.kernel(weight, 3) == kernels.LINEAR

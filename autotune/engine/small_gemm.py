@@ -18,6 +18,8 @@ import contextlib
 import hashlib
 import io
 import os
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +80,11 @@ def _load() -> Any:
     from autotune.progress import say
 
     folder = _folder()
+    # torch finds ninja on PATH: pip's ninja sits beside this interpreter, which a
+    # virtual environment run without activation does not put on PATH
+    here = str(Path(sys.executable).parent)
+    if shutil.which("ninja") is None and here not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
     if not _built_file().is_file():
         say("[dim]building the engine's small-batch kernel for this CPU (once, about 20 s)[/dim]")
     try:
