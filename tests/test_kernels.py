@@ -174,3 +174,16 @@ def test_without_the_engines_kernel_the_table_chooses_among_torchs(monkeypatch):
     recorded = kernels.KernelTable(timer=timer)
     recorded._choices[kernels._shape(weight)] = (kernels.SMALL,) * len(kernels.ROWS)
     assert recorded.kernel(weight, 3) == kernels.LINEAR
+
+
+def test_a_reused_weight_id_does_not_take_another_shapes_choice():
+    """A freed weight's id is reused by new tensors: the choice follows the shape."""
+
+    def timer(kernel: str, rows: int, run) -> float:
+        return 1.0 if kernel == kernels.TRANSPOSED else 2.0
+
+    table = kernels.KernelTable(timer=timer)
+    weight = torch.randn(24, 16)
+    # as if a freed (8, 4) weight had held this id and been recorded as taking F.linear
+    table._by_weight[id(weight)] = ((8, 4), torch.float32, kernels._LINEAR)
+    assert table.kernel(weight, 3) == kernels.TRANSPOSED

@@ -87,19 +87,20 @@ class KernelTable:
         self._timing = timing  # False: record only, F.linear for shapes not on it
         self._choices: dict[Shape, tuple[str, ...]] = {}
         # by weight tensor (id): a forward asks ~200 times, so the shape's key is built
-        # once per weight (a reused id gives another weight's choice: slower, not wrong)
-        self._by_weight: dict[int, tuple[str, ...]] = {}
+        # once per weight; the shape is checked, as a freed weight's id is reused by others
+        # (another shape's choice gave other bits: a saved head no longer matched itself)
+        self._by_weight: dict[int, tuple[tuple[int, ...], torch.dtype, tuple[str, ...]]] = {}
         self._loaded = False
 
     def kernel(self, weight: torch.Tensor, rows: int) -> str:
         """The kernel ``rows`` rows (1 .. SMALL_ROWS) take with this weight."""
-        choices = self._by_weight.get(id(weight))
-        if choices is None:
-            shape = _shape(weight)
-            choices = self.measure([weight]).get(shape, _LINEAR)
-            if SMALL in choices and not small_gemm.available(build=self._timing):
-                choices = tuple(LINEAR if c == SMALL else c for c in choices)
-            self._by_weight[id(weight)] = choices
+        known = self._by_weight.get(id(weight))
+        if known is not None and known[0] == weight.shape and known[1] == weight.dtype:
+            return known[2][_ROW_INDEX[rows]]
+        choices = self.measure([weight]).get(_shape(weight), _LINEAR)
+        if SMALL in choices and not small_gemm.available(build=self._timing):
+            choices = tuple(LINEAR if c == SMALL else c for c in choices)
+        self._by_weight[id(weight)] = (tuple(weight.shape), weight.dtype, choices)
         return choices[_ROW_INDEX[rows]]
 
     def measure(self, weights: Iterable[torch.Tensor]) -> dict[Shape, tuple[str, ...]]:
