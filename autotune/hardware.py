@@ -3,6 +3,7 @@ it for the measurements taken there."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import re
@@ -139,11 +140,36 @@ def _cores() -> int:
 
 
 def _cpu_name() -> str:
+    line = _cpuinfo_line("model name")
+    return _value(line) if line else platform.processor() or platform.machine()
+
+
+def machine_key() -> dict:
+    """What a measured kernel choice or a kernel compiled for this CPU depends on: the CPU
+    (its name and a digest of its feature flags: virtual machines often name every CPU
+    alike), the torch build, the threads."""
+    name, flags = _cpuinfo_line("model name"), _cpuinfo_line("flags")
+    digest = hashlib.sha256(flags.encode()).hexdigest()[:8] if flags else ""
+    cpu = f"{_value(name) if name else platform.processor() or 'unknown'} {digest}".strip()
+    return {
+        "cpu": cpu,
+        "machine": platform.machine(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _cpuinfo_line(field: str) -> str | None:
+    """The first line of /proc/cpuinfo that starts with ``field`` (None: none, or no file)."""
     try:
         with open("/proc/cpuinfo") as stream:
             for line in stream:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if line.startswith(field):
+                    return line.rstrip("\n")
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def _value(line: str) -> str:
+    return line.split(":", 1)[1].strip()

@@ -9,11 +9,14 @@ from autotune.engine import layers
 from autotune.engine.runner import Runner
 
 
-def test_a_prepared_rotation_gives_apply_ropes_bits(tiny_llama):
+def test_a_prepared_rotation_gives_the_textbook_ropes_bits(tiny_llama):
     rotary = tiny_llama.model.rotary_emb
     x = torch.randn(1, 3, 5, tiny_llama.config.hidden_size // tiny_llama.config.num_attention_heads)
     rope = rotary(x, torch.arange(7, 12).view(1, 5))
-    assert torch.equal(layers.Rotation(rope)(x), layers.apply_rope(x, rope))
+    cos, sin = (t.unsqueeze(1) for t in rope)
+    half = x.shape[-1] // 2
+    textbook = x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    assert torch.equal(layers.Rotation(rope)(x), textbook)
 
 
 def test_fused_projections_share_the_modules_weights(tiny_llama):

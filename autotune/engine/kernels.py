@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from autotune.engine import small_gemm
-from autotune.engine.machine import machine_key
+from autotune.hardware import machine_key
 
 # Row counts that are measured; a count between two takes the larger one's choice.
 ROWS = (*range(1, 17), 20, 24, 28, 32, 40, 48, 56, 64)

@@ -65,21 +65,12 @@ def rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), norm.weight, eps)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """x [B, heads, S, D]; rope = (cos, sin) [B, S, D] from the model's rotary embedding."""
-    cos, sin = (t.unsqueeze(1) for t in rope)
-    return x * cos + rotate_half(x) * sin
-
-
 class Rotation:
-    """RoPE at one forward's positions, prepared once for all its layers: cos, and sin with
-    the sign of ``rotate_half`` folded in, both shaped for [B, heads, S, D]; a rotation is
-    then four operations (``apply_rope`` takes nine), with the same bits."""
+    """RoPE at one forward's positions, prepared once for all its layers: rope = (cos, sin)
+    [B, S, D] from the model's rotary embedding; cos, and sin with the sign of the
+    half-rotation folded in, are kept shaped for [B, heads, S, D], so that rotating
+    x [B, heads, S, D] is four operations (the textbook form, x * cos + cat(-x2, x1) * sin,
+    takes nine and gives the same bits)."""
 
     def __init__(self, rope: tuple[torch.Tensor, torch.Tensor]):
         cos, sin = rope

@@ -15,6 +15,7 @@ no compiler, or ``AUTOTUNE_SMALL_GEMM=0``, the engine keeps torch's kernels.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import os
@@ -25,7 +26,7 @@ from typing import Any
 
 import torch
 
-from autotune.engine.machine import machine_key
+from autotune.hardware import machine_key
 
 SOURCE = Path(__file__).with_name("small_gemm.cpp")
 SWITCH_ENV = "AUTOTUNE_SMALL_GEMM"  # "0": never built or used
@@ -55,6 +56,7 @@ def product(x2d: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return _module.small_linear(x2d, weight if weight.is_contiguous() else weight.contiguous())
 
 
+@functools.cache
 def _name() -> str:
     """One build per source, compiler target and torch: ``-march=native`` code runs only
     on the CPU it was built for."""

@@ -106,7 +106,7 @@ def cross_attention(
     keys/values [B, kv_heads, T, D] (keys rotated at their positions); the query is
     rotated at its own position by ``rope``, the target's rotary embedding."""
     dim = attention.head_dim
-    query = layers.apply_rope(layers.heads_of(layers.linear(x, attention.q_proj), dim), rope)
+    query = layers.Rotation(rope)(layers.heads_of(layers.linear(x, attention.q_proj), dim))
     out = layers.attend(query, keys, values, mask, dim**-0.5)
     return layers.linear(out, attention.o_proj)
 
