@@ -187,3 +187,8 @@ def test_a_reused_weight_id_does_not_take_another_shapes_choice():
     # as if a freed (8, 4) weight had held this id and been recorded as taking F.linear
     table._by_weight[id(weight)] = ((8, 4), torch.float32, kernels._LINEAR)
     assert table.kernel(weight, 3) == kernels.TRANSPOSED
+
+
+def test_the_kernel_is_built_under_torch_extensions_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert small_gemm._folder().parent == tmp_path

@@ -69,7 +69,9 @@ def _name() -> str:
 def _folder() -> Path:
     from torch.utils.cpp_extension import get_default_build_root
 
-    return Path(get_default_build_root()) / _name()
+    # torch's own builds honour $TORCH_EXTENSIONS_DIR, but get_default_build_root does not
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    return Path(root) / _name()
 
 
 def _built_file() -> Path:
