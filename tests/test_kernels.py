@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autotune.engine import kernels, layers, small_gemm
+from autotune.engine import kernels, layers, native
 
 
 def timer_preferring_transposed_from(rows_at_least: int):
@@ -65,7 +65,7 @@ def test_an_unreadable_record_is_measured_again(tmp_path):
 @pytest.mark.parametrize("rows", [1, 2, 3, 8, 9, 17, 64, 65])
 @pytest.mark.parametrize("kernel", [kernels.LINEAR, kernels.TRANSPOSED, kernels.SMALL])
 def test_every_product_equals_torch_linear(monkeypatch, rows, kernel):
-    if kernel == kernels.SMALL and not small_gemm.available():
+    if kernel == kernels.SMALL and not native.available():
         pytest.skip("the engine's own kernel could not be built here (no C++ compiler?)")
     torch.manual_seed(rows)
     module = torch.nn.Linear(40, 50)  # neither a multiple of the kernel's 16 lanes
@@ -107,7 +107,7 @@ def test_read_only_reaches_the_table_and_its_workers_and_is_undone():
 def test_the_small_kernel_is_kept_when_nearly_fastest():
     """Within SMALL_KEPT_WITHIN of the fastest, the small kernel wins: a verify pass then
     scores every token exactly as a one-token step does."""
-    if not small_gemm.available():
+    if not native.available():
         pytest.skip("the engine's own kernel could not be built here (no C++ compiler?)")
 
     def timer(kernel: str, rows: int, run) -> float:
@@ -132,19 +132,19 @@ def test_a_record_of_another_format_is_measured_again(tmp_path):
     assert calls
 
 
-@pytest.mark.skipif(not small_gemm.available(), reason="no C++ compiler for the engine's kernel")
+@pytest.mark.skipif(not native.available(), reason="no C++ compiler for the engine's kernel")
 def test_the_small_kernel_gives_a_row_the_same_bits_in_any_batch():
     """What makes it lossless-friendly: row i of an M-row product is bit for bit the
     one-row product of row i, for every M the engine verifies (1..64)."""
     torch.manual_seed(0)
     weight = torch.randn(70, 75)
     x = torch.randn(64, 75)
-    alone = torch.cat([small_gemm.product(x[i : i + 1], weight) for i in range(64)])
+    alone = torch.cat([native.product(x[i : i + 1], weight) for i in range(64)])
     for rows in (2, 5, 8, 9, 16, 33, 64):
-        assert torch.equal(small_gemm.product(x[:rows], weight), alone[:rows])
+        assert torch.equal(native.product(x[:rows], weight), alone[:rows])
 
 
-@pytest.mark.skipif(not small_gemm.available(), reason="no C++ compiler for the engine's kernel")
+@pytest.mark.skipif(not native.available(), reason="no C++ compiler for the engine's kernel")
 def test_the_small_kernel_counts_subnormal_inputs_as_zero():
     """Subnormal activations made one verify pass 60x slower; they count as zero (as in
     torch's own kernels), and the product stays right for the normal part."""
@@ -152,15 +152,15 @@ def test_the_small_kernel_counts_subnormal_inputs_as_zero():
     x = torch.randn(4, 48)
     x[:, ::2] = 1e-41  # subnormal in float32
     expected = F.linear(torch.where(x.abs() < 1e-38, torch.zeros_like(x), x), weight)
-    torch.testing.assert_close(small_gemm.product(x, weight), expected)
+    torch.testing.assert_close(native.product(x, weight), expected)
 
 
 def test_without_the_engines_kernel_the_table_chooses_among_torchs(monkeypatch):
-    """No compiler, or AUTOTUNE_SMALL_GEMM=0: the engine's kernel is never timed nor used,
+    """No compiler, or AUTOTUNE_NATIVE=0: the engine's kernel is never timed nor used,
     and a recorded choice of it reads as F.linear."""
-    monkeypatch.setattr(small_gemm, "_module", None)
-    monkeypatch.setattr(small_gemm, "_tried", False)
-    monkeypatch.setenv(small_gemm.SWITCH_ENV, "0")
+    monkeypatch.setattr(native, "_module", None)
+    monkeypatch.setattr(native, "_tried", False)
+    monkeypatch.setenv(native.SWITCH_ENV, "0")
     timed = set()
 
     def timer(kernel: str, rows: int, run) -> float:
@@ -191,4 +191,4 @@ def test_a_reused_weight_id_does_not_take_another_shapes_choice():
 
 def test_the_kernel_is_built_under_torch_extensions_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    assert small_gemm._folder().parent == tmp_path
+    assert native._folder().parent == tmp_path

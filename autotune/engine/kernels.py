@@ -4,7 +4,7 @@ A decode or verify step multiplies 1 to a few dozen rows by every weight. Which 
 fastest for that depends on the CPU, the torch build, the thread count, the weight's shape
 and the row count: ``x @ W.T`` (``F.linear``, a matrix-vector kernel for one row),
 ``W @ x.T`` (the multithreaded GEMM, given at least two columns) and, in float32 where it
-could be built, the engine's own ``small`` kernel (``engine.small_gemm``). Measured on two
+could be built, the engine's own ``small`` kernel (``engine.native``). Measured on two
 2-core machines of this project: one ran a SmolLM2-135M one-token forward in 33 ms by
 ``W @ x.T`` (``F.linear`` was single-threaded there); another in 30 ms by ``F.linear`` and
 64 ms by ``W @ x.T``. So the choice is measured, per weight shape and row count, once per
@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from autotune.engine import small_gemm
+from autotune.engine import native
 from autotune.hardware import machine_key
 
 # Row counts that are measured; a count between two takes the larger one's choice.
@@ -98,7 +98,7 @@ class KernelTable:
         if known is not None and known[0] == weight.shape and known[1] == weight.dtype:
             return known[2][_ROW_INDEX[rows]]
         choices = self.measure([weight]).get(_shape(weight), _LINEAR)
-        if SMALL in choices and not small_gemm.available(build=self._timing):
+        if SMALL in choices and not native.available(build=self._timing):
             choices = tuple(LINEAR if c == SMALL else c for c in choices)
         self._by_weight[id(weight)] = (tuple(weight.shape), weight.dtype, choices)
         return choices[_ROW_INDEX[rows]]
@@ -125,8 +125,8 @@ class KernelTable:
         copies = [weight.detach().clone() for _ in range(count - 1)]
         pool = [weight.detach(), *copies]
         products: dict[str, Callable] = {LINEAR: F.linear, TRANSPOSED: transposed_product}
-        if weight.dtype == torch.float32 and small_gemm.available():
-            products[SMALL] = small_gemm.product
+        if weight.dtype == torch.float32 and native.available():
+            products[SMALL] = native.product
         choices = []
         with torch.inference_mode():
             for rows in ROWS:

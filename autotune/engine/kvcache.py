@@ -51,12 +51,16 @@ class KVCache:
         """
         start = self.lengths[layer_idx]
         end = start + key.shape[2]
-        if end > self.keys[layer_idx].shape[2]:
-            self._grow(layer_idx, end)
+        self.reserve(layer_idx, end)
         self.keys[layer_idx][:, :, start:end] = key
         self.values[layer_idx][:, :, start:end] = value
         self.lengths[layer_idx] = end
         return self.keys[layer_idx][:, :, :end], self.values[layer_idx][:, :, :end]
+
+    def reserve(self, layer: int, length: int) -> None:
+        """Make room for ``length`` tokens in ``layer`` (keeping its contents)."""
+        if length > self.keys[layer].shape[2]:
+            self._grow(layer, length)
 
     def _grow(self, layer: int, needed: int) -> None:
         new_cap = needed + _GROWTH

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from autotune.engine import kernels, small_gemm
+from autotune.engine import kernels, native
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -47,7 +47,7 @@ def linear(x: torch.Tensor, module: torch.nn.Linear) -> torch.Tensor:
         return F.linear(x, module.weight, module.bias)
     flat = x.reshape(rows, x.shape[-1])
     if kernel == kernels.SMALL:
-        out = small_gemm.product(flat, module.weight)
+        out = native.product(flat, module.weight)
     else:
         out = kernels.transposed_product(flat, module.weight)
     if module.bias is not None:
@@ -124,22 +124,28 @@ class Fused:
     makes one call where it made two or three."""
 
     def __init__(self, modules: list[torch.nn.Linear]):
+        self.modules = modules
         self.sizes = [m.weight.shape[0] for m in modules]
-        self.weight = torch.cat([m.weight.detach() for m in modules])
         biases = [m.bias for m in modules]
         self.bias = (
             None
             if all(b is None for b in biases)
             else torch.cat(
                 [
-                    b.detach() if b is not None else self.weight.new_zeros(size)
+                    b.detach() if b is not None else modules[0].weight.new_zeros(size)
                     for b, size in zip(biases, self.sizes)
                 ]
             )
         )
+        self.move(torch.cat([m.weight.detach() for m in modules]))
+
+    def move(self, weight: torch.Tensor) -> None:
+        """Hold the fused weight in ``weight`` (the same values elsewhere in memory), the
+        modules' weights its row slices."""
+        self.weight = weight
         offset = 0
-        for module, size in zip(modules, self.sizes):
-            module.weight.data = self.weight[offset : offset + size]
+        for module, size in zip(self.modules, self.sizes):
+            module.weight.data = weight[offset : offset + size]
             offset += size
 
     @classmethod

@@ -17,6 +17,7 @@ import torch
 from autotune.engine import kernels, layers
 from autotune.engine.kvcache import KVCache
 from autotune.engine.skip import NO_SKIP, SkipMask
+from autotune.engine.stack import NativeStack
 
 # Maps the final-normed hidden states [S, H] to more rows [R, H] for the lm_head product.
 ExtraRows = Callable[[torch.Tensor], torch.Tensor]
@@ -32,10 +33,12 @@ class ForwardOutput:
 class Runner:
     """Wraps a LLaMA-family ``*ForCausalLM`` (LLaMA, Vicuna, Mistral, Qwen2 blocks)."""
 
-    def __init__(self, model: Any, product: layers.Product = layers.linear):
+    def __init__(self, model: Any, product: layers.Product = layers.linear, native: bool = True):
         """``model``: a transformers ``*ForCausalLM`` (typed ``Any``: its submodules are
         named by convention). ``product``: how weights are multiplied
-        (``layers.plain_linear`` to compare with torch's own kernels)."""
+        (``layers.plain_linear`` to compare with torch's own kernels). ``native``: run the
+        layers in the engine's C++ code where it applies (``engine.stack``); False keeps
+        the Python layers (``engine.layers``), which compute the same thing."""
         self.model = model.eval()
         self.product = product
         self.config = model.config
@@ -66,6 +69,7 @@ class Runner:
                 [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
                 + [f.weight for pair in self.fused for f in pair]
             )
+        self.stack = NativeStack.of(self) if native else None
 
     def new_cache(self, capacity: int = 512) -> KVCache:
         return KVCache.for_config(self.config, self.num_layers, self.dtype, self.device, capacity)
@@ -97,7 +101,31 @@ class Runner:
         """
         seq = tokens.shape[0]
         hidden = self.embed(tokens.view(1, seq))
-        rope = layers.Rotation(self.rotary(hidden, positions.view(1, seq)))
+        rope = self.rotary(hidden, positions.view(1, seq))
+        if self.stack is not None:
+            hidden = hidden[0]
+            self.stack.run(hidden, rope, cache, mask, skip)
+        else:
+            hidden = self._python_layers(hidden, layers.Rotation(rope), cache, mask, skip)[0]
+        normed = self.norm(hidden[-1:] if last_only else hidden)
+        if extra_rows is None:
+            return ForwardOutput(logits=self.logits(normed), hidden=hidden)
+        extra = extra_rows(normed)
+        logits = self.logits(torch.cat([normed, extra]))
+        return ForwardOutput(
+            logits=logits[: len(normed)], hidden=hidden, extra_logits=logits[len(normed) :]
+        )
+
+    def _python_layers(
+        self,
+        hidden: torch.Tensor,
+        rope: layers.Rotation,
+        cache: KVCache,
+        mask: torch.Tensor | None,
+        skip: SkipMask,
+    ) -> torch.Tensor:
+        """The decoder layers over ``hidden`` [1, S, H], written out in torch operations."""
+        seq = hidden.shape[1]
         masks: dict[int, torch.Tensor | None] = {}
         for index, layer in enumerate(self.layers):
             if index not in skip.attention:
@@ -121,15 +149,7 @@ class Runner:
                     self.product,
                     gate_up=self.fused[index][1],
                 )
-        hidden = hidden[0]
-        normed = self.norm(hidden[-1:] if last_only else hidden)
-        if extra_rows is None:
-            return ForwardOutput(logits=self.logits(normed), hidden=hidden)
-        extra = extra_rows(normed)
-        logits = self.logits(torch.cat([normed, extra]))
-        return ForwardOutput(
-            logits=logits[: len(normed)], hidden=hidden, extra_logits=logits[len(normed) :]
-        )
+        return hidden
 
 
 def visibility(mask: torch.Tensor | None, prefix: int, seq: int, device) -> torch.Tensor | None:

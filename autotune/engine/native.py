@@ -1,15 +1,18 @@
-"""The engine's own float32 product for a few rows (``small_gemm.cpp``), built for this CPU.
+"""The engine's C++ code, built for this CPU: a float32 product for a few rows
+(``small_gemm.cpp``) and the decoder layers of a LLaMA-family model (``decoder.cpp``).
 
 torch's CPU kernels are near the memory floor for one row, but from about 3 rows on they
 re-pack the weight on every call: on a 2-core Xeon, SmolLM2-135M's products over 8 rows
 took 45 ms where one row took 21 ms (the weights alone stream in 21 ms). The kernel here
 reads each weight once per call for up to 64 rows (8 rows: 26 ms on that machine), and a
-row's result does not depend on how many rows share the call.
+row's result does not depend on how many rows share the call. The decoder layers run
+between those products without the per-operation overhead of ~35 torch calls a layer.
 
-It is compiled once per machine with the C++ compiler torch's extensions use (about 20 s),
+It is compiled once per machine with the C++ compiler torch's extensions use (about 30 s),
 into torch's extension folder (``$TORCH_EXTENSIONS_DIR``, by default
 ``~/.cache/torch_extensions``), which every autotune process and trial worker shares. With
-no compiler, or ``AUTOTUNE_SMALL_GEMM=0``, the engine keeps torch's kernels.
+no compiler, or ``AUTOTUNE_NATIVE=0``, the engine keeps torch's kernels and its Python
+layers.
 """
 
 from __future__ import annotations
@@ -28,8 +31,12 @@ import torch
 
 from autotune.hardware import machine_key
 
-SOURCE = Path(__file__).with_name("small_gemm.cpp")
-SWITCH_ENV = "AUTOTUNE_SMALL_GEMM"  # "0": never built or used
+_HERE = Path(__file__).parent
+SOURCES = tuple(
+    _HERE / name for name in ("small_gemm.cpp", "decoder.cpp", "huge_pages.cpp", "bindings.cpp")
+)
+HEADERS = (_HERE / "native.h",)
+SWITCH_ENV = "AUTOTUNE_NATIVE"  # "0": never built or used
 
 _module: Any = None
 _tried = False
@@ -56,14 +63,26 @@ def product(x2d: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return _module.small_linear(x2d, weight if weight.is_contiguous() else weight.contiguous())
 
 
+def huge_page_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of contiguous CPU tensors in one block of memory asked to be backed by 2 MiB
+    pages (``huge_pages.cpp``)."""
+    return _module.huge_page_copies(tensors)
+
+
+def decoder_stack(
+    weights: list[torch.Tensor], q_heads: int, kv_heads: int, head_dim: int, eps: float
+) -> Any:
+    """The C++ ``DecoderStack`` over these weights (seven a layer, see ``engine.stack``)."""
+    return _module.DecoderStack(weights, q_heads, kv_heads, head_dim, eps)
+
+
 @functools.cache
 def _name() -> str:
     """One build per source, compiler target and torch: ``-march=native`` code runs only
     on the CPU it was built for."""
-    key = {**machine_key(), "threads": None, "source": SOURCE.read_text()}
-    return (
-        "autotune_small_gemm_" + hashlib.sha256(repr(sorted(key.items())).encode()).hexdigest()[:12]
-    )
+    code = "".join(path.read_text() for path in (*SOURCES, *HEADERS))
+    key = {**machine_key(), "threads": None, "source": code}
+    return "autotune_native_" + hashlib.sha256(repr(sorted(key.items())).encode()).hexdigest()[:12]
 
 
 def _folder() -> Path:
@@ -90,7 +109,7 @@ def _load() -> Any:
     if shutil.which("ninja") is None and here not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
     if not _built_file().is_file():
-        say("[dim]building the engine's small-batch kernel for this CPU (once, about 20 s)[/dim]")
+        say("[dim]building the engine's C++ code for this CPU (once, about 30 s)[/dim]")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         # the compiler's own output is not the user's business; a failure means torch's
@@ -98,8 +117,8 @@ def _load() -> Any:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             return load(
                 name=_name(),
-                sources=[str(SOURCE)],
-                extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                sources=[str(path) for path in SOURCES],
+                extra_cflags=["-O3", "-march=native", "-fopenmp", f"-I{_HERE}"],
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(folder),
                 verbose=False,
