@@ -54,7 +54,7 @@ def main() -> int:
     args = parser.parse_args()
 
     profile = read_profile(Path(args.profile))
-    block = getattr(profile.methods, args.drafter)
+    block = profile.block(args.drafter)
     if block is None or block.cape is None:
         raise SystemExit(
             f"{args.profile} has no fitted cape block for {args.drafter}: run "

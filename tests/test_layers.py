@@ -46,6 +46,8 @@ LAYERS: list[tuple[str, ...]] = [
         "autotune.methods.base",
         "autotune.methods.spaces",
         "autotune.profile.blocks",
+        "autotune.export.base",
+        "autotune.export.engines",
         "autotune.methods.__init__",
     ),
     ("autotune.profile", "autotune.export"),

@@ -9,7 +9,7 @@ exported text).
 from __future__ import annotations
 
 from autotune.errors import AutotuneError
-from autotune.export.base import Export, Exporter
+from autotune.export.base import Deployment, Export, Exporter
 from autotune.export.engines import ENGINES
 from autotune.methods import registry
 from autotune.profile.schema import ProfileBase
@@ -41,14 +41,14 @@ def export_profile(
     name, choice_warnings = choose_method(profile, engine, method)
     if not force:
         guard(profile, name)
-    problems = registry.method(name).problems(getattr(profile.methods, name), profile.model)
+    problems = registry.method(name).problems(profile.block(name), profile.model)
     if problems:
         raise AutotuneError(
             f"the profile's {name} settings do not fit its model: " + "; ".join(problems)
         )
     exporter = exporter_for(name, engine)
     assert exporter is not None  # choose_method checked it
-    rendered = exporter.render(profile, name)
+    rendered = exporter.render(Deployment.of(profile, name))
     # a switch of method is said on stderr; the file itself says which method it holds
     warnings = tuple(choice_warnings + rendered.warnings)
     return Export(
@@ -74,7 +74,7 @@ def guard(profile: ProfileBase, name: str) -> None:
             f"the profile recommends {profile.recommended}, not {name}{reason}; "
             f"to export {name} anyway, pass --force"
         )
-    measured = getattr(profile.methods, name).measured
+    measured = profile.block(name).measured
     if measured is None:
         raise AutotuneError(
             f"{name} was never measured: run `autotune profile` again, or pass --force"

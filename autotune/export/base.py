@@ -16,10 +16,30 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from autotune.profile.schema import ProfileBase
+from autotune.profile.blocks import HardwareInfo, MethodSettings, ModelInfo
 
 JSON_META_KEY = "_autotune"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What an exporter is given: one method's block of a profile and the facts about the
+    model and the hardware it was measured for (not the whole profile)."""
+
+    method: str  # the method's registered name
+    settings: Any  # its settings block (each method's own model, a ``MethodSettings``)
+    model: ModelInfo
+    hardware: HardwareInfo
+
+    @classmethod
+    def of(cls, profile: Any, method: str) -> Deployment:
+        """``method``'s deployment from a profile (``ProfileBase``)."""
+        settings: MethodSettings | None = profile.block(method)
+        if settings is None:
+            raise ValueError(f"the profile has no {method} settings")
+        return cls(method, settings, profile.model, profile.hardware)
 
 
 @dataclass(frozen=True)
@@ -49,7 +69,7 @@ class Exporter:
     engine: str  # the engine's name on the command line: "trtllm"
     engine_version: str  # the release(s) whose field names this follows
     filename: str  # a suggested file name
-    render: Callable[[ProfileBase, str], Rendered]  # (profile, method name) -> file
+    render: Callable[[Deployment], Rendered]
 
     @property
     def title(self) -> str:
@@ -58,17 +78,16 @@ class Exporter:
         return ENGINES[self.engine]
 
 
-def provenance(profile: ProfileBase, method: str) -> list[str]:
+def provenance(d: Deployment) -> list[str]:
     """Where the settings come from, in a few lines for the top of the file."""
-    block = getattr(profile.methods, method)
-    measured = block.measured
-    model = profile.model
+    measured = d.settings.measured
+    model = d.model
     lossless = {True: "lossless", False: "NOT lossless", None: "lossless not checked"}
     return [
         f"model: {model.name} ({model.architecture}, {model.num_layers} layers, "
         f"fingerprint {model.fingerprint})",
-        f"method: {method}; measured by autotune on {profile.hardware.device} "
-        f"({profile.hardware.device_name}): {measured.speedup:.3f}x plain greedy, "
+        f"method: {d.method}; measured by autotune on {d.hardware.device} "
+        f"({d.hardware.device_name}): {measured.speedup:.3f}x plain greedy, "
         f"{measured.tokens_per_step:.2f} tokens/step, {lossless[measured.lossless]}, "
         f"{measured.prompts} held-back prompts",
     ]
@@ -81,15 +100,14 @@ def speedup_text(block) -> str:
 
 def comment_lines(
     exporter: Exporter,
-    profile: ProfileBase,
-    method: str,
+    d: Deployment,
     warnings: list[str],
     notes: Sequence[str] = (),
 ) -> list[str]:
     """The ``#`` header of a YAML or flag file: target, provenance, warnings, notes."""
     lines = [
         f"autotune export for {exporter.title}; targets {exporter.engine_version}",
-        *provenance(profile, method),
+        *provenance(d),
     ]
     lines += [f"warning: {w}" for w in warnings]
     lines += [f"note: {n}" for n in notes]
@@ -98,8 +116,7 @@ def comment_lines(
 
 def json_meta(
     exporter: Exporter,
-    profile: ProfileBase,
-    method: str,
+    d: Deployment,
     warnings: list[str],
     notes: Sequence[str] = (),
 ) -> dict:
@@ -107,7 +124,7 @@ def json_meta(
     return {
         "exported_for": exporter.title,
         "engine_version": exporter.engine_version,
-        "provenance": provenance(profile, method),
+        "provenance": provenance(d),
         "warnings": list(warnings),
         "notes": list(notes),
     }
@@ -127,8 +144,7 @@ def cape_warning(title: str, cape) -> list[str]:
 
 def speculative_config(
     exporter: Exporter,
-    profile: ProfileBase,
-    method: str,
+    d: Deployment,
     config: dict,
     warnings: list[str],
     notes: list[str],
@@ -136,7 +152,7 @@ def speculative_config(
 ) -> Rendered:
     """A ``speculative_config:`` YAML file (vLLM, TensorRT-LLM) under its ``#`` header;
     ``command_line``: the same dict as one-line JSON in a comment, for a flag."""
-    lines = comment_lines(exporter, profile, method, warnings, notes)
+    lines = comment_lines(exporter, d, warnings, notes)
     if command_line:
         lines.append(f"# command line: --speculative-config '{json.dumps(config)}'")
     lines += yaml_lines({"speculative_config": config})

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import BaseModel
 
 from autotune.errors import AutotuneError
+from autotune.export.base import Exporter
 
 if TYPE_CHECKING:
     from autotune.budget import Budget
     from autotune.engine.proposal import ChainDrafter, Drafter
     from autotune.engine.runner import Runner
-    from autotune.export.base import Exporter
     from autotune.measure.timing import Measurement, Variant
     from autotune.models.ref import TargetRef
     from autotune.plan import Bound

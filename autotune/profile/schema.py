@@ -41,6 +41,11 @@ class ProfileBase(Block):
         """The methods this profile holds, by name."""
         return {name: block for name, block in self.methods if block is not None}
 
+    def block(self, method: str) -> Any:
+        """The settings block of ``method`` (a registered name), or None when the profile
+        has none. Typed ``Any``: each method's block is its own settings model."""
+        return getattr(self.methods, method, None)
+
 
 _BUILT: dict[int, type[ProfileBase]] = {}
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from autotune.engine.tree import chain_tree, check_tree
 from autotune.export.base import (
+    Deployment,
     Exporter,
     Flow,
     Rendered,
@@ -38,12 +39,11 @@ from autotune.export.choices import (
     tree_depth,
 )
 from autotune.methods.eagle.settings import DynamicEagleTree, EagleSettings
-from autotune.profile.schema import ProfileBase
 
 
-def render_vllm(profile: ProfileBase, method: str) -> Rendered:
-    config, warnings, notes = _vllm_config(getattr(profile.methods, method))
-    return speculative_config(VLLM, profile, method, config, warnings, notes, command_line=True)
+def render_vllm(d: Deployment) -> Rendered:
+    config, warnings, notes = _vllm_config(d.settings)
+    return speculative_config(VLLM, d, config, warnings, notes, command_line=True)
 
 
 def _vllm_config(eagle: EagleSettings) -> tuple[dict, list[str], list[str]]:
@@ -96,8 +96,8 @@ def _static_tree(eagle: EagleSettings, warnings: list[str]) -> list[tuple[int, .
     return chain_tree(length)
 
 
-def render_sglang(profile: ProfileBase, method: str) -> Rendered:
-    eagle: EagleSettings = getattr(profile.methods, method)
+def render_sglang(d: Deployment) -> Rendered:
+    eagle: EagleSettings = d.settings
     warnings: list[str] = []
     steps, topk, draft_tokens = _tree_flags(eagle, warnings)
     if eagle.draft_vocab:
@@ -118,8 +118,7 @@ def render_sglang(profile: ProfileBase, method: str) -> Rendered:
     ]
     lines = comment_lines(
         SGLANG,
-        profile,
-        method,
+        d,
         warnings,
         ["append these flags to: python -m sglang.launch_server --model-path MODEL"],
     )
@@ -152,9 +151,9 @@ def _quote(value) -> str:
     return shlex.quote(str(value))
 
 
-def render_trtllm(profile: ProfileBase, method: str) -> Rendered:
-    config, warnings, notes = _trtllm_config(getattr(profile.methods, method))
-    return speculative_config(TRTLLM, profile, method, config, warnings, notes)
+def render_trtllm(d: Deployment) -> Rendered:
+    config, warnings, notes = _trtllm_config(d.settings)
+    return speculative_config(TRTLLM, d, config, warnings, notes)
 
 
 def _trtllm_config(eagle: EagleSettings) -> tuple[dict, list[str], list[str]]:

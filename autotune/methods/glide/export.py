@@ -20,11 +20,10 @@ import sys
 from pathlib import Path
 
 from autotune.errors import AutotuneError
-from autotune.export.base import Exporter, Rendered, json_text, provenance
+from autotune.export.base import Deployment, Exporter, Rendered, json_text, provenance
 from autotune.export.engines import ENGINES
 from autotune.files import write_atomic
 from autotune.methods.glide.settings import GlideSettings
-from autotune.profile.schema import ProfileBase
 
 ENGINE = "glide-ref"
 TITLE = "the GLIDE reference code"
@@ -138,10 +137,10 @@ def _layout_warnings(record: dict | None) -> list[str]:
     return out
 
 
-def render_reference(profile: ProfileBase, method: str, base_dir: Path | None = None) -> Rendered:
-    block: GlideSettings = getattr(profile.methods, method)
+def render_reference(d: Deployment, base_dir: Path | None = None) -> Rendered:
+    block: GlideSettings = d.settings
     config, warnings, notes = reference_config(block, base_dir)
-    measured = provenance(profile, method) if block.measured is not None else []
+    measured = provenance(d) if block.measured is not None else []
     meta = {
         "exported_for": TITLE,
         "engine_version": VERSION,
@@ -177,12 +176,12 @@ def write_reference(profile_path: str | Path, out: str | Path | None = None) -> 
 
     path = Path(profile_path).expanduser()
     profile = read_profile(path)
-    if getattr(profile.methods, "glide", None) is None:
+    if profile.block("glide") is None:
         raise AutotuneError(
             f"{path} has no glide method: profile it with `autotune profile --methods "
             "glide --heads glide=DIR`"
         )
-    rendered = render_reference(profile, "glide", path.resolve().parent)
+    rendered = render_reference(Deployment.of(profile, "glide"), path.resolve().parent)
     if out is None:
         sys.stdout.write(rendered.text)
     else:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from autotune.engine.tree import check_tree
 from autotune.export.base import (
+    Deployment,
     Exporter,
     Flow,
     Rendered,
@@ -22,12 +23,11 @@ from autotune.export.base import (
 )
 from autotune.export.choices import format_choices, is_chain
 from autotune.methods.medusa.settings import MedusaSettings
-from autotune.profile.schema import ProfileBase
 
 
-def render_vllm(profile: ProfileBase, method: str) -> Rendered:
-    config, warnings, notes = _vllm_config(getattr(profile.methods, method))
-    return speculative_config(VLLM, profile, method, config, warnings, notes, command_line=True)
+def render_vllm(d: Deployment) -> Rendered:
+    config, warnings, notes = _vllm_config(d.settings)
+    return speculative_config(VLLM, d, config, warnings, notes, command_line=True)
 
 
 def _vllm_config(medusa: MedusaSettings) -> tuple[dict, list[str], list[str]]:
@@ -56,9 +56,9 @@ def _vllm_config(medusa: MedusaSettings) -> tuple[dict, list[str], list[str]]:
     return config, warnings, notes
 
 
-def render_trtllm(profile: ProfileBase, method: str) -> Rendered:
-    config, warnings, notes = _trtllm_config(getattr(profile.methods, method))
-    return speculative_config(TRTLLM, profile, method, config, warnings, notes)
+def render_trtllm(d: Deployment) -> Rendered:
+    config, warnings, notes = _trtllm_config(d.settings)
+    return speculative_config(TRTLLM, d, config, warnings, notes)
 
 
 def _trtllm_config(medusa: MedusaSettings) -> tuple[dict, list[str], list[str]]:

@@ -32,6 +32,7 @@ from autotune.drafters.ngram import LookupConfig
 from autotune.drafters.suffix import SuffixConfig
 from autotune.export.base import (
     JSON_META_KEY,
+    Deployment,
     Exporter,
     Rendered,
     comment_lines,
@@ -40,11 +41,6 @@ from autotune.export.base import (
     speculative_config,
 )
 from autotune.methods.ngram.settings import Config, NgramSettings, describe
-from autotune.profile.schema import ProfileBase
-
-
-def _spec(profile: ProfileBase, method: str) -> NgramSettings:
-    return getattr(profile.methods, method)
 
 
 def per_category_warning(title: str, spec: NgramSettings) -> list[str]:
@@ -93,15 +89,15 @@ def chain_length(config: Config) -> int:
 # --- vLLM ----------------------------------------------------------------------------------
 
 
-def render_vllm(profile: ProfileBase, method: str) -> Rendered:
-    spec = _spec(profile, method)
+def render_vllm(d: Deployment) -> Rendered:
+    spec = d.settings
     config = spec.config()
     if isinstance(config, SuffixConfig):
         body, warnings, notes = _vllm_suffix(config)
     else:
         body, warnings, notes = _vllm_ngram(config)
     warnings += per_category_warning("vLLM", spec)
-    return speculative_config(VLLM, profile, method, body, warnings, notes, command_line=True)
+    return speculative_config(VLLM, d, body, warnings, notes, command_line=True)
 
 
 def _vllm_ngram(config: LookupConfig) -> tuple[dict, list[str], list[str]]:
@@ -154,8 +150,8 @@ def _no_match_note(title: str) -> str:
 # --- SGLang --------------------------------------------------------------------------------
 
 
-def render_sglang(profile: ProfileBase, method: str) -> Rendered:
-    spec = _spec(profile, method)
+def render_sglang(d: Deployment) -> Rendered:
+    spec = d.settings
     config = spec.config()
     if isinstance(config, LookupConfig):
         breadth, match_type = config.candidates, "BFS"
@@ -192,7 +188,7 @@ def render_sglang(profile: ProfileBase, method: str) -> Rendered:
         "later releases renamed --speculative-ngram-branch-length to "
         "--speculative-ngram-max-trie-depth",
     ]
-    lines = comment_lines(SGLANG, profile, method, warnings, notes)
+    lines = comment_lines(SGLANG, d, warnings, notes)
     body = [f"{flag} {shlex.quote(str(value))}" for flag, value in flags]
     lines += [line + " \\" for line in body[:-1]] + body[-1:]
     return Rendered("\n".join(lines) + "\n", warnings)
@@ -209,8 +205,8 @@ def hf_settings(config: Config) -> dict:
     }
 
 
-def render_hf(profile: ProfileBase, method: str) -> Rendered:
-    spec = _spec(profile, method)
+def render_hf(d: Deployment) -> Rendered:
+    spec = d.settings
     config = spec.config()
     length = chain_length(config)
     warnings = suffix_warning(
@@ -239,7 +235,7 @@ def render_hf(profile: ProfileBase, method: str) -> Rendered:
     ]
     fragment = {
         **hf_settings(config),
-        JSON_META_KEY: json_meta(HF, profile, method, warnings, notes),
+        JSON_META_KEY: json_meta(HF, d, warnings, notes),
     }
     return Rendered(json_text(fragment), warnings)
 
@@ -250,8 +246,8 @@ SHARED_FLAGS = ("--spec-ngram-size-n", "--spec-ngram-size-m")
 PER_TYPE_FLAGS = ("--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m")
 
 
-def render_llamacpp(profile: ProfileBase, method: str) -> Rendered:
-    spec = _spec(profile, method)
+def render_llamacpp(d: Deployment) -> Rendered:
+    spec = d.settings
     config = spec.config()
     size_n, size_m = config.max_match, chain_length(config)
     warnings = suffix_warning(
@@ -270,7 +266,7 @@ def render_llamacpp(profile: ProfileBase, method: str) -> Rendered:
             "earliest one, so its drafts differ where a match recurs"
         )
     warnings += per_category_warning("llama.cpp", spec)
-    lines = comment_lines(LLAMACPP, profile, method, warnings, [_no_match_note("llama.cpp")])
+    lines = comment_lines(LLAMACPP, d, warnings, [_no_match_note("llama.cpp")])
     lines.append("# builds with the shared n-gram flags (docs/speculative.md at 067318e):")
     lines.append(
         f"--spec-type ngram-simple {SHARED_FLAGS[0]} {size_n} {SHARED_FLAGS[1]} {size_m} "
@@ -286,8 +282,8 @@ def render_llamacpp(profile: ProfileBase, method: str) -> Rendered:
 # --- TensorRT-LLM --------------------------------------------------------------------------
 
 
-def render_trtllm(profile: ProfileBase, method: str) -> Rendered:
-    spec = _spec(profile, method)
+def render_trtllm(d: Deployment) -> Rendered:
+    spec = d.settings
     config = spec.config()
     length = chain_length(config)
     prefer_first = not isinstance(config, LookupConfig) or config.prefer == "first"
@@ -316,7 +312,7 @@ def render_trtllm(profile: ProfileBase, method: str) -> Rendered:
         "shares one pool across requests",
         "the PyTorch backend serves NGram; pass this file with --extra_llm_api_options",
     ]
-    return speculative_config(TRTLLM, profile, method, body, warnings, notes)
+    return speculative_config(TRTLLM, d, body, warnings, notes)
 
 
 VLLM = Exporter(

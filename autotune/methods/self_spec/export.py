@@ -34,6 +34,7 @@ import json
 from autotune.engine.skip import SkipMask
 from autotune.export.base import (
     JSON_META_KEY,
+    Deployment,
     Exporter,
     Rendered,
     cape_warning,
@@ -43,7 +44,6 @@ from autotune.export.base import (
     speedup_text,
 )
 from autotune.methods.self_spec.settings import SelfSpecSettings
-from autotune.profile.schema import ProfileBase
 
 
 def early_exit_layer(skip: SkipMask, num_layers: int) -> tuple[int, bool]:
@@ -62,9 +62,9 @@ def early_exit_layer(skip: SkipMask, num_layers: int) -> tuple[int, bool]:
     return exit_layer, skip == SkipMask.of(tail, tail)
 
 
-def render_hf(profile: ProfileBase, method: str) -> Rendered:
-    spec: SelfSpecSettings = getattr(profile.methods, method)
-    num_layers = profile.model.num_layers
+def render_hf(d: Deployment) -> Rendered:
+    spec: SelfSpecSettings = d.settings
+    num_layers = d.model.num_layers
     skip = SkipMask.of(spec.skip.attention, spec.skip.mlp)
     exit_layer, exact = early_exit_layer(skip, num_layers)
     warnings = []
@@ -107,7 +107,7 @@ def render_hf(profile: ProfileBase, method: str) -> Rendered:
         "num_assistant_tokens": spec.draft.max_tokens,
         "num_assistant_tokens_schedule": "constant",
         "assistant_confidence_threshold": spec.draft.exit_threshold,
-        JSON_META_KEY: json_meta(HF, profile, method, warnings, notes),
+        JSON_META_KEY: json_meta(HF, d, warnings, notes),
     }
     return Rendered(json_text(fragment), warnings)
 
@@ -124,8 +124,8 @@ LEGACY = ("--draft-max", "--draft-min", "--draft-p-min")
 CURRENT = ("--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min")
 
 
-def render_llamacpp(profile: ProfileBase, method: str) -> Rendered:
-    spec: SelfSpecSettings = getattr(profile.methods, method)
+def render_llamacpp(d: Deployment) -> Rendered:
+    spec: SelfSpecSettings = d.settings
     warnings = [
         f"llama.cpp drafts with a separate draft model (-md) and cannot skip the target's own "
         f"sublayers: the skip mask (attention {spec.skip.attention}, mlp {spec.skip.mlp}) is "
@@ -142,7 +142,7 @@ def render_llamacpp(profile: ProfileBase, method: str) -> Rendered:
         )
     warnings += cape_warning("llama.cpp", spec.cape)
     values = (spec.draft.max_tokens, MIN_DRAFT, spec.draft.exit_threshold)
-    lines = comment_lines(LLAMACPP, profile, method, warnings)
+    lines = comment_lines(LLAMACPP, d, warnings)
     lines.append("# builds before the --spec-* names (llama-server, llama-speculative):")
     lines.append(flag_line(LEGACY, values))
     lines.append("# builds with --spec-type:")
@@ -166,8 +166,8 @@ def parse_flags(text: str) -> dict[str, dict[str, str]]:
     return out
 
 
-def render_dv(profile: ProfileBase, method: str) -> Rendered:
-    spec: SelfSpecSettings = getattr(profile.methods, method)
+def render_dv(d: Deployment) -> Rendered:
+    spec: SelfSpecSettings = d.settings
     skip = SkipMask.of(spec.skip.attention, spec.skip.mlp)
     warnings = cape_warning("Draft & Verify", spec.cape)
     adaptive = spec.draft.adaptive
@@ -190,9 +190,9 @@ def render_dv(profile: ProfileBase, method: str) -> Rendered:
         "Draft & Verify keeps the draft token whose confidence fell below th_stop_draft "
         "(autotune's drafter leaves it out), so its drafts run one token longer",
     ]
-    meta = json_meta(DV, profile, method, warnings, notes)
+    meta = json_meta(DV, d, warnings, notes)
     meta["generate_kwargs"] = kwargs
-    data = {profile.model.name: skip.as_dict(), JSON_META_KEY: meta}
+    data = {d.model.name: skip.as_dict(), JSON_META_KEY: meta}
     return Rendered(json_text(data), warnings)
 
 
