@@ -438,19 +438,28 @@ def export(
     """Write a profile's recommended settings in a serving engine's own format. What the
     engine cannot express is printed as a warning and kept as a comment in the output."""
     from autotune.export import export_profile
+    from autotune.export.base import about_path
     from autotune.files import check_writable, write_atomic
     from autotune.profile.io import read_profile
 
     result = export_profile(read_profile(profile_path), engine, method, force)
-    if out is not None:
-        check_writable(out)
+    about = about_path(out) if out is not None and result.about is not None else None
+    for path in (out, about):
+        if path is not None:
+            check_writable(path)
     for warning in result.warnings:
         typer.secho(f"warning: {warning}", fg="yellow", err=True)
     if out is None:
         typer.echo(result.text, nl=False)
         return
     write_atomic(out, result.text)
-    typer.echo(f"wrote {out} ({result.engine}, {result.method}; targets {result.engine_version})")
+    if about is not None and result.about is not None:
+        # the engine reads every key of the file: where it came from is said beside it
+        write_atomic(about, result.about)
+    also = f" and {about}" if about is not None else ""
+    typer.echo(
+        f"wrote {out}{also} ({result.engine}, {result.method}; targets {result.engine_version})"
+    )
 
 
 @models_app.command("list")

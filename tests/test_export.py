@@ -26,17 +26,14 @@ from autotune.errors import AutotuneError
 from autotune.export import ENGINES, export_profile
 from autotune.export.choices import (
     format_choices,
-    format_token_tree,
-    is_chain,
     max_branching,
     parse_choices,
-    parse_token_tree,
+    tree_depth,
 )
 from autotune.methods import registry
 from autotune.methods.eagle.settings import DynamicEagleTree, StaticEagleTree
 from autotune.methods.self_spec.export import (
     early_exit_layer,
-    generation_settings,
     parse_flags,
     parse_skip_layers,
 )
@@ -123,22 +120,23 @@ def sglang_flags(text: str) -> dict[str, str]:
 def test_vllm_eagle_has_the_design_fields():
     profile = fixture("eagle")
     config = spec_config(export_profile(profile, "vllm").text)
-    assert config["method"] == "eagle"
-    assert config["model"] == profile.methods.eagle.head
-    # the tree's node count equals num_speculative_tokens, and it is the profile's tree
-    tree = parse_token_tree(config["speculative_token_tree"])
-    assert len(tree) == config["num_speculative_tokens"] == 1
-    assert tree == check_tree(profile.methods.eagle.tree.choices)
+    assert config == {
+        "method": "eagle",
+        "model": profile.methods.eagle.head,
+        "num_speculative_tokens": tree_depth(check_tree(profile.methods.eagle.tree.choices)),
+    }
 
 
-def test_vllm_branching_tree_parses_back():
-    text = export_profile(branching_eagle(), "vllm").text
-    config = spec_config(text)
-    assert parse_token_tree(config["speculative_token_tree"]) == check_tree(BRANCHING_TREE)
-    assert config["num_speculative_tokens"] == len(BRANCHING_TREE)
-    assert "TREE_ATTN" in text
+def test_vllm_branching_tree_is_served_as_the_chain_of_its_depth():
+    """vLLM removed tree attention and speculative_token_tree; its SpeculativeConfig
+    refuses unknown keys."""
+    result = export_profile(branching_eagle(), "vllm")
+    config = spec_config(result.text)
+    assert "speculative_token_tree" not in config
+    assert config["num_speculative_tokens"] == tree_depth(BRANCHING_TREE)
+    assert any("one chain per step" in w for w in result.warnings)
     # the one-line JSON for the command line says the same
-    line = next(x for x in text.splitlines() if x.startswith("# command line:"))
+    line = next(x for x in result.text.splitlines() if x.startswith("# command line:"))
     assert json.loads(line.split("'")[1]) == config
 
 
@@ -147,7 +145,7 @@ def test_vllm_dynamic_tree_takes_the_measured_static_alternative():
     result = export_profile(profile, "vllm")
     alternative = profile.methods.eagle.alternatives["static"]["tree"]["choices"]
     config = spec_config(result.text)
-    assert parse_token_tree(config["speculative_token_tree"]) == check_tree(alternative)
+    assert config["num_speculative_tokens"] == tree_depth(check_tree(alternative))
     assert any("no dynamic (EAGLE-2) tree" in w for w in result.warnings)
 
 
@@ -155,8 +153,7 @@ def test_vllm_dynamic_tree_without_alternative_is_a_chain():
     profile = eagle2_default()
     profile.methods.eagle = profile.methods.eagle.model_copy(update={"alternatives": {}})
     result = export_profile(profile, "vllm")
-    tree = parse_token_tree(spec_config(result.text)["speculative_token_tree"])
-    assert is_chain(tree) and len(tree) == 6  # depth 5 -> 6 levels
+    assert spec_config(result.text)["num_speculative_tokens"] == 6  # depth 5 -> 6 levels
     assert any("chain of 6 tokens" in w for w in result.warnings)
 
 
@@ -267,9 +264,7 @@ def test_trtllm_dynamic_tree_beyond_its_bound_is_clamped_and_said():
 def test_tree_strings_round_trip(tree):
     canonical = check_tree(tree)
     assert parse_choices(format_choices(tree)) == canonical
-    assert parse_token_tree(format_token_tree(tree)) == canonical
     assert format_choices([[0], [0, 0], [1]]) == "[[0], [1], [0, 0]]"  # canonical order
-    assert format_token_tree([[0], [0, 0], [1]]) == "[(0,), (1,), (0, 0)]"
 
 
 @pytest.mark.parametrize("text", ["[[0], [0, 0", "[[0], [1, 1]]", "[[-1]]", "3", "[]"])
@@ -331,17 +326,17 @@ def test_dv_reads_an_upstream_style_file():
 # --- llama.cpp -------------------------------------------------------------------------
 
 
-def test_llamacpp_both_dialects_carry_draft_length_and_exit():
+def test_llamacpp_flags_draft_with_a_draft_model_and_carry_length_and_exit():
+    """The pinned release defaults to --spec-type none: without draft-simple the draft
+    model loads and never drafts."""
     profile = fixture("self_spec")
     draft = profile.methods.self_spec.draft
     result = export_profile(profile, "llamacpp")
-    flags = parse_flags(result.text)
-    n, p = str(draft.max_tokens), f"{draft.exit_threshold:g}"
-    assert flags["legacy"] == {"--draft-max": n, "--draft-min": "1", "--draft-p-min": p}
-    assert flags["current"] == {
-        "--spec-draft-n-max": n,
+    assert parse_flags(result.text) == {
+        "--spec-type": "draft-simple",
+        "--spec-draft-n-max": str(draft.max_tokens),
         "--spec-draft-n-min": "1",
-        "--spec-draft-p-min": p,
+        "--spec-draft-p-min": f"{draft.exit_threshold:g}",
     }
     assert any("skip mask" in w for w in result.warnings)
 
@@ -364,7 +359,7 @@ def test_hf_fragment():
     profile = fixture("self_spec")
     spec = profile.methods.self_spec
     result = export_profile(profile, "hf")
-    settings = generation_settings(result.text)
+    settings = json.loads(result.text)
     kept = 2 * 30 - len(spec.skip.attention) - len(spec.skip.mlp)
     assert settings == {
         "assistant_early_exit": (kept + 1) // 2,
@@ -391,7 +386,7 @@ def test_hf_exact_for_a_suffix_mask():
         }
     )
     result = export_profile(profile, "hf")
-    assert generation_settings(result.text)["assistant_early_exit"] == 24
+    assert json.loads(result.text)["assistant_early_exit"] == 24
     assert result.warnings == ()
 
 
@@ -408,7 +403,7 @@ def test_hf_export_runs_in_transformers_and_equals_greedy(embedded_target, one_t
     from transformers import GenerationConfig
     from transformers.generation import candidate_generator
 
-    settings = generation_settings(export_profile(fixture("self_spec"), "hf").text)
+    settings = json.loads(export_profile(fixture("self_spec"), "hf").text)
     seen = []
     original_init = candidate_generator.EarlyExitCandidateGenerator.__init__
 
@@ -477,11 +472,14 @@ def test_six_engines_each_export_a_real_profile():
 
 
 def test_every_export_names_its_engine_version_and_keeps_its_warnings():
+    """In the file itself, or, for a JSON file the engine reads key by key, in the text
+    written beside it."""
     for engine, method, result in all_exports():
-        assert result.engine_version and result.engine_version in result.text, engine
+        said = result.about if result.about is not None else result.text
+        assert result.engine_version and result.engine_version in said, engine
         for warning in result.warnings:  # never dropped silently
-            assert warning in result.text, (engine, method, warning)
-        if result.filename.endswith(".json"):
+            assert warning in said, (engine, method, warning)
+        if result.filename.endswith(".json") and result.about is None:
             meta = json.loads(result.text)["_autotune"]
             assert meta["warnings"] == list(result.warnings)
 

@@ -15,7 +15,6 @@ import yaml
 from autotune.drafters.ngram import LookupConfig
 from autotune.drafters.suffix import SuffixConfig
 from autotune.export import ENGINES, export_profile
-from autotune.export.base import JSON_META_KEY
 from autotune.methods import registry
 from autotune.methods.ngram.settings import Config, NgramSettings, block_of
 from autotune.profile.blocks import Measured
@@ -35,22 +34,13 @@ VLLM_OPTIONS = {
 SGLANG_FLAGS = {
     "--speculative-algorithm",
     "--speculative-num-draft-tokens",
-    "--speculative-ngram-min-match-window-size",
-    "--speculative-ngram-max-match-window-size",
     "--speculative-ngram-min-bfs-breadth",
     "--speculative-ngram-max-bfs-breadth",
     "--speculative-ngram-match-type",
-    "--speculative-ngram-branch-length",
+    "--speculative-ngram-max-trie-depth",
 }
 HF_KEYS = {"prompt_lookup_num_tokens", "max_matching_ngram_size"}
-LLAMACPP_FLAGS = {
-    "--spec-type",
-    "--spec-ngram-size-n",
-    "--spec-ngram-size-m",
-    "--draft-max",
-    "--spec-ngram-simple-size-n",
-    "--spec-ngram-simple-size-m",
-}
+LLAMACPP_FLAGS = {"--spec-type", "--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m"}
 TRTLLM_OPTIONS = {
     "decoding_type",
     "max_draft_len",
@@ -105,7 +95,8 @@ def test_every_engine_is_served_or_refused_with_a_reason():
     assert set(method.exporters) | set(method.cannot_export) == set(ENGINES)
     for engine in method.exporters:
         export = export_profile(ngram_profile(CHAIN), engine)
-        assert export.method == "ngram" and export.engine_version in export.text
+        said = export.about if export.about is not None else export.text
+        assert export.method == "ngram" and export.engine_version in said
 
 
 def test_vllm_ngram():
@@ -150,39 +141,34 @@ def test_sglang(config, match_type, breadth):
     assert set(flags) == SGLANG_FLAGS and len(words) == 2 * len(flags)
     assert flags["--speculative-algorithm"] == "NGRAM"
     assert flags["--speculative-num-draft-tokens"] == str(config.max_tree_tokens + 1)
-    assert flags["--speculative-ngram-min-match-window-size"] == str(config.min_match)
-    assert flags["--speculative-ngram-max-match-window-size"] == str(config.max_match)
+    assert flags["--speculative-ngram-max-trie-depth"] == str(
+        config.max_match + config.draft_tokens
+    )
     assert flags["--speculative-ngram-match-type"] == match_type
     assert flags["--speculative-ngram-max-bfs-breadth"] == breadth
 
 
 def test_hf_fragment():
     export = export_profile(ngram_profile(TREE), "hf")
-    data = json.loads(export.text)
-    settings = {k: v for k, v in data.items() if k != JSON_META_KEY}
-    assert settings == {"prompt_lookup_num_tokens": 6, "max_matching_ngram_size": 3}
-    assert set(settings) <= HF_KEYS
-    assert data[JSON_META_KEY]["warnings"] == list(export.warnings)
+    # generation keys only: transformers' generate() refuses any other key
+    assert json.loads(export.text) == {"prompt_lookup_num_tokens": 6, "max_matching_ngram_size": 3}
+    assert export.about is not None and "earliest match" in export.about
     assert any("earliest match" in w for w in export.warnings)
-    suffix = json.loads(export_profile(ngram_profile(SUFFIX), "hf").text)
-    assert suffix["prompt_lookup_num_tokens"] == 10 and suffix["max_matching_ngram_size"] == 8
-    assert any("no suffix decoding" in w for w in suffix[JSON_META_KEY]["warnings"])
+    suffix = export_profile(ngram_profile(SUFFIX), "hf")
+    assert json.loads(suffix.text) == {"prompt_lookup_num_tokens": 10, "max_matching_ngram_size": 8}
+    assert any("no suffix decoding" in w for w in suffix.warnings)
 
 
-def test_llamacpp_both_dialects():
+def test_llamacpp_flags_of_the_pinned_release():
     export = export_profile(ngram_profile(TREE), "llamacpp")
     lines = [line.split() for line in export.text.splitlines() if not line.startswith("#")]
-    assert len(lines) == 2
-    for words in lines:
-        flags = dict(zip(words[::2], words[1::2]))
-        assert set(flags) <= LLAMACPP_FLAGS
-        assert flags["--spec-type"] == "ngram-simple"
-        assert {flags.get("--spec-ngram-size-n"), flags.get("--spec-ngram-simple-size-n")} - {
-            None
-        } == {"3"}
-        assert {flags.get("--spec-ngram-size-m"), flags.get("--spec-ngram-simple-size-m")} - {
-            None
-        } == {"6"}
+    assert len(lines) == 1
+    flags = dict(zip(lines[0][::2], lines[0][1::2]))
+    assert flags == {
+        "--spec-type": "ngram-simple",
+        "--spec-ngram-simple-size-n": "3",
+        "--spec-ngram-simple-size-m": "6",
+    }
     assert any("exactly n tokens" in w for w in export.warnings)
 
 
@@ -203,7 +189,8 @@ def test_per_category_settings_are_said_not_dropped(engine):
     said = [w for w in export.warnings if "per-category" in w]
     assert len(said) == 1
     assert "summarization" in said[0] and "translation" in said[0]
-    assert "summarization" in export.text  # kept in the file itself
+    # kept in the file itself, or beside it where the engine reads every key of the file
+    assert "summarization" in (export.about or export.text)
 
 
 @pytest.mark.embedded
@@ -216,7 +203,7 @@ def test_hf_export_runs_in_transformers_and_equals_greedy(embedded_target, one_t
     from transformers.generation import candidate_generator
 
     export = export_profile(ngram_profile(TREE), "hf")
-    settings = {k: v for k, v in json.loads(export.text).items() if k != JSON_META_KEY}
+    settings = json.loads(export.text)  # as the export's note says: **json.load(file)
     seen = []
     original_init = candidate_generator.PromptLookupCandidateGenerator.__init__
 

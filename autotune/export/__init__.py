@@ -58,6 +58,7 @@ def export_profile(
         text=rendered.text,
         filename=exporter.filename,
         warnings=warnings,
+        about=rendered.about,
     )
 
 

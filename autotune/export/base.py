@@ -16,6 +16,7 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from autotune.profile.blocks import HardwareInfo, MethodSettings, ModelInfo
@@ -52,6 +53,14 @@ class Export:
     text: str  # the file's content, warnings included as comments
     filename: str  # a suggested file name
     warnings: tuple[str, ...] = ()
+    # provenance, warnings and notes of a file that cannot hold them (a JSON file the
+    # engine reads key by key): written beside it (``about_path``)
+    about: str | None = None
+
+
+def about_path(out: Path) -> Path:
+    """Where the ``about`` text of an export written to ``out`` goes."""
+    return out.with_name(f"{out.stem}.autotune.txt")
 
 
 @dataclass
@@ -60,6 +69,7 @@ class Rendered:
 
     text: str
     warnings: list[str] = field(default_factory=list)
+    about: str | None = None  # see ``Export.about``
 
 
 @dataclass(frozen=True)
@@ -112,6 +122,15 @@ def comment_lines(
     lines += [f"warning: {w}" for w in warnings]
     lines += [f"note: {n}" for n in notes]
     return [f"# {line}" for line in lines]
+
+
+def about_text(
+    exporter: Exporter, d: Deployment, warnings: list[str], notes: Sequence[str] = ()
+) -> str:
+    """The text written beside a JSON file that the engine reads key by key (an extra key
+    makes transformers' ``generate()`` refuse the settings): ``comment_lines`` as prose."""
+    lines = comment_lines(exporter, d, warnings, notes)
+    return "\n".join(line.removeprefix("# ") for line in lines) + "\n"
 
 
 def json_meta(

@@ -2,10 +2,9 @@
 
 A tree is a list of paths of ranks from the root, the Medusa / TensorRT-LLM ``choices``
 format (``[[0], [0, 0], [1]]``; see ``autotune.engine.tree``). TensorRT-LLM's engine flow
-takes it as a string on its command line (``--medusa_choices="[[0], [0, 0], [1]]"``);
-vLLM's ``speculative_token_tree`` is a string of tuples (``"[(0,), (0, 0), (1,)]"``).
-Both are written in canonical order (by depth, then ranks), the order both engines sort
-into themselves, so a tree written and parsed back compares equal.
+takes it as a string on its command line (``--medusa_choices="[[0], [0, 0], [1]]"``),
+written in canonical order (by depth, then ranks), the order the engine sorts into
+itself, so a tree written and parsed back compares equal.
 """
 
 from __future__ import annotations
@@ -26,11 +25,6 @@ def format_choices(tree) -> str:
     )
 
 
-def format_token_tree(tree) -> str:
-    """``[(0,), (0, 0), (1,)]``: vLLM's ``speculative_token_tree`` (Python tuple syntax)."""
-    return str([tuple(path) for path in check_tree(tree)])
-
-
 def parse_choices(text: str) -> Tree:
     """A tree from either spelling (lists or tuples), checked, in canonical order."""
     try:
@@ -40,9 +34,6 @@ def parse_choices(text: str) -> Tree:
     if not isinstance(value, (list, tuple)) or not all(isinstance(p, (list, tuple)) for p in value):
         raise ValueError(f"not a tree of rank paths: {text!r}; expected e.g. [[0], [0, 0]]")
     return check_tree(value)
-
-
-parse_token_tree = parse_choices  # literal_eval reads tuples and lists alike
 
 
 def tree_depth(tree) -> int:

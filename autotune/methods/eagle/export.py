@@ -1,9 +1,10 @@
 """Exports of an EAGLE profile.
 
-- ``vllm``: the ``speculative_config`` of vLLM's V1 engine: ``method: eagle``, ``model``,
-  ``num_speculative_tokens`` and ``speculative_token_tree``, a string of tuples whose node
-  count equals ``num_speculative_tokens``. YAML, with the same dict as one-line JSON in a
-  comment, for the command line.
+- ``vllm``: the ``speculative_config`` of vLLM's V1 engine: ``method: eagle``, ``model``
+  and ``num_speculative_tokens``. vLLM verifies one chain a step: it removed tree
+  attention and ``speculative_token_tree`` (PR #42121), and its ``SpeculativeConfig``
+  refuses unknown keys, so a tree is served as the chain of its depth (said in a warning).
+  YAML, with the same dict as one-line JSON in a comment, for the command line.
 - ``sglang``: the speculative flags of its server (``python -m sglang.launch_server``):
   ``--speculative-algorithm EAGLE``, ``--speculative-draft-model-path``,
   ``--speculative-num-steps`` (draft forward passes: the tree's depth),
@@ -33,7 +34,6 @@ from autotune.export.base import (
 )
 from autotune.export.choices import (
     format_choices,
-    format_token_tree,
     is_chain,
     max_branching,
     tree_depth,
@@ -50,14 +50,15 @@ def _vllm_config(eagle: EagleSettings) -> tuple[dict, list[str], list[str]]:
     warnings: list[str] = []
     notes: list[str] = []
     tree = _static_tree(eagle, warnings)
-    config = {
-        "method": "eagle",
-        "model": eagle.head,
-        "num_speculative_tokens": len(tree),
-        "speculative_token_tree": format_token_tree(tree),
-    }
+    depth = tree_depth(tree)
+    config = {"method": "eagle", "model": eagle.head, "num_speculative_tokens": depth}
     if not is_chain(tree):
-        notes.append("a branching tree needs vLLM's tree attention backend (TREE_ATTN)")
+        warnings.append(
+            f"vLLM verifies one chain per step (it removed tree attention and "
+            f"speculative_token_tree, PR #42121): the tuned tree of {len(tree)} nodes is "
+            f"served as a chain of its depth, {depth} tokens, each the head's top-1 guess, "
+            f"so fewer tokens are accepted per step than were measured"
+        )
     if eagle.draft_vocab:
         warnings.append(
             f"vLLM's EAGLE drafts over the whole vocabulary: the draft vocabulary "

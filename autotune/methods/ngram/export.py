@@ -31,12 +31,11 @@ import shlex
 from autotune.drafters.ngram import LookupConfig
 from autotune.drafters.suffix import SuffixConfig
 from autotune.export.base import (
-    JSON_META_KEY,
     Deployment,
     Exporter,
     Rendered,
+    about_text,
     comment_lines,
-    json_meta,
     json_text,
     speculative_config,
 )
@@ -161,18 +160,18 @@ def render_sglang(d: Deployment) -> Rendered:
     flags = [
         ("--speculative-algorithm", "NGRAM"),
         ("--speculative-num-draft-tokens", config.max_tree_tokens + 1),
-        ("--speculative-ngram-min-match-window-size", config.min_match),
-        ("--speculative-ngram-max-match-window-size", config.max_match),
         ("--speculative-ngram-min-bfs-breadth", 1),
         ("--speculative-ngram-max-bfs-breadth", breadth),
         ("--speculative-ngram-match-type", match_type),
-        ("--speculative-ngram-branch-length", config.max_match + config.draft_tokens),
+        ("--speculative-ngram-max-trie-depth", config.max_match + config.draft_tokens),
     ]
     warnings = [
         "SGLang drafts from a trie of the tokens its requests produced (a cache shared "
         "across requests), breadth first, with a breadth that narrows as the match grows: "
-        "the profile's tree shape is approximated by its size, match window, breadth and "
-        "depth"
+        "the profile's tree shape is approximated by its size, breadth and depth",
+        f"SGLang matches suffixes of any length its trie holds (its match window flags "
+        f"were removed, PR #21225): the profile's match window ({config.min_match} to "
+        f"{config.max_match} tokens) is not expressible",
     ]
     if isinstance(config, SuffixConfig):
         warnings.append(
@@ -185,8 +184,7 @@ def render_sglang(d: Deployment) -> Rendered:
     notes = [
         "append these flags to: python -m sglang.launch_server --model-path MODEL",
         "--speculative-num-draft-tokens counts the last verified token too",
-        "later releases renamed --speculative-ngram-branch-length to "
-        "--speculative-ngram-max-trie-depth",
+        "--speculative-ngram-max-trie-depth holds the match and the drafted continuation together",
     ]
     lines = comment_lines(SGLANG, d, warnings, notes)
     body = [f"{flag} {shlex.quote(str(value))}" for flag, value in flags]
@@ -228,22 +226,20 @@ def render_hf(d: Deployment) -> Rendered:
         )
     warnings += per_category_warning("transformers", spec)
     notes = [
-        "pass these keys to generate() (model.generate(ids, **settings)), or merge them "
-        "into the model folder's generation_config.json",
+        "pass these keys to generate(): settings = json.load(open(FILE)); "
+        "model.generate(ids, **settings); or merge them into the model folder's "
+        "generation_config.json",
         "transformers stops a draft at the end of the text and drafts nothing without a "
         "match (autotune's drafter continues a repeating span, and guesses one token)",
     ]
-    fragment = {
-        **hf_settings(config),
-        JSON_META_KEY: json_meta(HF, d, warnings, notes),
-    }
-    return Rendered(json_text(fragment), warnings)
+    return Rendered(
+        json_text(hf_settings(config)), warnings, about=about_text(HF, d, warnings, notes)
+    )
 
 
 # --- llama.cpp -----------------------------------------------------------------------------
 
-SHARED_FLAGS = ("--spec-ngram-size-n", "--spec-ngram-size-m")
-PER_TYPE_FLAGS = ("--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m")
+FLAGS = ("--spec-type", "--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m")
 
 
 def render_llamacpp(d: Deployment) -> Rendered:
@@ -266,15 +262,14 @@ def render_llamacpp(d: Deployment) -> Rendered:
             "earliest one, so its drafts differ where a match recurs"
         )
     warnings += per_category_warning("llama.cpp", spec)
-    lines = comment_lines(LLAMACPP, d, warnings, [_no_match_note("llama.cpp")])
-    lines.append("# builds with the shared n-gram flags (docs/speculative.md at 067318e):")
+    notes = [
+        "append these flags to: llama-server -m MODEL.gguf",
+        f"ngram-simple drafts only where at least {size_n} tokens follow the match",
+        _no_match_note("llama.cpp"),
+    ]
+    lines = comment_lines(LLAMACPP, d, warnings, notes)
     lines.append(
-        f"--spec-type ngram-simple {SHARED_FLAGS[0]} {size_n} {SHARED_FLAGS[1]} {size_m} "
-        f"--draft-max {size_m}"
-    )
-    lines.append("# builds with per-type n-gram flags (llama.cpp PR #22397):")
-    lines.append(
-        f"--spec-type ngram-simple {PER_TYPE_FLAGS[0]} {size_n} {PER_TYPE_FLAGS[1]} {size_m}"
+        " ".join(f"{flag} {value}" for flag, value in zip(FLAGS, ("ngram-simple", size_n, size_m)))
     )
     return Rendered("\n".join(lines) + "\n", warnings)
 

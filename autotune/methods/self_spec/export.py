@@ -13,12 +13,13 @@
   few levels deep: still exact, but slower. So the fragment holds all four keys, and its
   notes say to pass ``assistant_early_exit`` to ``generate()`` instead where that nesting
   matters.
-- ``llamacpp``: the speculative-decoding flags of ``llama-server`` /
-  ``llama-speculative``, in both dialects: older builds name them ``--draft-max``,
-  ``--draft-min`` and ``--draft-p-min``; newer builds, which choose the drafter with
-  ``--spec-type``, name them ``--spec-draft-n-max``, ``--spec-draft-n-min`` and
-  ``--spec-draft-p-min``. llama.cpp drafts with a separate draft model (``-md``); only the
-  draft length and the confidence exit of the profile carry over, never its skip mask.
+- ``llamacpp``: the speculative-decoding flags of ``llama-server`` at the pinned release
+  (``export.releases.LLAMACPP``): ``--spec-type draft-simple`` (without it the release
+  loads the draft model and never drafts: its default type is ``none``),
+  ``--spec-draft-n-max``, ``--spec-draft-n-min`` and ``--spec-draft-p-min`` (the older
+  ``--draft-max`` / ``--draft-min`` are refused there). llama.cpp drafts with a separate
+  draft model (``--spec-draft-model``); only the draft length and the confidence exit of
+  the profile carry over, never its skip mask.
 - ``dv``: Draft & Verify's (dilab-zju/self-speculative-decoding) ``skip_layers.json``,
   ``{"<model>": {"attention": [...], "mlp": [...]}}``, read as
   ``skip_layers[model]["attention"]`` and ``["mlp"]``. The draft-exit settings have no
@@ -37,6 +38,7 @@ from autotune.export.base import (
     Deployment,
     Exporter,
     Rendered,
+    about_text,
     cape_warning,
     comment_lines,
     json_meta,
@@ -107,21 +109,14 @@ def render_hf(d: Deployment) -> Rendered:
         "num_assistant_tokens": spec.draft.max_tokens,
         "num_assistant_tokens_schedule": "constant",
         "assistant_confidence_threshold": spec.draft.exit_threshold,
-        JSON_META_KEY: json_meta(HF, d, warnings, notes),
     }
-    return Rendered(json_text(fragment), warnings)
-
-
-def generation_settings(text: str) -> dict:
-    """The fragment's generation keys, without autotune's own entry."""
-    return {k: v for k, v in json.loads(text).items() if k != JSON_META_KEY}
+    return Rendered(json_text(fragment), warnings, about=about_text(HF, d, warnings, notes))
 
 
 # autotune always proposes the first draft token; a minimum of 1 keeps every draft
 MIN_DRAFT = 1
 
-LEGACY = ("--draft-max", "--draft-min", "--draft-p-min")
-CURRENT = ("--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min")
+FLAGS = ("--spec-type", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min")
 
 
 def render_llamacpp(d: Deployment) -> Rendered:
@@ -141,29 +136,18 @@ def render_llamacpp(d: Deployment) -> Rendered:
             f"beta1 {adaptive.beta1}, beta2 {adaptive.beta2}) is not expressible"
         )
     warnings += cape_warning("llama.cpp", spec.cape)
-    values = (spec.draft.max_tokens, MIN_DRAFT, spec.draft.exit_threshold)
-    lines = comment_lines(LLAMACPP, d, warnings)
-    lines.append("# builds before the --spec-* names (llama-server, llama-speculative):")
-    lines.append(flag_line(LEGACY, values))
-    lines.append("# builds with --spec-type:")
-    lines.append(flag_line(CURRENT, values))
+    values = ("draft-simple", spec.draft.max_tokens, MIN_DRAFT, spec.draft.exit_threshold)
+    notes = ["append these flags to: llama-server -m MODEL.gguf --spec-draft-model DRAFT.gguf"]
+    lines = comment_lines(LLAMACPP, d, warnings, notes)
+    lines.append(" ".join(f"{name} {value}" for name, value in zip(FLAGS, values)))
     return Rendered("\n".join(lines) + "\n", warnings)
 
 
-def flag_line(names: tuple[str, ...], values: tuple) -> str:
-    return " ".join(f"{name} {value}" for name, value in zip(names, values))
-
-
-def parse_flags(text: str) -> dict[str, dict[str, str]]:
-    """The export's flag lines back as {dialect: {flag: value}}, for checking."""
-    out = {}
-    for line in text.splitlines():
-        words = line.split()
-        if not words or line.startswith("#"):
-            continue
-        dialect = "legacy" if words[0] == LEGACY[0] else "current"
-        out[dialect] = dict(zip(words[::2], words[1::2]))
-    return out
+def parse_flags(text: str) -> dict[str, str]:
+    """The export's flag line back as {flag: value}, for checking."""
+    line = next(x for x in text.splitlines() if x.strip() and not x.startswith("#"))
+    words = line.split()
+    return dict(zip(words[::2], words[1::2]))
 
 
 def render_dv(d: Deployment) -> Rendered:
