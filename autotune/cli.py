@@ -462,6 +462,64 @@ def export(
     )
 
 
+@app.command("verify")
+@_user_errors
+def verify_command(
+    profile_path: Path = typer.Argument(..., metavar="PROFILE"),
+    engine: str = typer.Option(..., help="llamacpp or hf: the engine to measure the export in."),
+    limit: int | None = typer.Option(
+        None, min=1, help="At most this many held-back prompts (default: all of them)."
+    ),
+    max_new_tokens: int | None = typer.Option(
+        None, min=1, help="Tokens a prompt decodes (default: the profile's)."
+    ),
+    gguf: Path | None = typer.Option(
+        None, help="llama.cpp: the model as a GGUF file (default: the profile's, if a GGUF)."
+    ),
+    record: bool = typer.Option(
+        True, "--record/--no-record", help="Write the figures into the profile (verified)."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="One JSON object instead of lines."),
+):
+    """Measure the profile's export in the serving engine it is for: the engine's greedy
+    decoding, its own default speculative setting and autotune's export, side by side on
+    the held-back prompts, every output checked against the engine's greedy output."""
+    import json
+
+    from autotune.verify import report_lines, verify
+
+    report = verify(profile_path, engine.strip().lower(), limit, max_new_tokens, gguf, record)
+    if json_out:
+        typer.echo(json.dumps(report.summary(), indent=1))
+        return
+    for line in report_lines(report):
+        typer.echo(line)
+    if record:
+        typer.echo(f"recorded in {profile_path} (verified)")
+
+
+engines_app = typer.Typer(no_args_is_help=True, help="Serving engines autotune runs itself.")
+app.add_typer(engines_app, name="engines")
+
+
+@engines_app.command("build")
+@_user_errors
+def engines_build(
+    engine: str = typer.Argument(..., metavar="ENGINE", help="llamacpp"),
+    jobs: int | None = typer.Option(None, min=1, help="Compile jobs (default: every core)."),
+):
+    """Build a serving engine from its pinned source package into autotune's cache
+    (llamacpp: llama.cpp's llama-server, about 5 minutes on 2 cores)."""
+    from autotune.errors import AutotuneError
+    from autotune.serving import llamacpp
+
+    if engine.strip().lower() != "llamacpp":
+        raise AutotuneError(f"unknown engine '{engine}': autotune builds llamacpp only")
+    already = llamacpp.built()
+    path = llamacpp.build(jobs, log=lambda line: typer.echo(line, err=True))
+    typer.echo(f"{'already built' if already else 'built'}: {path} ({llamacpp.release()})")
+
+
 @models_app.command("list")
 @_user_errors
 def models_list(fmt: Format = format_option()):

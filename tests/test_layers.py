@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("autotune.heads",),
     ("autotune.drafters",),
     ("autotune.models", "autotune.prompts"),
-    ("autotune.measure",),
+    ("autotune.measure", "autotune.serving"),
     ("autotune.training",),
     ("autotune.tuners",),
     ("autotune.studies",),
@@ -52,7 +52,7 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     ("autotune.profile", "autotune.export"),
     ("autotune.methods",),
-    ("autotune.profiling", "autotune.bench", "autotune.runs"),
+    ("autotune.profiling", "autotune.bench", "autotune.runs", "autotune.verify"),
     ("autotune.cli", "autotune.__main__"),
 ]
 

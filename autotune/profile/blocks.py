@@ -88,6 +88,23 @@ class Measured(Figures):
     by_category: dict[str, Figures] | None = None  # when the prompts carry categories
 
 
+class Verified(Block):
+    """The method's export measured in the serving engine it is for (``autotune verify``):
+    the engine's own greedy decoding against it, and against the engine's own default
+    speculative setting, on held-back prompts, interleaved."""
+
+    engine: str  # the exporter's name: "llamacpp", "hf"
+    release: str  # the engine release it ran in
+    speedup: float  # the export over the engine's greedy decoding
+    speedup_interval: list[float]
+    default: str  # the engine's own default it was compared with
+    default_speedup: float  # that default over the engine's greedy decoding
+    over_default: float  # the export over the default (the two speedups' ratio)
+    lossless: bool | None  # every output equal to the engine's own greedy output
+    prompts: int
+    max_new_tokens: int
+
+
 class MethodSettings(Block):
     """The base of every method's block: its own settings come first, then these."""
 
@@ -98,6 +115,7 @@ class MethodSettings(Block):
     study: str | dict[str, str] | None = None  # the study (or studies) it came from
     search: dict = Field(default_factory=dict)  # how it was found, for the curious
     notes: list[str] = Field(default_factory=list)  # what was cut short, and how
+    verified: list[Verified] = Field(default_factory=list)  # in serving engines, one each
 
     @model_serializer(mode="wrap")
     def _own_settings_first(self, handler):

@@ -1,0 +1,18 @@
+"""Serving engines run as a user deploys them, so that an export is measured where it will
+serve: llama.cpp's ``llama-server`` (built here from a source package) and transformers'
+``generate``. Each decodes a prompt greedily with a given speculative setting and reports
+the tokens, the seconds they took and what was drafted."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """One greedy decoding in a serving engine."""
+
+    tokens: list[int]  # the new tokens
+    seconds: float  # generating them (the prompt's prefill left out where the engine says)
+    drafted: int = 0  # draft tokens proposed
+    accepted: int = 0  # of which the target kept

@@ -1,0 +1,230 @@
+"""`autotune verify PROFILE --engine E`: the profile's export measured in the serving engine
+it is for, as a user deploys it.
+
+On the profile's held-back prompts, one at a time and interleaved (the order rotating from
+prompt to prompt, so that a slow spell of the machine hits every variant alike), the
+engine decodes greedily three ways: with no speculation, with its own default speculative
+setting, and with autotune's export. Each speedup is over that engine's own greedy
+decoding, with a paired-bootstrap interval over prompts, and every output is checked
+token for token against that greedy output. The figures are recorded in the profile's
+method block (``verified``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import AutotuneError
+from autotune.measure.timing import EncodedPrompt, Measurement, PromptMeasurement
+from autotune.profile.blocks import Verified
+from autotune.serving import Decoded
+
+ENGINES = ("llamacpp", "hf")
+GREEDY, DEFAULT, EXPORT = "no speculation", "engine default", "autotune export"
+
+# A variant decodes a prompt's token ids for at most this many new tokens.
+Decode = Callable[[list[int], int], Decoded]
+
+
+@dataclass
+class Report:
+    """An engine's side by side: each speculative variant against its greedy decoding."""
+
+    engine: str
+    release: str
+    method: str
+    default: str  # what the engine's own default is, in its words
+    max_new_tokens: int
+    variants: dict[str, Measurement]  # DEFAULT and EXPORT, each against GREEDY
+
+    def over_default(self) -> float:
+        return self.variants[EXPORT].speedup / max(self.variants[DEFAULT].speedup, 1e-9)
+
+    def summary(self) -> dict:
+        return {
+            "engine": self.engine,
+            "release": self.release,
+            "method": self.method,
+            "default": self.default,
+            "max_new_tokens": self.max_new_tokens,
+            "over_default": round(self.over_default(), 4),
+            "variants": {name: m.summary() for name, m in self.variants.items()},
+        }
+
+    def record(self) -> Verified:
+        export, default = self.variants[EXPORT], self.variants[DEFAULT]
+        return Verified(
+            engine=self.engine,
+            release=self.release,
+            speedup=round(export.speedup, 4),
+            speedup_interval=export.interval().as_list(),
+            default=self.default,
+            default_speedup=round(default.speedup, 4),
+            over_default=round(self.over_default(), 4),
+            lossless=export.lossless,
+            prompts=len(export.prompts),
+            max_new_tokens=self.max_new_tokens,
+        )
+
+
+def side_by_side(
+    variants: dict[str, Decode],
+    prompts: list[EncodedPrompt],
+    max_new_tokens: int,
+    on_prompt: Callable[[], None] | None = None,
+) -> dict[str, Measurement]:
+    """Every variant but the first (the engine's greedy decoding) against the first, per
+    prompt, in an order that rotates; a warm-up prompt first, not counted."""
+    names = list(variants)
+    if prompts:
+        for name in names:
+            variants[name](prompts[0].ids, min(max_new_tokens, 8))
+    out = {name: Measurement() for name in names[1:]}
+    for index, prompt in enumerate(prompts):
+        shift = index % len(names)
+        decoded = {
+            n: variants[n](prompt.ids, max_new_tokens) for n in names[shift:] + names[:shift]
+        }
+        greedy = decoded[names[0]]
+        for name in names[1:]:
+            done = decoded[name]
+            out[name].prompts.append(
+                PromptMeasurement(
+                    prompt_id=prompt.id,
+                    baseline_tokens=len(greedy.tokens),
+                    baseline_seconds=greedy.seconds,
+                    method_tokens=len(done.tokens),
+                    method_seconds=done.seconds,
+                    # each step yields its accepted tokens and one of the target's own
+                    steps=max(len(done.tokens) - 1 - done.accepted, 1),
+                    drafted=done.drafted,
+                    accepted=done.accepted,
+                    lossless=done.tokens == greedy.tokens,
+                    category=prompt.category,
+                )
+            )
+        if on_prompt is not None:
+            on_prompt()
+    return out
+
+
+def verify(
+    profile_path: Path,
+    engine: str,
+    limit: int | None = None,
+    max_new_tokens: int | None = None,
+    gguf: Path | None = None,
+    record: bool = True,
+) -> Report:
+    """Measure the profile's recommended method, as exported for ``engine``, in it."""
+    from autotune.export import export_profile
+    from autotune.profile.io import read_profile, write_profile
+    from autotune.progress import step
+
+    if engine not in ENGINES:
+        raise AutotuneError(
+            f"verify runs {', '.join(ENGINES)}; {engine} is not runnable here (its exports "
+            "are checked against its pinned release's options instead)"
+        )
+    profile = read_profile(profile_path)
+    export = export_profile(profile, engine, force=True)
+    tokens = max_new_tokens or profile.workload.max_new_tokens
+    ws = _workspace(profile)
+    ws.check_context(tokens)
+    prompts = ws.encode(ws.heldback_prompts())[:limit]
+    if not prompts:
+        raise AutotuneError("the profile's workload has no held-back prompts to verify on")
+    with step(f"verify in {engine}: three ways each prompt", len(prompts)) as advance:
+        if engine == "llamacpp":
+            report = _llamacpp(profile, export, prompts, tokens, gguf, advance)
+        else:
+            report = _hf(ws, export, prompts, tokens, advance)
+    if record:
+        block = profile.block(export.method)
+        kept = [v for v in block.verified if v.engine != engine]
+        block.verified = [*kept, report.record()]
+        write_profile(profile, profile_path)
+    return report
+
+
+def _workspace(profile) -> Any:
+    from autotune.bench import find_model, workload_prompts
+    from autotune.models.ref import TargetRef
+    from autotune.workspace import Workspace
+
+    ref = TargetRef.for_user(find_model(profile.model), None, profile.model.dtype, "cpu")
+    return Workspace.open(
+        ref, workload_prompts(profile.workload.prompts), storage=None, need_storage=False
+    )
+
+
+def _llamacpp(profile, export, prompts, tokens, gguf, advance) -> Report:
+    from autotune.bench import find_model
+    from autotune.models import resolve_model
+    from autotune.serving import llamacpp
+
+    if gguf is None:
+        resolved = resolve_model(find_model(profile.model))
+        if resolved.kind != "gguf":
+            raise AutotuneError(
+                f"llama.cpp runs GGUF files and the profile's model is {resolved.path}: "
+                "pass --gguf FILE.gguf (the same model, converted)"
+            )
+        gguf = resolved.path
+    flags = {
+        GREEDY: [],
+        DEFAULT: list(llamacpp.OWN_DEFAULT),
+        EXPORT: llamacpp.flags_of(export.text),
+    }
+    with llamacpp.servers(Path(gguf), flags) as running:
+        decoders: dict[str, Decode] = {name: server.decode for name, server in running.items()}
+        variants = side_by_side(decoders, prompts, tokens, advance)
+    return Report(
+        engine="llamacpp",
+        release=llamacpp.release(),
+        method=export.method,
+        default=" ".join(llamacpp.OWN_DEFAULT),
+        max_new_tokens=tokens,
+        variants=variants,
+    )
+
+
+def _hf(ws, export, prompts, tokens, advance) -> Report:
+    from autotune.serving import hf
+
+    settings = {
+        GREEDY: {},
+        DEFAULT: dict(hf.OWN_DEFAULT),
+        EXPORT: json.loads(export.text),  # as its note says: generate(ids, **settings)
+    }
+    decoders: dict[str, Decode] = {
+        name: hf.decoder(ws.target.model, keys) for name, keys in settings.items()
+    }
+    return Report(
+        engine="hf",
+        release=hf.release(),
+        method=export.method,
+        default=", ".join(f"{k}={v}" for k, v in hf.OWN_DEFAULT.items()),
+        max_new_tokens=tokens,
+        variants=side_by_side(decoders, prompts, tokens, advance),
+    )
+
+
+def report_lines(report: Report) -> list[str]:
+    """The side by side for people."""
+    from autotune.measure.timing import interval_text
+
+    any_variant = next(iter(report.variants.values()))
+    lines = [
+        f"{report.method} in {report.release}, {len(any_variant.prompts)} held-back prompts, "
+        f"{report.max_new_tokens} tokens each, against the engine's own greedy decoding:"
+    ]
+    for name, m in report.variants.items():
+        label = f"{name} ({report.default})" if name == DEFAULT else name
+        lines.append(f"  {label:<44} {interval_text(m)}  lossless {m.lossless}")
+    lines.append(f"autotune export / engine default: {report.over_default():.3f}x")
+    return lines

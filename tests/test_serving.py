@@ -1,0 +1,127 @@
+"""Exports measured where they serve (``autotune verify``): the side by side itself with
+stand-in engines; llama.cpp's llama-server (where ``autotune engines build llamacpp`` has
+built it, as CI does) accepting the exported flags and drafting with them; transformers'
+generate with the exported keys; and the command's one-line errors."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from autotune.errors import AutotuneError
+from autotune.export import export_profile
+from autotune.measure.timing import EncodedPrompt
+from autotune.serving import Decoded, llamacpp
+from autotune.verify import DEFAULT, EXPORT, GREEDY, side_by_side
+
+needs_llamacpp = pytest.mark.skipif(
+    not llamacpp.built(), reason="llama-server is not built: autotune engines build llamacpp"
+)
+
+
+def test_the_side_by_side_rotates_pairs_and_checks_every_output():
+    calls = []
+
+    def engine(name: str, seconds: float, tokens: list[int]):
+        def decode(ids, max_new_tokens):
+            calls.append(name)
+            return Decoded(tokens=tokens[:max_new_tokens], seconds=seconds, drafted=4, accepted=3)
+
+        return decode
+
+    variants = {
+        GREEDY: engine(GREEDY, 2.0, [5, 6, 7, 8]),
+        DEFAULT: engine(DEFAULT, 1.0, [5, 6, 7, 8]),
+        EXPORT: engine(EXPORT, 0.5, [5, 6, 9, 8]),  # not the greedy output
+    }
+    prompts = [EncodedPrompt(f"p{i}", [1, 2, 3]) for i in range(3)]
+    measured = side_by_side(variants, prompts, 4)
+    # a warm-up of each, then each prompt in an order that rotates
+    assert calls[3:] == [GREEDY, DEFAULT, EXPORT, DEFAULT, EXPORT, GREEDY, EXPORT, GREEDY, DEFAULT]
+    assert set(measured) == {DEFAULT, EXPORT}
+    assert measured[DEFAULT].speedup == pytest.approx(2.0)
+    assert measured[EXPORT].speedup == pytest.approx(4.0)
+    assert measured[DEFAULT].lossless is True and measured[EXPORT].lossless is False
+    assert len(measured[EXPORT].prompts) == 3
+
+
+@pytest.mark.embedded
+@needs_llamacpp
+def test_llama_server_takes_the_ngram_export_and_drafts(embedded_target, embedded_gguf):
+    from test_ngram_export import TREE, ngram_profile
+
+    flags = llamacpp.flags_of(export_profile(ngram_profile(TREE), "llamacpp").text)
+    text = "Repeat this list three times: red, green, blue, yellow, red, green, blue, yellow."
+    ids = embedded_target.encode_chat(text)
+    with llamacpp.Server(embedded_gguf, []) as plain, llamacpp.Server(embedded_gguf, flags) as spec:
+        greedy = plain.decode(ids, 48)
+        drafted = spec.decode(ids, 48)
+    assert greedy.drafted == 0 and greedy.tokens
+    assert drafted.drafted > 0 and 0 <= drafted.accepted <= drafted.drafted
+    assert drafted.tokens == greedy.tokens  # greedy speculation is lossless there too
+
+
+@pytest.mark.embedded
+@needs_llamacpp
+def test_llama_server_takes_the_self_spec_export_with_a_draft_model(embedded_target, embedded_gguf):
+    from test_export import fixture
+
+    flags = llamacpp.flags_of(export_profile(fixture("self_spec"), "llamacpp").text)
+    ids = embedded_target.encode_chat("Name three fruits.")
+    # the draft: here the model itself, which the export's note leaves to the user
+    with llamacpp.Server(embedded_gguf, [*flags, "--spec-draft-model", str(embedded_gguf)]) as s:
+        assert s.decode(ids, 16).drafted > 0
+
+
+@pytest.mark.embedded
+@needs_llamacpp
+def test_a_flag_the_release_removed_is_one_line_refusal(embedded_gguf):
+    with pytest.raises(AutotuneError, match="refused --draft-max 4") as error:
+        llamacpp.Server(embedded_gguf, ["--draft-max", "4"]).__enter__()
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.embedded
+def test_verify_in_transformers_records_the_figures(tmp_path, embedded_target):
+    from test_ngram_export import TREE, ngram_profile
+
+    from autotune.profile.io import read_profile, write_profile
+    from autotune.verify import verify
+
+    path = tmp_path / "profile.yaml"
+    profile = ngram_profile(TREE)
+    profile.workload.prompts = "mt_bench.jsonl"
+    write_profile(profile, path)
+    report = verify(path, "hf", limit=2, max_new_tokens=12)
+    assert set(report.variants) == {DEFAULT, EXPORT}
+    assert all(m.lossless for m in report.variants.values())
+    verified = read_profile(path).methods.ngram.verified
+    assert [v.engine for v in verified] == ["hf"]
+    assert verified[0].release.startswith("transformers ") and verified[0].prompts == 2
+
+
+def test_verify_refuses_engines_it_cannot_run(tmp_path):
+    from autotune.verify import verify
+
+    with pytest.raises(AutotuneError, match="not runnable here"):
+        verify(tmp_path / "p.yaml", "vllm")
+
+
+def test_building_without_cmake_says_what_to_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path))
+    monkeypatch.setattr(shutil, "which", lambda tool: None)
+    with pytest.raises(AutotuneError, match="needs cmake and c\\+\\+"):
+        llamacpp.build()
+    assert not any(tmp_path.iterdir())  # nothing half-built
+
+
+@pytest.fixture
+def embedded_gguf() -> Path:
+    from autotune.models import resolve_model
+
+    try:
+        return resolve_model("smollm2-135m").path
+    except AutotuneError:
+        pytest.skip("the embedded model is not installed")
