@@ -85,8 +85,6 @@ GOLDEN_CASES = {
     "sglang_eagle_tree.txt": (branching_eagle, "sglang", "eagle"),
     "trtllm_eagle.yaml": (lambda: fixture("eagle"), "trtllm", "eagle"),
     "trtllm_eagle_dynamic.yaml": (eagle2_default, "trtllm", "eagle"),
-    "trtllm_medusa.yaml": (lambda: fixture("medusa"), "trtllm", "medusa"),
-    "trtllm_medusa_tree.yaml": (branching_medusa, "trtllm", "medusa"),
     "llamacpp_self_spec.txt": (lambda: fixture("self_spec"), "llamacpp", "self_spec"),
 }
 
@@ -214,17 +212,6 @@ def engine_flow_tree(text: str, flag: str):
     match = re.search(rf'{flag}="([^"]+)"', text)
     assert match, f"no {flag} in the export"
     return parse_choices(match[1])
-
-
-def test_trtllm_medusa_fields_and_engine_flow_string():
-    profile = branching_medusa()
-    text = export_profile(profile, "trtllm").text
-    config = spec_config(text)
-    assert config["decoding_type"] == "Medusa"
-    assert config["num_medusa_heads"] == 3
-    assert config["max_draft_len"] == len(BRANCHING_TREE)
-    assert check_tree(config["medusa_choices"]) == check_tree(BRANCHING_TREE)
-    assert engine_flow_tree(text, "--medusa_choices") == check_tree(profile.methods.medusa.tree)
 
 
 def test_trtllm_eagle_static():
@@ -467,7 +454,6 @@ def test_six_engines_each_export_a_real_profile():
         ("vllm", "medusa"),
         ("sglang", "eagle"),
         ("trtllm", "eagle"),
-        ("trtllm", "medusa"),
     } <= done
 
 

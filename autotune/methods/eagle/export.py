@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 from autotune.engine.tree import chain_tree, check_tree
+from autotune.export import releases
 from autotune.export.base import (
     Deployment,
     Exporter,
@@ -217,21 +218,19 @@ def _dynamic(eagle: EagleSettings, warnings: list[str]) -> dict:
 
 VLLM = Exporter(
     engine="vllm",
-    engine_version="vLLM >= 0.10 V1 engine, releases whose SpeculativeConfig has "
-    "speculative_token_tree",
+    engine_version=f"{releases.VLLM}: speculative_config method eagle",
     filename="vllm_speculative_config.yaml",
     render=render_vllm,
 )
 SGLANG = Exporter(
     engine="sglang",
-    engine_version="SGLang 0.4-0.5 server flags (python -m sglang.launch_server --speculative-*)",
+    engine_version=f"{releases.SGLANG}: python -m sglang.launch_server --speculative-*",
     filename="sglang_flags.txt",
     render=render_sglang,
 )
 TRTLLM = Exporter(
     engine="trtllm",
-    engine_version="TensorRT-LLM 1.x LLM API (speculative_config with max_total_draft_tokens) "
-    "and the TensorRT engine flow's --medusa_choices / --eagle_choices",
+    engine_version=f"{releases.TRTLLM}: LLM API EagleDecodingConfig",
     filename="trtllm_extra_llm_api_options.yaml",
     render=render_trtllm,
 )

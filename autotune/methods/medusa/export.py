@@ -4,24 +4,20 @@
   --speculative-config`` or ``LLM(speculative_config=...)``): ``method: medusa``,
   ``model``, ``num_speculative_tokens``; YAML, with the same dict as one-line JSON in a
   comment, for the command line.
-- ``trtllm``: TensorRT-LLM's LLM-API ``speculative_config`` (a YAML file for
-  ``trtllm-serve --extra_llm_api_options`` or ``LLM(**yaml)``): ``decoding_type: Medusa``,
-  ``max_draft_len`` (the tree's node count), ``num_medusa_heads``, ``medusa_choices``; and
-  in a comment the tree string of the older TensorRT engine flow
-  (``examples/run.py --medusa_choices="..."``).
+- TensorRT-LLM is not served: the pinned release's LLM API has no Medusa decoding config
+  (``tests/data/engines/trtllm.json``).
 """
 
 from __future__ import annotations
 
-from autotune.engine.tree import check_tree
+from autotune.export import releases
 from autotune.export.base import (
     Deployment,
     Exporter,
-    Flow,
     Rendered,
     speculative_config,
 )
-from autotune.export.choices import format_choices, is_chain
+from autotune.export.choices import is_chain
 from autotune.methods.medusa.settings import MedusaSettings
 
 
@@ -56,54 +52,16 @@ def _vllm_config(medusa: MedusaSettings) -> tuple[dict, list[str], list[str]]:
     return config, warnings, notes
 
 
-def render_trtllm(d: Deployment) -> Rendered:
-    config, warnings, notes = _trtllm_config(d.settings)
-    return speculative_config(TRTLLM, d, config, warnings, notes)
-
-
-def _trtllm_config(medusa: MedusaSettings) -> tuple[dict, list[str], list[str]]:
-    tree = check_tree(medusa.tree)
-    choices = format_choices(tree)
-    config = {
-        "decoding_type": "Medusa",
-        "max_draft_len": len(tree),
-        "speculative_model_dir": medusa.heads,
-        "num_medusa_heads": medusa.num_heads,
-        "medusa_choices": Flow(choices),
-    }
-    warnings = []
-    typical = medusa.acceptance.typical
-    if typical is not None:
-        warnings.append(
-            f"TensorRT-LLM's Medusa has no typical-acceptance setting: eps "
-            f"{typical.eps}, delta {typical.delta} are not expressible (greedy "
-            f"decoding is unaffected)"
-        )
-    notes = [
-        "Medusa runs on the TensorRT engine backend, not the PyTorch backend",
-        f"engine flow: trtllm-build --speculative_decoding_mode medusa "
-        f'--max_draft_len {len(tree)}; examples/run.py --medusa_choices="{choices}"',
-    ]
-    return config, warnings, notes
-
-
 VLLM = Exporter(
     engine="vllm",
-    engine_version="vLLM >= 0.10 V1 engine, releases whose SpeculativeConfig has "
-    "speculative_token_tree",
+    engine_version=f"{releases.VLLM}: speculative_config method medusa",
     filename="vllm_speculative_config.yaml",
     render=render_vllm,
 )
-TRTLLM = Exporter(
-    engine="trtllm",
-    engine_version="TensorRT-LLM 1.x LLM API (speculative_config with max_total_draft_tokens) "
-    "and the TensorRT engine flow's --medusa_choices / --eagle_choices",
-    filename="trtllm_extra_llm_api_options.yaml",
-    render=render_trtllm,
-)
-
-EXPORTERS = {e.engine: e for e in (VLLM, TRTLLM)}
+EXPORTERS = {e.engine: e for e in (VLLM,)}
 CANNOT = {
+    "trtllm": f"its LLM API has no Medusa decoding config ({releases.TRTLLM} has none; earlier "
+    "releases served Medusa on the TensorRT engine backend only)",
     "sglang": "it has no Medusa heads (its speculative algorithms are EAGLE, EAGLE3, NEXTN, "
     "STANDALONE and NGRAM)",
     "hf": "its generate() has no Medusa heads",

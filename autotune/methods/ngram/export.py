@@ -30,6 +30,7 @@ import shlex
 
 from autotune.drafters.ngram import LookupConfig
 from autotune.drafters.suffix import SuffixConfig
+from autotune.export import releases
 from autotune.export.base import (
     Deployment,
     Exporter,
@@ -312,35 +313,32 @@ def render_trtllm(d: Deployment) -> Rendered:
 
 VLLM = Exporter(
     engine="vllm",
-    engine_version="vLLM V1 engine, releases with method 'suffix' (0.14 and later; "
-    "checked against vllm/config/speculative.py on main)",
+    engine_version=f"{releases.VLLM}: speculative_config method ngram or suffix",
     filename="vllm_speculative_config.yaml",
     render=render_vllm,
 )
 SGLANG = Exporter(
     engine="sglang",
-    engine_version="SGLang 0.5 series NGRAM server flags (python -m sglang.launch_server "
-    "--speculative-ngram-*)",
+    engine_version=f"{releases.SGLANG}: python -m sglang.launch_server NGRAM flags",
     filename="sglang_flags.txt",
     render=render_sglang,
 )
 HF = Exporter(
     engine="hf",
-    engine_version="transformers GenerationConfig prompt lookup (prompt_lookup_num_tokens, "
-    "max_matching_ngram_size); checked with transformers 5.23",
+    engine_version=f"{releases.transformers()}: generate() prompt lookup "
+    "(prompt_lookup_num_tokens, max_matching_ngram_size)",
     filename="generation_config.json",
     render=render_hf,
 )
 LLAMACPP = Exporter(
     engine="llamacpp",
-    engine_version="llama.cpp llama-server --spec-type ngram-simple: --spec-ngram-size-n/-m "
-    "builds and the per-type --spec-ngram-simple-size-n/-m of newer builds",
+    engine_version=f"{releases.LLAMACPP}: llama-server --spec-type ngram-simple",
     filename="llamacpp_flags.txt",
     render=render_llamacpp,
 )
 TRTLLM = Exporter(
     engine="trtllm",
-    engine_version="TensorRT-LLM 1.x LLM API NGramDecodingConfig (PyTorch backend)",
+    engine_version=f"{releases.TRTLLM}: LLM API NGramDecodingConfig (PyTorch backend)",
     filename="trtllm_extra_llm_api_options.yaml",
     render=render_trtllm,
 )

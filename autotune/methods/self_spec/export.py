@@ -4,9 +4,10 @@
   by early exit (``assistant_early_exit``: the model drafts with its first E layers, then
   its final norm and LM head), with ``num_assistant_tokens``,
   ``num_assistant_tokens_schedule`` and ``assistant_confidence_threshold``. How
-  transformers 5.23 reads them (checked in ``tests/test_export.py``): for early exit the
-  draft length and confidence threshold come from the model's own generation config
-  (``generation_config.json``, ``model.generation_config``); passed as arguments of
+  transformers reads them (checked in ``tests/test_export.py``, with the release
+  installed): for early exit the draft length and confidence threshold come from the
+  model's own generation config (``generation_config.json``,
+  ``model.generation_config``); passed as arguments of
   ``generate()`` they are ignored (it then drafts 20 tokens with a 0.4 threshold, its
   defaults). With ``assistant_early_exit`` in the model's generation config too, the
   draft's own inner ``generate()`` inherits it and drafts by early exit again, nested a
@@ -33,6 +34,7 @@ from __future__ import annotations
 import json
 
 from autotune.engine.skip import SkipMask
+from autotune.export import releases
 from autotune.export.base import (
     JSON_META_KEY,
     Deployment,
@@ -95,7 +97,7 @@ def render_hf(d: Deployment) -> Rendered:
         "on model.generation_config): for early exit transformers reads the draft length "
         "and threshold from the model's own generation config, not from arguments of "
         "generate()",
-        f"transformers 5.23: with assistant_early_exit in the model's generation config "
+        f"with assistant_early_exit in the model's generation config "
         f"the draft's own generate() inherits it and nests early-exit drafting (exact, "
         f"slower); to avoid that, leave it out of generation_config.json and pass "
         f"assistant_early_exit={exit_layer} to generate()",
@@ -199,16 +201,13 @@ def parse_skip_layers(text: str, model: str | None = None) -> SkipMask:
 
 HF = Exporter(
     engine="hf",
-    engine_version="transformers >= 4.47 GenerationConfig (assistant_early_exit); checked "
-    "with transformers 5.23",
+    engine_version=f"{releases.transformers()}: GenerationConfig assistant_early_exit",
     filename="generation_config.json",
     render=render_hf,
 )
 LLAMACPP = Exporter(
     engine="llamacpp",
-    engine_version="llama.cpp llama-server flags: --draft-max/--draft-min/--draft-p-min "
-    "(builds from b4200) and --spec-draft-n-max/--spec-draft-n-min/"
-    "--spec-draft-p-min (newer builds with --spec-type)",
+    engine_version=f"{releases.LLAMACPP}: llama-server --spec-type draft-simple",
     filename="llamacpp_flags.txt",
     render=render_llamacpp,
 )
