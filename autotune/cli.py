@@ -443,19 +443,23 @@ def export(
     from autotune.profile.io import read_profile
 
     result = export_profile(read_profile(profile_path), engine, method, force)
-    about = about_path(out) if out is not None and result.about is not None else None
-    for path in (out, about):
-        if path is not None:
-            check_writable(path)
+    if out is not None:
+        check_writable(out)
     for warning in result.warnings:
         typer.secho(f"warning: {warning}", fg="yellow", err=True)
     if out is None:
         typer.echo(result.text, nl=False)
         return
     write_atomic(out, result.text)
+    about = about_path(out) if result.about is not None else None
     if about is not None and result.about is not None:
-        # the engine reads every key of the file: where it came from is said beside it
-        write_atomic(about, result.about)
+        # the engine reads every key of the file: where it came from is said beside it;
+        # the two are written together or not at all
+        try:
+            write_atomic(about, result.about)
+        except BaseException:
+            out.unlink(missing_ok=True)
+            raise
     also = f" and {about}" if about is not None else ""
     typer.echo(
         f"wrote {out}{also} ({result.engine}, {result.method}; targets {result.engine_version})"

@@ -573,6 +573,18 @@ def test_cli_export_out(tmp_path):
     assert parse_skip_layers(out.read_text()) == SkipMask.of(skip.attention, skip.mlp)
 
 
+def test_cli_export_of_a_key_by_key_json_writes_its_notes_beside_it(tmp_path):
+    out = tmp_path / "generation_config.json"
+    profile = DATA / "profile_smollm2-135m_self_spec.yaml"
+    result = invoke("export", profile, "--engine", "hf", "--out", out, "--force")
+    assert result.exit_code == 0, result.stderr
+    about = tmp_path / "generation_config.autotune.txt"
+    assert f"wrote {out} and {about}" in result.stdout
+    assert "_autotune" not in json.loads(out.read_text())
+    assert "assistant_early_exit" in json.loads(out.read_text())
+    assert "transformers" in about.read_text() and "warning:" in about.read_text()
+
+
 @pytest.mark.parametrize(
     "args,words",
     [
