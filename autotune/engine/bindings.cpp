@@ -8,7 +8,8 @@ void bind_decoder(pybind11::module& m);
 }  // namespace autotune
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("small_linear", &autotune::small_linear, "x @ w.T for a few rows of x (float32)");
+  m.def("small_linear", &autotune::small_linear, "x @ w.T for a few rows of x (float32)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("huge_page_copies", &autotune::huge_page_copies,
         "copies of contiguous CPU tensors in one block of 2 MiB pages");
   autotune::bind_decoder(m);

@@ -355,6 +355,8 @@ namespace autotune {
 void bind_decoder(pybind11::module& m) {
   pybind11::class_<DecoderStack>(m, "DecoderStack")
       .def(pybind11::init<const std::vector<torch::Tensor>&, int64_t, int64_t, int64_t, double>())
-      .def("forward", &DecoderStack::forward);
+      // other Python threads (progress bars, a trial worker's heartbeat) run meanwhile
+      .def("forward", &DecoderStack::forward,
+           pybind11::call_guard<pybind11::gil_scoped_release>());
 }
 }  // namespace autotune
