@@ -480,6 +480,9 @@ def verify_command(
     gguf: Path | None = typer.Option(
         None, help="llama.cpp: the model as a GGUF file (default: the profile's, if a GGUF)."
     ),
+    draft_gguf: Path | None = typer.Option(
+        None, help="llama.cpp: the draft model an export that drafts with one needs."
+    ),
     record: bool = typer.Option(
         True, "--record/--no-record", help="Write the figures into the profile (verified)."
     ),
@@ -492,7 +495,9 @@ def verify_command(
 
     from autotune.verify import report_lines, verify
 
-    report = verify(profile_path, engine.strip().lower(), limit, max_new_tokens, gguf, record)
+    report = verify(
+        profile_path, engine.strip().lower(), limit, max_new_tokens, gguf, record, draft_gguf
+    )
     if json_out:
         typer.echo(json.dumps(report.summary(), indent=1))
         return

@@ -119,6 +119,7 @@ def verify(
     max_new_tokens: int | None = None,
     gguf: Path | None = None,
     record: bool = True,
+    draft_gguf: Path | None = None,
 ) -> Report:
     """Measure the profile's recommended method, as exported for ``engine``, in it."""
     from autotune.export import export_profile
@@ -140,7 +141,7 @@ def verify(
         raise AutotuneError("the profile's workload has no held-back prompts to verify on")
     with step(f"verify in {engine}: three ways each prompt", len(prompts)) as advance:
         if engine == "llamacpp":
-            report = _llamacpp(profile, export, prompts, tokens, gguf, advance)
+            report = _llamacpp(profile, export, prompts, tokens, gguf, draft_gguf, advance)
         else:
             report = _hf(ws, export, prompts, tokens, advance)
     if record:
@@ -162,7 +163,7 @@ def _workspace(profile) -> Any:
     )
 
 
-def _llamacpp(profile, export, prompts, tokens, gguf, advance) -> Report:
+def _llamacpp(profile, export, prompts, tokens, gguf, draft_gguf, advance) -> Report:
     from autotune.bench import find_model
     from autotune.models import resolve_model
     from autotune.serving import llamacpp
@@ -175,11 +176,15 @@ def _llamacpp(profile, export, prompts, tokens, gguf, advance) -> Report:
                 "pass --gguf FILE.gguf (the same model, converted)"
             )
         gguf = resolved.path
-    flags = {
-        GREEDY: [],
-        DEFAULT: list(llamacpp.OWN_DEFAULT),
-        EXPORT: llamacpp.flags_of(export.text),
-    }
+    exported = llamacpp.flags_of(export.text)
+    if llamacpp.needs_draft_model(exported):
+        if draft_gguf is None:
+            raise AutotuneError(
+                f"the {export.method} export drafts in llama.cpp with a draft model of the "
+                "user's: pass --draft-gguf FILE.gguf (a small model with the same tokenizer)"
+            )
+        exported += ["--spec-draft-model", str(draft_gguf)]
+    flags = {GREEDY: [], DEFAULT: list(llamacpp.OWN_DEFAULT), EXPORT: exported}
     with llamacpp.servers(Path(gguf), flags) as running:
         decoders: dict[str, Decode] = {name: server.decode for name, server in running.items()}
         variants = side_by_side(decoders, prompts, tokens, advance)
@@ -225,6 +230,8 @@ def report_lines(report: Report) -> list[str]:
     ]
     for name, m in report.variants.items():
         label = f"{name} ({report.default})" if name == DEFAULT else name
-        lines.append(f"  {label:<44} {interval_text(m)}  lossless {m.lossless}")
+        # where the engine says what it drafted: how many tokens a step it gained
+        drafted = f"  {m.tokens_per_step:.2f} tokens/step" if m._total("drafted") else ""
+        lines.append(f"  {label:<44} {interval_text(m)}{drafted}  lossless {m.lossless}")
     lines.append(f"autotune export / engine default: {report.over_default():.3f}x")
     return lines

@@ -102,6 +102,25 @@ def test_verify_in_transformers_records_the_figures(tmp_path, embedded_target):
     assert verified[0].release.startswith("transformers ") and verified[0].prompts == 2
 
 
+def test_an_export_that_drafts_with_a_draft_model_says_it_needs_one():
+    assert llamacpp.needs_draft_model(["--spec-type", "draft-simple", "--spec-draft-n-max", "4"])
+    assert not llamacpp.needs_draft_model(["--spec-type", "draft-simple", "-md", "d.gguf"])
+    assert not llamacpp.needs_draft_model(["--spec-type", "ngram-simple"])
+
+
+@pytest.mark.embedded
+@needs_llamacpp
+def test_verify_of_self_spec_in_llamacpp_asks_for_the_draft_model(tmp_path):
+    from autotune.verify import verify
+
+    path = tmp_path / "profile.yaml"
+    path.write_text(
+        (Path(__file__).parent / "data" / "profile_smollm2-135m_self_spec.yaml").read_text()
+    )
+    with pytest.raises(AutotuneError, match="pass --draft-gguf"):
+        verify(path, "llamacpp", limit=1, max_new_tokens=4)
+
+
 def test_verify_refuses_engines_it_cannot_run(tmp_path):
     from autotune.verify import verify
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -161,6 +162,14 @@ def release() -> str:
     with contextlib.suppress(OSError, ValueError):
         return json.loads(record.read_text())["release"]
     return RELEASE
+
+
+def needs_draft_model(flags: Sequence[str]) -> bool:
+    """Whether these flags draft with a draft model that they do not name."""
+    pairs = itertools.pairwise(flags)
+    drafts = any(a == "--spec-type" and b.startswith("draft-") for a, b in pairs)
+    named = any(f in ("--spec-draft-model", "-md", "--model-draft") for f in flags)
+    return drafts and not named
 
 
 def flags_of(export_text: str) -> list[str]:
