@@ -67,6 +67,7 @@ class Recorder(Drafter):
         self.inner, self.claim = inner, claim
         self.drafts: list[Draft] = []
         self.max_draft_tokens = inner.max_draft_tokens
+        self.may_skip = inner.may_skip
 
     def reset(self) -> None:
         self.inner.reset()
@@ -98,7 +99,7 @@ class Recorder(Drafter):
 def check_drafts(recorder: Recorder, vocab: int) -> None:
     assert recorder.drafts, "no proposal was made"
     for draft in recorder.drafts:
-        assert len(draft.tokens) >= 1
+        assert len(draft.tokens) >= (0 if recorder.may_skip else 1)
         assert len(draft.tokens) <= recorder.max_draft_tokens
         shape = draft.shape  # TreeShape checks parents come first
         assert shape.size == len(draft.tokens)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import ClassVar, Literal, Protocol
 
 from autotune.engine.proposal import Draft, DraftContext, Drafter
 from autotune.engine.tree import ROOT, TreeShape
@@ -65,12 +65,18 @@ class TokenIndex:
     def earlier_ends(self, oldest_first: bool = False) -> list[int]:
         """Where the sequence's last ``key_length`` tokens occurred before (end positions),
         at most ``MAX_SCAN`` of them, most recent first (or oldest first)."""
+        earlier = self.all_earlier_ends(oldest_first=True)
+        return earlier[:MAX_SCAN] if oldest_first else earlier[-MAX_SCAN:][::-1]
+
+    def all_earlier_ends(self, oldest_first: bool = False) -> list[int]:
+        """Every earlier occurrence (``earlier_ends`` without its cap): what an engine's
+        own rule scans."""
         last = len(self.tokens) - 1
         if last + 1 < self.key_length:
             return []
         ends = self._ends.get(self._key(last), [])
         earlier = ends[:-1] if ends and ends[-1] == last else ends
-        return earlier[:MAX_SCAN] if oldest_first else earlier[-MAX_SCAN:][::-1]
+        return list(earlier) if oldest_first else earlier[::-1]
 
     def match_length(self, end: int, cap: int) -> int:
         """How many tokens ending at ``end`` equal the sequence's last ones, up to ``cap``
@@ -113,6 +119,9 @@ class Policy(Protocol):
 
     @property
     def max_tree_tokens(self) -> int: ...
+
+    # proposes a guessed token where nothing matches (the engines' own rules do not)
+    guesses: ClassVar[bool]
 
     def candidates_for(self, index: TokenIndex, depth: int) -> Candidates: ...
 
@@ -170,6 +179,8 @@ class LookupConfig:
     max_tree_tokens: int
     prefer: Literal["recent", "first"]
 
+    guesses: ClassVar[bool] = True
+
     def __post_init__(self):
         check_match(self.min_match, self.max_match)
         if min(self.draft_tokens, self.candidates, self.branch_tokens, self.max_tree_tokens) < 1:
@@ -206,6 +217,7 @@ class NgramDrafter(Drafter):
     def __init__(self, policy: Policy):
         self.policy = policy
         self.max_draft_tokens = policy.max_tree_tokens
+        self.may_skip = not policy.guesses
         self.index = TokenIndex(policy.min_match)
 
     def reset(self) -> None:
@@ -225,6 +237,8 @@ class NgramDrafter(Drafter):
         draft = merge(found)
         if draft is not None:
             return draft
+        if not self.policy.guesses:
+            return Draft([])  # a plain step: the root alone is verified
         last = history[-1]
         guess = self.index.follower(last)
         return Draft([last if guess is None else guess])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 from autotune.drafters.ngram import Candidates, TokenIndex, check_match
 
@@ -28,6 +29,8 @@ class SuffixConfig:
     max_tree_tokens: int
     tokens_per_match: float
     min_probability: float
+
+    guesses: ClassVar[bool] = True
 
     def __post_init__(self):
         check_match(self.min_match, self.max_match)

@@ -80,7 +80,9 @@ class Drafter(ABC):
 
     The contract (``tests/test_drafter_contract.py`` runs every drafter through it):
     - ``propose`` returns at least one token, as a chain or a valid tree (parents before
-      children), no larger than ``max_draft_tokens``; it may write to the target's cache
+      children), no larger than ``max_draft_tokens``; a drafter with ``may_skip`` may
+      return none (a plain step, as the engines' prompt lookup does without a match);
+      it may write to the target's cache
       past ``context.position`` (the decoder crops it before verifying);
     - greedy decoding with any drafter equals plain greedy decoding token for token;
     - ``observe`` is told how far each proposal was accepted; ``reset`` starts a new
@@ -89,10 +91,12 @@ class Drafter(ABC):
 
     # The most draft tokens one proposal may hold (the root not counted).
     max_draft_tokens: int = 256
+    # Whether a proposal may hold no token at all.
+    may_skip: bool = False
 
     @abstractmethod
     def propose(self, context: DraftContext) -> Draft:
-        """Propose at least one token."""
+        """Propose at least one token (none only where ``may_skip``)."""
 
     def reset(self) -> None:  # noqa: B027  (optional: most drafters keep no state)
         """Start a new sequence: drop adaptive state."""
