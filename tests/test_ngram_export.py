@@ -14,6 +14,7 @@ import yaml
 
 from autotune.drafters.ngram import LookupConfig
 from autotune.drafters.suffix import SuffixConfig
+from autotune.errors import AutotuneError
 from autotune.export import ENGINES, export_profile
 from autotune.methods import registry
 from autotune.methods.ngram.settings import Config, NgramSettings, block_of
@@ -231,3 +232,73 @@ def test_hf_export_runs_in_transformers_and_equals_greedy(embedded_target, one_t
     assert seen == [wanted, wanted]
     assert looked_up.tolist() == plain.tolist() == merged.tolist()
     assert plain.shape[1] == ids.shape[1] + new_tokens
+
+
+# --- each engine's own setting ---------------------------------------------------------
+
+
+def with_engine_variants(profile: ProfileBase, low: float = 1.08) -> ProfileBase:
+    """The profile with llama.cpp's and vLLM's own settings, measured on search prompts."""
+    from autotune.drafters.engine_lookup import EngineLookupConfig
+    from autotune.profile.blocks import EngineVariant, Figures
+
+    def variant(config: EngineLookupConfig) -> EngineVariant:
+        figures = Figures(
+            speedup=low + 0.1,
+            speedup_interval=[low, low + 0.2],
+            tokens_per_step=1.6,
+            acceptance_rate=0.3,
+            tokens_per_s=50.0,
+            baseline_tokens_per_s=42.0,
+            lossless=True,
+            prompts=6,
+        )
+        return EngineVariant(
+            setting=block_of(config).model_dump(), description="own", selection=figures
+        )
+
+    block = profile.block("ngram")
+    engines = {
+        "llamacpp": variant(EngineLookupConfig("llamacpp", 3, 3, 5)),
+        "vllm": variant(EngineLookupConfig("vllm", 2, 3, 7)),
+    }
+    return profile.model_copy(
+        update={"methods": methods_block(ngram=block.model_copy(update={"engines": engines}))}
+    )
+
+
+def test_an_engine_with_a_setting_of_its_own_gets_it_without_warnings():
+    profile = with_engine_variants(ngram_profile(TREE, {"copy": SUFFIX}))
+    out = export_profile(profile, "llamacpp")
+    assert out.text.splitlines()[-1] == (
+        "--spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m 5"
+    )
+    assert not out.warnings  # a chain by llama.cpp's own rule, one setting: nothing lost
+    assert "1.180x plain greedy" in out.text and "6 search prompts" in out.text
+    config = yaml.safe_load(export_profile(profile, "vllm").text)["speculative_config"]
+    assert config == {
+        "method": "ngram",
+        "num_speculative_tokens": 7,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 3,
+    }
+    # an engine without a setting of its own gets the profile's, with what it loses
+    sglang = export_profile(profile, "sglang")
+    assert "--speculative-ngram-max-bfs-breadth 3" in sglang.text and sglang.warnings
+
+
+def test_an_engine_setting_no_faster_than_greedy_is_refused_unless_forced():
+    profile = with_engine_variants(ngram_profile(TREE), low=0.9)
+    with pytest.raises(AutotuneError, match=r"llama\.cpp drafts it measured 1\.000x"):
+        export_profile(profile, "llamacpp")
+    assert export_profile(profile, "llamacpp", force=True).text
+
+
+def test_a_setting_tuned_for_one_engine_warns_in_another():
+    from autotune.drafters.engine_lookup import EngineLookupConfig
+
+    profile = ngram_profile(EngineLookupConfig("llamacpp", 3, 3, 6))
+    assert not export_profile(profile, "llamacpp").warnings
+    hf = export_profile(profile, "hf")
+    assert any("tuned and measured as llamacpp drafts" in w for w in hf.warnings)
+    assert json.loads(hf.text) == {"prompt_lookup_num_tokens": 6, "max_matching_ngram_size": 3}

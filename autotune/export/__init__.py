@@ -8,6 +8,8 @@ exported text).
 
 from __future__ import annotations
 
+import dataclasses
+
 from autotune.errors import AutotuneError
 from autotune.export.base import Deployment, Export, Exporter
 from autotune.export.engines import ENGINES
@@ -48,7 +50,11 @@ def export_profile(
         )
     exporter = exporter_for(name, engine)
     assert exporter is not None  # choose_method checked it
-    rendered = exporter.render(Deployment.of(profile, name))
+    deployment = Deployment.of(profile, name)
+    served = registry.method(name).for_engine(deployment.settings, engine)
+    if served is not deployment.settings and not force:
+        guard_variant(served, name, engine)
+    rendered = exporter.render(dataclasses.replace(deployment, settings=served))
     # a switch of method is said on stderr; the file itself says which method it holds
     warnings = tuple(choice_warnings + rendered.warnings)
     return Export(
@@ -86,6 +92,22 @@ def guard(profile: ProfileBase, name: str) -> None:
             f"{name} was not clearly faster than plain greedy decoding "
             f"({measured.speedup:.3f}x, interval low end {low:.3f}); to export "
             "it anyway, pass --force"
+        )
+
+
+def guard_variant(settings, name: str, engine: str) -> None:
+    """Refuse the engine's own setting where it measured no faster than plain greedy
+    decoding in its drafting rule (``--force`` passes)."""
+    figures = settings.measured or settings.selection
+    if figures is None:
+        return  # never decoded: the file says so (provenance)
+    low = figures.speedup_interval[0] if figures.speedup_interval else figures.speedup
+    if low <= 1.0:
+        where = "held-back" if settings.measured is not None else "search"
+        raise AutotuneError(
+            f"{name} as {ENGINES[engine]} drafts it measured {figures.speedup:.3f}x on "
+            f"{figures.prompts} {where} prompts (interval low end {low:.3f}): not clearly "
+            f"faster than plain greedy decoding there; to export it anyway, pass --force"
         )
 
 

@@ -91,15 +91,23 @@ class Exporter:
 def provenance(d: Deployment) -> list[str]:
     """Where the settings come from, in a few lines for the top of the file."""
     measured = d.settings.measured
+    where = "held-back"
+    if measured is None:  # an engine's own setting the held-back measurement had no time for
+        measured, where = d.settings.selection, "search"
     model = d.model
+    lines = [
+        f"model: {model.name} ({model.architecture}, {model.num_layers} layers, "
+        f"fingerprint {model.fingerprint})"
+    ]
+    if measured is None:
+        return [*lines, f"method: {d.method}; not measured by autotune (the proxy's choice)"]
     lossless = {True: "lossless", False: "NOT lossless", None: "lossless not checked"}
     return [
-        f"model: {model.name} ({model.architecture}, {model.num_layers} layers, "
-        f"fingerprint {model.fingerprint})",
+        *lines,
         f"method: {d.method}; measured by autotune on {d.hardware.device} "
         f"({d.hardware.device_name}): {measured.speedup:.3f}x plain greedy, "
         f"{measured.tokens_per_step:.2f} tokens/step, {lossless[measured.lossless]}, "
-        f"{measured.prompts} held-back prompts",
+        f"{measured.prompts} {where} prompts",
     ]
 
 

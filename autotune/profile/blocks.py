@@ -105,6 +105,18 @@ class Verified(Block):
     max_new_tokens: int
 
 
+class EngineVariant(Block):
+    """Where an engine cannot serve a method as it was tuned (a tree, autotune's own
+    matching): the best setting that engine can express, tuned and measured as the engine
+    drafts. The export to that engine writes it."""
+
+    setting: dict  # in the method's own settings format (n-gram: a draft block)
+    description: str  # for people
+    predicted: float | None = None  # the proxy's predicted speedup
+    selection: Figures | None = None  # search prompts, against greedy
+    measured: Measured | None = None  # held-back prompts, with the method's finalists
+
+
 class MethodSettings(Block):
     """The base of every method's block: its own settings come first, then these."""
 
@@ -116,6 +128,8 @@ class MethodSettings(Block):
     search: dict = Field(default_factory=dict)  # how it was found, for the curious
     notes: list[str] = Field(default_factory=list)  # what was cut short, and how
     verified: list[Verified] = Field(default_factory=list)  # in serving engines, one each
+    # engine -> the best setting it can express, where it cannot serve this one as tuned
+    engines: dict[str, EngineVariant] = Field(default_factory=dict)
 
     @model_serializer(mode="wrap")
     def _own_settings_first(self, handler):

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from autotune.methods.base import DraftEnv, Method, TuneContext
 from autotune.methods.ngram.export import CANNOT, EXPORTERS
-from autotune.methods.ngram.settings import NgramLookup, NgramSettings, SuffixLookup
+from autotune.methods.ngram.settings import EngineLookup, NgramLookup, NgramSettings, SuffixLookup
 from autotune.methods.ngram.space import NgramSpace
 
 
@@ -44,6 +44,22 @@ class Ngram(Method):
         from autotune.methods.ngram.tune import tuning_seconds
 
         return tuning_seconds(space, forward_s, trials)
+
+    def for_engine(self, settings: NgramSettings, engine: str) -> NgramSettings:
+        """The engine's own setting, drafting as it drafts, with its own figures."""
+        variant = settings.engines.get(engine)
+        if variant is None:
+            return settings
+        return settings.model_copy(
+            update={
+                "draft": EngineLookup.model_validate(variant.setting),
+                "by_category": {},  # one setting per server (per-category: said in notes)
+                "alternatives": {},
+                "selection": variant.selection,
+                "measured": variant.measured,
+                "engines": {},
+            }
+        )
 
     def drafter(self, settings: NgramSettings, env: DraftEnv):
         from autotune.drafters.ngram import NgramDrafter
@@ -90,8 +106,12 @@ class Ngram(Method):
             tokens_per_match=2.0,
             min_probability=0.1,
         )
+        llamacpp = EngineLookup(
+            engine="llamacpp", min_match=2, max_match=2, draft_tokens=4, prefer="recent"
+        )
         return {
             "lookup_tree": NgramSettings(draft=tree),
+            "llamacpp_rule": NgramSettings(draft=llamacpp),
             "lookup_chain": NgramSettings(draft=chain),
             "suffix": NgramSettings(draft=suffix),
             "by_category": NgramSettings(draft=tree, by_category={"copy": suffix}),

@@ -22,12 +22,17 @@ as their sources have them (checked by ``tests/test_ngram_export.py``):
 - ``trtllm``: the LLM API's ``NGramDecodingConfig`` (``decoding_type: NGram``,
   ``max_draft_len``, ``max_matching_ngram_size``, ``is_keep_all``, ``is_use_oldest``,
   ``is_public_pool``), PyTorch backend; a chain.
+
+Where the profile holds an engine's own setting (``engines``: tuned and measured drafting
+by that engine's rule, ``drafters.engine_lookup``), the export to that engine writes it
+(``Method.for_engine``), and nothing is lost in the translation.
 """
 
 from __future__ import annotations
 
 import shlex
 
+from autotune.drafters.engine_lookup import EngineLookupConfig
 from autotune.drafters.ngram import LookupConfig
 from autotune.drafters.suffix import SuffixConfig
 from autotune.export import releases
@@ -59,7 +64,7 @@ def per_category_warning(title: str, spec: NgramSettings) -> list[str]:
 def chain_warning(title: str, config: Config, length: int) -> list[str]:
     """What is lost when an engine drafts one continuation where the profile drafts a
     tree."""
-    if isinstance(config, LookupConfig) and config.candidates == 1:
+    if not isinstance(config, SuffixConfig) and config.candidates == 1:
         return []
     what = (
         f"tree of {config.candidates} continuations"
@@ -70,6 +75,23 @@ def chain_warning(title: str, config: Config, length: int) -> list[str]:
         f"{title} drafts one continuation per step: the profile's {what} (up to "
         f"{config.max_tree_tokens} tokens) becomes a chain of {length} tokens, so fewer "
         f"tokens are accepted per step than were measured"
+    ]
+
+
+def prefer_of(config: Config) -> str | None:
+    """Which occurrence the setting drafts after ("recent", "first"; None: suffix
+    decoding weighs them all)."""
+    return None if isinstance(config, SuffixConfig) else config.prefer
+
+
+def rule_warning(title: str, engine: str, config: Config) -> list[str]:
+    """A setting tuned as another engine drafts, exported to this one."""
+    if not isinstance(config, EngineLookupConfig) or config.engine == engine:
+        return []
+    return [
+        f"this setting was tuned and measured as {config.engine} drafts; {title}'s own "
+        f"matching rule differs, so its drafts and speed differ (profile with --engine "
+        f"{engine} to tune for {title})"
     ]
 
 
@@ -97,10 +119,11 @@ def render_vllm(d: Deployment) -> Rendered:
     else:
         body, warnings, notes = _vllm_ngram(config)
     warnings += per_category_warning("vLLM", spec)
+    warnings += rule_warning("vLLM", "vllm", config)
     return speculative_config(VLLM, d, body, warnings, notes, command_line=True)
 
 
-def _vllm_ngram(config: LookupConfig) -> tuple[dict, list[str], list[str]]:
+def _vllm_ngram(config: LookupConfig | EngineLookupConfig) -> tuple[dict, list[str], list[str]]:
     warnings = chain_warning("vLLM", config, config.draft_tokens)
     if config.prefer == "recent":
         warnings.append(
@@ -113,7 +136,7 @@ def _vllm_ngram(config: LookupConfig) -> tuple[dict, list[str], list[str]]:
         "prompt_lookup_min": config.min_match,
         "prompt_lookup_max": config.max_match,
     }
-    return body, warnings, [_no_match_note("vLLM")]
+    return body, warnings, [_rule_note("vLLM", "vllm", config)]
 
 
 def _vllm_suffix(config: SuffixConfig) -> tuple[dict, list[str], list[str]]:
@@ -147,13 +170,24 @@ def _no_match_note(title: str) -> str:
     )
 
 
+def _rule_note(title: str, engine: str, config: Config) -> str:
+    """How the figures relate to the engine's drafting: its own rule, or autotune's."""
+    if isinstance(config, EngineLookupConfig) and config.engine == engine:
+        return (
+            f"tuned and measured in autotune's engine drafting by {title}'s own rule (its "
+            f"matching, no draft without a match): verify it in {title} itself where "
+            f"autotune can run it (`autotune verify PROFILE --engine {engine}`)"
+        )
+    return _no_match_note(title)
+
+
 # --- SGLang --------------------------------------------------------------------------------
 
 
 def render_sglang(d: Deployment) -> Rendered:
     spec = d.settings
     config = spec.config()
-    if isinstance(config, LookupConfig):
+    if not isinstance(config, SuffixConfig):
         breadth, match_type = config.candidates, "BFS"
     else:
         # PROB ranks every branch by frequency: no breadth cap beyond the tree's size
@@ -182,6 +216,7 @@ def render_sglang(d: Deployment) -> Rendered:
             f"{config.min_probability}); its breadth is the tree's size"
         )
     warnings += per_category_warning("SGLang", spec)
+    warnings += rule_warning("SGLang", "sglang", config)
     notes = [
         "append these flags to: python -m sglang.launch_server --model-path MODEL",
         "--speculative-num-draft-tokens counts the last verified token too",
@@ -220,18 +255,21 @@ def render_hf(d: Deployment) -> Rendered:
             f"min_match {config.min_match} is not expressible (it also drafts after "
             f"shorter matches)"
         )
-    if isinstance(config, LookupConfig) and config.prefer == "recent":
+    if prefer_of(config) == "recent":
         warnings.append(
             "transformers drafts after the earliest match; the profile prefers the most "
             "recent one, so its drafts differ where a match recurs"
         )
     warnings += per_category_warning("transformers", spec)
+    warnings += rule_warning("transformers", "hf", config)
     notes = [
         "pass these keys to generate(): settings = json.load(open(FILE)); "
         "model.generate(ids, **settings); or merge them into the model folder's "
         "generation_config.json",
         "transformers stops a draft at the end of the text and drafts nothing without a "
-        "match (autotune's drafter continues a repeating span, and guesses one token)",
+        "match (autotune's drafter continues a repeating span, and guesses one token)"
+        if not isinstance(config, EngineLookupConfig) or config.engine != "hf"
+        else _rule_note("transformers", "hf", config),
     ]
     return Rendered(
         json_text(hf_settings(config)), warnings, about=about_text(HF, d, warnings, notes)
@@ -257,16 +295,17 @@ def render_llamacpp(d: Deployment) -> Rendered:
             f"({size_n}); after shorter matches (down to min_match {config.min_match}) it "
             f"drafts nothing"
         )
-    if isinstance(config, LookupConfig) and config.prefer == "first":
+    if prefer_of(config) == "first":
         warnings.append(
             "ngram-simple drafts after the most recent match; the profile prefers the "
             "earliest one, so its drafts differ where a match recurs"
         )
     warnings += per_category_warning("llama.cpp", spec)
+    warnings += rule_warning("llama.cpp", "llamacpp", config)
     notes = [
         "append these flags to: llama-server -m MODEL.gguf",
         f"ngram-simple drafts only where at least {size_n} tokens follow the match",
-        _no_match_note("llama.cpp"),
+        _rule_note("llama.cpp", "llamacpp", config),
     ]
     lines = comment_lines(LLAMACPP, d, warnings, notes)
     lines.append(
@@ -282,7 +321,7 @@ def render_trtllm(d: Deployment) -> Rendered:
     spec = d.settings
     config = spec.config()
     length = chain_length(config)
-    prefer_first = not isinstance(config, LookupConfig) or config.prefer == "first"
+    prefer_first = prefer_of(config) in (None, "first")
     warnings = suffix_warning(
         "TensorRT-LLM",
         config,
@@ -295,6 +334,7 @@ def render_trtllm(d: Deployment) -> Rendered:
             f"min_match {config.min_match} is not expressible"
         )
     warnings += per_category_warning("TensorRT-LLM", spec)
+    warnings += rule_warning("TensorRT-LLM", "trtllm", config)
     body = {
         "decoding_type": "NGram",
         "max_draft_len": length,
@@ -307,6 +347,7 @@ def render_trtllm(d: Deployment) -> Rendered:
         "is_public_pool false drafts from each request's own tokens, as measured; true "
         "shares one pool across requests",
         "the PyTorch backend serves NGram; pass this file with --extra_llm_api_options",
+        _rule_note("TensorRT-LLM", "trtllm", config),
     ]
     return speculative_config(TRTLLM, d, body, warnings, notes)
 

@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from autotune.drafters.engine_lookup import EngineLookupConfig
 from autotune.drafters.ngram import LookupConfig
 from autotune.drafters.suffix import SuffixConfig
 from autotune.profile.blocks import Block, MethodSettings
@@ -54,24 +55,51 @@ class SuffixLookup(_Match):
     min_probability: float = Field(ge=0.0, le=1.0)
 
 
-LookupBlock = Annotated[NgramLookup | SuffixLookup, Field(discriminator="kind")]
-Config = LookupConfig | SuffixConfig
+class EngineLookup(Block):
+    """A serving engine's own prompt lookup (``drafters.engine_lookup.EngineLookupConfig``):
+    the setting exported to that engine, drafting as it drafts."""
+
+    kind: Literal["engine"] = "engine"
+    engine: Literal["hf", "vllm", "trtllm", "llamacpp"]
+    min_match: int = Field(ge=1)
+    max_match: int = Field(ge=1)
+    draft_tokens: int = Field(ge=1)
+    prefer: Literal["recent", "first"]
 
 
-def config_of(block: NgramLookup | SuffixLookup) -> Config:
+AnyLookup = NgramLookup | SuffixLookup | EngineLookup
+LookupBlock = Annotated[AnyLookup, Field(discriminator="kind")]
+Config = LookupConfig | SuffixConfig | EngineLookupConfig
+
+
+def config_of(block: AnyLookup) -> Config:
     """The drafter's settings for a block."""
     values = block.model_dump(exclude={"kind"})
+    if block.kind == "engine":
+        return EngineLookupConfig(**values)
     return LookupConfig(**values) if block.kind == "ngram" else SuffixConfig(**values)
 
 
-def block_of(config: Config) -> NgramLookup | SuffixLookup:
+def block_of(config: Config) -> AnyLookup:
     """The block for a drafter's settings."""
     values = dict(config.__dict__)
+    if isinstance(config, EngineLookupConfig):
+        return EngineLookup(**values)
     return NgramLookup(**values) if isinstance(config, LookupConfig) else SuffixLookup(**values)
 
 
 def describe(config: Config) -> str:
     """One line for people: ``ngram match 1-3, 8 deep, 3 candidates (2 deep), ...``."""
+    if isinstance(config, EngineLookupConfig):
+        match = (
+            f"exactly {config.max_match}"
+            if config.min_match == config.max_match
+            else f"{config.min_match}-{config.max_match}"
+        )
+        return (
+            f"{config.engine} prompt lookup: match {match}, {config.draft_tokens} tokens, "
+            f"{config.prefer} occurrence"
+        )
     if isinstance(config, LookupConfig):
         return (
             f"ngram match {config.min_match}-{config.max_match}, {config.draft_tokens} deep, "
