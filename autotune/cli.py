@@ -265,12 +265,22 @@ def profile(
         min=1,
         help="Most search prompts the methods' candidates race on, side by side, to rank them.",
     ),
+    engine: list[str] | None = typer.Option(
+        None,
+        "--engine",
+        metavar="ENGINE",
+        help="The serving engine you deploy to (repeatable: vllm, sglang, trtllm, hf, "
+        "llamacpp, dv): only methods it serves are tuned, each within what it can express "
+        "(n-gram drafts by its own matching rule). Default: every method, and every "
+        "engine's own n-gram setting beside the profile's.",
+    ),
     device: str = typer.Option("auto", help=_DEVICE_HELP),
     dtype: str = typer.Option("auto", help=_DTYPE_HELP),
 ):
     """Tune the methods on this model and device; write a YAML decoding profile."""
     from rich.console import Console
 
+    from autotune.export import check_engine
     from autotune.files import check_writable
     from autotune.profile.report import plot_path, verdict_table
     from autotune.profiling import ProfileRequest, parse_methods, run_profile, verdict_lines
@@ -305,6 +315,7 @@ def profile(
         dtype=dtype,
         device=device,
         threads=threads,
+        engines=tuple(dict.fromkeys(check_engine(e) for e in engine)) if engine else None,
     )
     result, path = run_profile(request)
     typer.echo(f"wrote {path}")

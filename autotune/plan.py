@@ -72,11 +72,12 @@ LEADER_TRIALS = 12
 DRAFT_FREE_COST = 0.9
 
 # Within a method's tuning time (shares of what is left when each step starts): n-gram's
-# proxy search, then its measured study (the rest: the side by side of its finalists);
+# proxy search, then its measured study (the rest: the side by side of its finalists and
+# of each serving engine's own setting);
 # self-spec's mask search on the proxy, then its draft-exit study; EAGLE's static then
 # dynamic tree studies; Medusa's tree study; GLIDE's study; CAPE's fit per chain method.
 NGRAM_PROXY_SHARE = 0.4
-NGRAM_STUDY_SHARE = 0.85
+NGRAM_STUDY_SHARE = 0.75
 MASK_SEARCH_SHARE = 0.6
 DRAFT_EXIT_SHARE = 0.9
 EAGLE_STATIC_SHARE = 0.4

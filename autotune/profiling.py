@@ -86,6 +86,8 @@ class ProfileRequest:
     budget_s: float | None = BUDGET_S  # the whole run (``--budget``)
     train_heads: bool = True  # train missing heads within the run, when the model allows
     threads: int | None = None  # --threads (None: the cores, or one on a busy machine)
+    # --engine (repeatable): deploying to these; the search keeps to what they express
+    engines: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -175,6 +177,10 @@ def make_setup(request: ProfileRequest) -> Setup:
             f"{expansions[0].name} widens a chain method's drafts: add one of "
             f"{', '.join(chains)} to --methods"
         )
+    if request.engines:
+        methods, unserved = servable(methods, request.engines, request.methods is not None)
+    else:
+        unserved = {}
     heads, skipped = find_heads(methods, request)
     train = {
         name: str(registry.method(name).heads) for name, why in skipped.items() if why == TRAIN
@@ -182,7 +188,32 @@ def make_setup(request: ProfileRequest) -> Setup:
     skipped = {name: why for name, why in skipped.items() if why != TRAIN}
     methods = [m for m in methods if m.name not in skipped]
     spaces = {e.name: e.space(request.search_spaces.get(e.name)) for e in methods + expansions}
-    return Setup(methods, expansions, spaces, heads, skipped, train)
+    return Setup(methods, expansions, spaces, heads, {**unserved, **skipped}, train)
+
+
+def servable(
+    methods: list[Method], engines: tuple[str, ...], asked: bool
+) -> tuple[list[Method], dict[str, str]]:
+    """The methods one of ``engines`` can serve, and why each other one is left out (an
+    error when the user asked for methods and none of them can be served)."""
+    from autotune.export.engines import ENGINES
+
+    kept, unserved = [], {}
+    for method in methods:
+        if any(engine in method.exporters for engine in engines):
+            kept.append(method)
+            continue
+        why = "; ".join(
+            f"{ENGINES[e]}: {method.cannot_export.get(e, f'it has no {method.name} support')}"
+            for e in engines
+        )
+        unserved[method.name] = f"--engine {', '.join(engines)} cannot serve it ({why})"
+    if not kept:
+        raise AutotuneError(
+            f"none of the methods {'asked for' if asked else 'autotune has'} can be served by "
+            f"{', '.join(engines)}: " + "; ".join(f"{m}: {why}" for m, why in unserved.items())
+        )
+    return kept, unserved
 
 
 def find_heads(
@@ -590,6 +621,7 @@ class Run:
             self.heads.get(method.name),
             self.request.trials,
             max_new_tokens=self.request.max_new_tokens,
+            engines=self.request.engines,
         )
 
     def tune_method(self, method: Method) -> MethodSettings:
@@ -639,6 +671,7 @@ def tune_methods(
             request.workers,
             setup.heads.get(method.name),
             request.trials,
+            engines=request.engines,
         )
         settings = method.tune(ctx)
         tuned[method.name] = settings.model_copy(update={"notes": settings.notes + ctx.notes})
@@ -811,6 +844,10 @@ def measure_held_back(
     variants = {
         name: registry.method(name).variant(tuned[name], env) for name in contenders or ranking[:1]
     }
+    # the leader as each engine serves it, where that differs: measured beside it, reported
+    # per engine, not judged (its interval is not the verdict's)
+    leader = (contenders or ranking)[0]
+    variants.update(engine_variants(leader, tuned[leader], env))
     prompts = ws.encode(ws.heldback_prompts()[: request.heldback_prompts])
     session = SideBySide(ws.runner, variants, request.max_new_tokens)
     with step(
@@ -828,6 +865,24 @@ def measure_held_back(
             deadline=ws.deadline,  # the run's: its least prompts too stop there
         )
     return HeldBack(result.measurements, result.looks, result.stopped, len(prompts))
+
+
+ENGINE_MARK = "@"
+
+
+def engine_variants(name: str, settings: MethodSettings, env: DraftEnv) -> dict[str, Variant]:
+    """``name``'s setting as each engine with a variant of its own serves it, distinct
+    ones once, named ``method@engine[,engine]``."""
+    method = registry.method(name)
+    by_setting: dict[str, list[str]] = {}
+    for engine, variant in settings.engines.items():
+        by_setting.setdefault(repr(sorted(variant.setting.items())), []).append(engine)
+    return {
+        f"{name}{ENGINE_MARK}{','.join(engines)}": method.variant(
+            method.for_engine(settings, engines[0]), env
+        )
+        for engines in by_setting.values()
+    }
 
 
 def _selection_speedup(settings: MethodSettings) -> float:
@@ -941,6 +996,7 @@ def assemble(
         else settings
         for name, settings in tuned.items()
     }
+    blocks = with_engine_figures(blocks, held.measured)
     categories = sorted({p.category for p in ws.prompts if p.category})
     return profile_model()(
         model=model_info(ws),
@@ -958,6 +1014,24 @@ def assemble(
         verdict=verdict,
         methods=methods_block(**blocks),
     )
+
+
+def with_engine_figures(
+    blocks: dict[str, MethodSettings], measured: dict[str, Measurement]
+) -> dict[str, MethodSettings]:
+    """The blocks with their engine settings' held-back figures (``method@engine,...``)."""
+    out = dict(blocks)
+    for key, measurement in measured.items():
+        name, _, engines = key.partition(ENGINE_MARK)
+        if not engines or not measurement.prompts or name not in out:
+            continue
+        figures = Measured(**measurement.summary())
+        own = {
+            e: v.model_copy(update={"measured": figures}) if e in engines.split(",") else v
+            for e, v in out[name].engines.items()
+        }
+        out[name] = out[name].model_copy(update={"engines": own})
+    return out
 
 
 def model_info(ws: Workspace) -> ModelInfo:
@@ -986,6 +1060,7 @@ def verdict_lines(profile: ProfileBase) -> list[str]:
         if method.measured is not None and cape is not None and cape.enabled:
             lines.append(f"{name} keeps cape: {cape.policy().describe()}")
         lines += [f"{name} note: {note}" for note in method.notes]
+        lines += engine_lines(name, method)
     if profile.verdict is not None:
         lines += [f"{name} skipped: {why}" for name, why in profile.verdict.skipped.items()]
         lines += [
@@ -1006,6 +1081,25 @@ def verdict_lines(profile: ProfileBase) -> list[str]:
     verdict = profile.verdict
     reason = f" ({verdict.reason})" if verdict is not None else ""
     lines.append(f"recommended: {profile.recommended}{reason}")
+    return lines
+
+
+def engine_lines(name: str, method: MethodSettings) -> list[str]:
+    """The method as each engine serves it (its own rule and options): the figures the
+    export to that engine carries."""
+    lines = []
+    for engine, variant in method.engines.items():
+        figures: Figures | None = variant.measured
+        where = "held back"
+        if figures is None:
+            figures, where = variant.selection, "search prompts"
+        if figures is None:
+            said = "unmeasured" + (
+                f" (the proxy predicted {variant.predicted:.3f}x)" if variant.predicted else ""
+            )
+        else:
+            said = f"{interval_text(figures.model_dump())} on {figures.prompts} {where}"
+        lines.append(f"{name} in {engine}: {variant.description}: {said}")
     return lines
 
 

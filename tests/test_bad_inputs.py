@@ -99,6 +99,22 @@ def profile_args(folder: Path, *more) -> list:
 
 CASES = [
     Case(
+        "profile --engine of no engine",
+        lambda d: profile_args(d, "--engine", "tgi", "--out", d / "p.yaml"),
+        lambda d: ["unknown engine 'tgi'", "vllm"],
+    ),
+    Case(
+        "profile --engine that serves none of the methods asked",
+        lambda d: [
+            *profile_args(d, "--out", d / "p.yaml"),
+            "--methods",
+            "medusa",
+            "--engine",
+            "llamacpp",
+        ],
+        lambda d: ["llamacpp", "medusa", "cannot serve"],
+    ),
+    Case(
         "model config.json not JSON (profile --model DIR)",
         lambda d: profile_args(d, "--model", broken_model(d), "--out", d / "p.yaml"),
         lambda d: [str(d / "broken-model" / "config.json"), "not valid JSON", "line 2"],

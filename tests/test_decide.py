@@ -98,3 +98,54 @@ def test_too_few_held_back_prompts_at_the_deadline_recommend_nothing():
     assert "the budget ran out after 3 of 8 held-back prompts" in verdict.reason
     asked = HeldBack({"ngram": measured(1.6, prompts=3)}, 1, "prompts", planned=3)
     assert decide(tuned, ["ngram"], asked, 0.0).recommended == "ngram"  # type: ignore[arg-type]
+
+
+def test_engine_settings_are_measured_beside_the_leader_and_reported_per_engine():
+    """The leader's engine settings ride along held back (distinct ones once), are not
+    judged, and land in the profile's ``engines`` with their figures."""
+    from pathlib import Path
+
+    from autotune.drafters.engine_lookup import EngineLookupConfig
+    from autotune.methods.base import DraftEnv
+    from autotune.methods.ngram.settings import NgramSettings, block_of
+    from autotune.profile.blocks import EngineVariant
+    from autotune.profiling import engine_lines, engine_variants, with_engine_figures
+
+    def own(config: EngineLookupConfig) -> EngineVariant:
+        return EngineVariant(setting=block_of(config).model_dump(), description=config.engine)
+
+    shared = own(EngineLookupConfig("vllm", 1, 3, 4))
+    settings = NgramSettings(
+        draft=block_of(EngineLookupConfig("hf", 1, 2, 10)),
+        engines={
+            "vllm": shared,
+            "hf": shared,  # the same setting for two engines: decoded once
+            "llamacpp": own(EngineLookupConfig("llamacpp", 2, 2, 5)),
+        },
+    )
+    env = DraftEnv(ref=None, runner=None, base_dir=Path("."))  # type: ignore[arg-type]
+    variants = engine_variants("ngram", settings, env)
+    assert set(variants) == {"ngram@vllm,hf", "ngram@llamacpp"}
+    assert variants["ngram@llamacpp"].make().policy == EngineLookupConfig("llamacpp", 2, 2, 5)
+    held = HeldBack({"ngram": measured(1.2), "ngram@llamacpp": measured(0.9, seed=3)}, 1, "prompts")
+    verdict = decide({"ngram": settings}, ["ngram"], held, 0.0)  # type: ignore[dict-item]
+    assert verdict.recommended == "ngram"  # judged on its own figures alone
+    filled = with_engine_figures({"ngram": settings}, held.measured)["ngram"]
+    assert filled.engines["llamacpp"].measured is not None
+    assert abs(filled.engines["llamacpp"].measured.speedup - 0.9) < 0.05
+    assert filled.engines["vllm"].measured is None  # no time for it: not invented
+    lines = engine_lines("ngram", filled)
+    assert any(line.startswith("ngram in llamacpp: llamacpp: 0.89") for line in lines)
+    assert "ngram in vllm: vllm: unmeasured" in lines
+
+
+def test_engine_restricts_the_methods_to_those_it_serves():
+    from autotune.methods import registry
+    from autotune.profiling import servable
+
+    methods = list(registry.methods().values())
+    kept, unserved = servable(methods, ("llamacpp",), asked=False)
+    assert {m.name for m in kept} == {"ngram", "self_spec"}
+    assert "medusa" in unserved and "llama.cpp" in unserved["medusa"]
+    kept, _ = servable(methods, ("llamacpp", "vllm"), asked=False)
+    assert {"ngram", "self_spec", "medusa", "eagle"} <= {m.name for m in kept}

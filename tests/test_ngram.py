@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from autotune.drafters.engine_lookup import EngineLookupConfig
 from autotune.drafters.ngram import (
     MAX_SCAN,
     Candidates,
@@ -388,9 +389,24 @@ def test_tune_on_a_tiny_llama_chooses_on_search_prompts(tmp_path, tiny_llama_dir
         k: NgramSettings(draft=v["draft"]).config() for k, v in settings.alternatives.items()
     }
     assert chosen in candidates.values() and {"ngram", "suffix"} <= set(candidates)
-    assert set(candidates) <= {"ngram", "suffix", "default"}
+    rules = {f"{engine} rule" for engine in ("hf", "vllm", "trtllm", "llamacpp")}
+    assert rules <= set(candidates) <= {"ngram", "suffix", "default", *rules}
     assert set(settings.by_category) <= {"copy", "chat"}
     judged = settings.search["side_by_side"]["categories"]
     assert set(judged) <= {"copy", "chat"} and judged
     assert all(set(settings.search["proxy"][k]) >= {"best", "predicted_speedup"} for k in KINDS)
     NgramSettings.model_validate(settings.model_dump())  # what the profile will hold
+    # each engine's own setting, by its own rule, decoded against greedy
+    assert set(settings.engines) == {"hf", "vllm", "trtllm", "llamacpp"}
+    for engine, variant in settings.engines.items():
+        served = method.for_engine(settings, engine).config()
+        assert isinstance(served, EngineLookupConfig) and served.engine == engine
+        assert variant.selection is not None and variant.selection.lossless
+    # --engine llamacpp: the search keeps to llama.cpp's rule from the probe on
+    ctx = TuneContext(ws, method.space(overlay), Budget(None), Workers(), engines=("llamacpp",))
+    probed = method.probe(ctx)
+    assert probed is not None and "llamacpp" in probed.bound.evidence
+    only = method.tune(ctx)
+    assert only.config() == method.for_engine(only, "llamacpp").config()
+    assert only.config().engine == "llamacpp" and set(only.engines) == {"llamacpp"}
+    assert only.selection is not None and only.selection.lossless

@@ -65,6 +65,9 @@ class TuneContext:
     base_space: Any = None  # fitting an expansion: the expanded method's own space
     notes: list[str] = field(default_factory=list)  # what was cut short, one line each
     max_new_tokens: int = 128  # the verdict's decoding length (``--max-new-tokens``)
+    # the serving engines the user deploys to (``--engine``): the search keeps to what they
+    # can express; None: every engine's own setting is tuned beside the method's
+    engines: tuple[str, ...] | None = None
 
     def note(self, line: str) -> None:
         from autotune.progress import say
@@ -113,6 +116,11 @@ class Method(Entry):
     # engine name -> its exporter; engine name -> why it cannot serve this method
     exporters: ClassVar[Mapping[str, Exporter]] = {}
     cannot_export: ClassVar[Mapping[str, str]] = {}
+
+    def for_engine(self, settings: Any, engine: str) -> Any:
+        """The settings ``engine`` serves: the profile's variant for it where it holds
+        one (``MethodSettings.engines``), else ``settings`` themselves."""
+        return settings
 
     def probe(self, ctx: TuneContext) -> Probe | None:
         """The cheap evidence gathered before this method's training or studies (None:

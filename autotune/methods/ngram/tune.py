@@ -29,9 +29,16 @@ from autotune.measure.costs import LatencyCurve
 from autotune.measure.stats import Pairs, bootstrap_interval
 from autotune.measure.timing import EncodedPrompt, Measurement, Variant, measure_variants
 from autotune.methods.base import Probe, TuneContext
+from autotune.methods.ngram import engines
 from autotune.methods.ngram.replay import Continuation, Costs, Replayer, time_drafting
 from autotune.methods.ngram.search import Scored, ascend
-from autotune.methods.ngram.settings import Config, NgramSettings, block_of, describe
+from autotune.methods.ngram.settings import (
+    Config,
+    EngineLookup,
+    NgramSettings,
+    block_of,
+    describe,
+)
 from autotune.methods.ngram.space import NgramSpace, PerCategory
 from autotune.methods.studies import completed, run_method_study
 from autotune.profile.blocks import Figures
@@ -65,11 +72,21 @@ def probe(ctx: TuneContext) -> Probe:
     confirm, sequences = split_search(ctx)
     curve = ctx.workspace.verify_curve(largest_tree(ctx.space) + 1)
     replayer, _ = make_replayer(ctx, sequences, curve)
-    proxy = cached_proxy(ctx, replayer, sequences)
     unique: dict[str, Config] = {}
-    for kind in KINDS:
-        if proxy.best[kind] not in unique.values():
-            unique[f"{kind} (proxy best)"] = proxy.best[kind]
+    only = restricted(ctx)
+    if only is None:
+        proxy = cached_proxy(ctx, replayer, sequences)
+        for kind in KINDS:
+            if proxy.best[kind] not in unique.values():
+                unique[f"{kind} (proxy best)"] = proxy.best[kind]
+        predicted = max(proxy.predicted.values())
+    else:  # the engines' own rules alone
+        seeds = [start_config(ctx.space, "ngram")]
+        found = [engines.search(ctx.space, replayer, e, seeds, ctx.budget.spent) for e in only]
+        for f in found:
+            if f.best not in unique.values():
+                unique[f"{f.engine} (proxy best)"] = f.best
+        predicted = max(f.ranked[0][1] for f in found)
     variants = {n: Variant(functools.partial(NgramDrafter, c)) for n, c in unique.items()}
     prompts = confirm[:PROBE_PROMPTS]
     label = "n-gram probe: the proxy's bests against greedy"
@@ -83,7 +100,6 @@ def probe(ctx: TuneContext) -> Probe:
             until=ctx.budget,  # stops at its share, however few it decoded (a busy machine)
             least=0,
         )
-    predicted = max(proxy.predicted.values())
     decoded = len(next(iter(measured.values())).prompts)
     if not decoded:  # no time for one prompt: the proxy's word alone
         return Probe(Bound("ngram", predicted, f"the proxy predicted {predicted:.3f}x"), None)
@@ -114,17 +130,41 @@ def cached_proxy(ctx: TuneContext, replayer: Replayer, sequences: list[Continuat
     return cached(key, lambda: proxy_search(ctx, replayer))
 
 
+def restricted(ctx: TuneContext) -> list[str] | None:
+    """The engines the search keeps to (``--engine``) when each has a matching rule of
+    its own; None: the whole space (no engine named, or one that expresses trees)."""
+    if not ctx.engines:
+        return None
+    only = engines.rule_engines(ctx.engines)
+    return only if len(only) == len(ctx.engines) else None
+
+
 def tune(ctx: TuneContext) -> NgramSettings:
     space: NgramSpace = ctx.space
     confirm, sequences = split_search(ctx)
     curve = ctx.workspace.verify_curve(largest_tree(space) + 1)
     replayer, draft_seconds = make_replayer(ctx, sequences, curve)
+    only = restricted(ctx)
+    if only is not None:
+        return tune_for_engines(ctx, only, confirm, replayer, curve, draft_seconds)
     proxy = cached_proxy(ctx, replayer, sequences)
     winners, study, trials = measured_study(ctx, proxy, confirm, replayer)
     # the study's winners were chosen on its prompts: the side by side decodes the others
     # (a winner's luck on the prompts that chose it does not carry over)
     unseen = confirm[space.study.prompts :] if study is not None else confirm
     candidates = winners if study is not None else with_default(space, winners)
+    timed = unseen if len(unseen) >= MIN_UNSEEN else confirm
+    # each engine's own rule, searched on the proxy, races beside the tuned candidates:
+    # its figures are what the export to that engine carries, and it may win outright
+    found = engines.search_all(
+        space,
+        replayer,
+        [*winners.values(), *proxy.best.values(), start_config(space, "ngram")],
+        engines.rule_engines(ctx.engines),
+        ctx.budget.spent,
+    )
+    rules = {f"{engine} rule": f.best for engine, f in found.items()}
+    measured: dict[str, Measurement] = {}
     figures: Figures | None
     selection: dict[str, float]
     verdicts: dict[str, dict]
@@ -138,14 +178,23 @@ def tune(ctx: TuneContext) -> NgramSettings:
             f"({chosen}) is the setting"
         )
     else:
-        chosen, selection, verdicts, figures = side_by_side(
-            ctx, candidates, proxy.by_category, unseen if len(unseen) >= MIN_UNSEEN else confirm
+        candidates = {**candidates, **rules}
+        chosen, selection, verdicts, figures, measured = side_by_side(
+            ctx, candidates, proxy.by_category, timed
         )
     if chosen == "default":
         ctx.note(
             "on the search prompts transformers' default prompt lookup measured faster than "
             "both tuned kinds: it is the setting"
         )
+    elif chosen in rules:
+        ctx.note(
+            f"on the search prompts {chosen.removesuffix(' rule')}'s own prompt lookup "
+            f"measured faster than both tuned kinds: it is the setting"
+        )
+    own = engines.variants_of(
+        found, {candidates[n]: m for n, m in measured.items() if n in candidates}
+    )
     kept = {c: proxy.by_category[c] for c, row in verdicts.items() if row["kept"]}
     return NgramSettings(
         selection=figures,
@@ -156,6 +205,7 @@ def tune(ctx: TuneContext) -> NgramSettings:
             for k, c in candidates.items()
         },
         study=study,
+        engines=own,
         search={
             "proxy": {
                 k: {
@@ -171,6 +221,49 @@ def tune(ctx: TuneContext) -> NgramSettings:
             "measured_trials": trials,
             "side_by_side": {"kinds": selection, "categories": verdicts},
             "calibration": {"continuations": len(sequences), "confirm_prompts": len(confirm)},
+            "draft_seconds": {k: round(v, 6) for k, v in draft_seconds.items()},
+            **ctx.workspace.verify_record(curve),
+            "seconds": round(ctx.budget.elapsed(), 1),
+        },
+    )
+
+
+def tune_for_engines(
+    ctx: TuneContext,
+    only: list[str],
+    confirm: list[EncodedPrompt],
+    replayer: Replayer,
+    curve: LatencyCurve,
+    draft_seconds: dict[str, float],
+) -> NgramSettings:
+    """``--engine``: each engine's own rule searched on the proxy, its best few decoded
+    against greedy on the timed search prompts; the fastest is the setting."""
+    space: NgramSpace = ctx.space
+    own = engines.tune_engines(
+        ctx,
+        replayer,
+        [start_config(space, "ngram")],
+        confirm,
+        only,
+        ctx.budget,
+        finalists=space.search.finalists,
+    )
+
+    def speed(engine: str) -> float:
+        variant = own[engine]
+        return variant.selection.speedup if variant.selection else variant.predicted or 0.0
+
+    best = max(own, key=speed)
+    return NgramSettings(
+        selection=own[best].selection,
+        draft=EngineLookup.model_validate(own[best].setting),
+        engines=own,
+        search={
+            "restricted_to": only,
+            "calibration": {
+                "continuations": len(replayer.sequences),
+                "confirm_prompts": len(confirm),
+            },
             "draft_seconds": {k: round(v, 6) for k, v in draft_seconds.items()},
             **ctx.workspace.verify_record(curve),
             "seconds": round(ctx.budget.elapsed(), 1),
@@ -247,7 +340,8 @@ def largest_tree(space: NgramSpace) -> int:
 
 
 def kind_of(config: Config) -> str:
-    return "ngram" if isinstance(config, LookupConfig) else "suffix"
+    """Whose proposal cost a setting pays (an engine's rule: prompt lookup's)."""
+    return "suffix" if isinstance(config, SuffixConfig) else "ngram"
 
 
 def start_config(space: NgramSpace, kind: str) -> Config:
@@ -426,9 +520,10 @@ def side_by_side(
     candidates: dict[str, Config],
     by_category: dict[str, Config],
     prompts: list[EncodedPrompt],
-) -> tuple[str, dict[str, float], dict[str, dict], Figures]:
-    """The fastest candidate, each one's speedup, and the verdict on every category's own
-    setting: all decoded side by side on the same search prompts."""
+) -> tuple[str, dict[str, float], dict[str, dict], Figures, dict[str, Measurement]]:
+    """The fastest candidate, each one's speedup, the verdict on every category's own
+    setting, the chosen one's figures and every measurement: all decoded side by side on
+    the same search prompts."""
     space: NgramSpace = ctx.space
     variants = {k: Variant(functools.partial(NgramDrafter, c)) for k, c in candidates.items()}
     if by_category:
@@ -464,7 +559,7 @@ def side_by_side(
         )
     # the chosen setting's figures: the profile's selection when no other method is left
     # to compare it with
-    return chosen, selection, verdicts, Figures(**measured[chosen].summary(False))
+    return chosen, selection, verdicts, Figures(**measured[chosen].summary(False)), measured
 
 
 def category_verdicts(
