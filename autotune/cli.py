@@ -497,6 +497,16 @@ def verify_command(
     record: bool = typer.Option(
         True, "--record/--no-record", help="Write the figures into the profile (verified)."
     ),
+    tune: str | None = typer.Option(
+        None,
+        metavar="DURATION",
+        help="llama.cpp, n-gram: first tune ngram-simple's options in llama-server itself on "
+        "the search prompts for at most this long (5m, 300s), and verify that setting; it "
+        "becomes the profile's llama.cpp setting.",
+    ),
+    storage: str | None = typer.Option(
+        None, help="Study database for --tune (default: as `autotune profile`)."
+    ),
     json_out: bool = typer.Option(False, "--json", help="One JSON object instead of lines."),
 ):
     """Measure the profile's export in the serving engine it is for: the engine's greedy
@@ -504,10 +514,19 @@ def verify_command(
     the held-back prompts, every output checked against the engine's greedy output."""
     import json
 
+    from autotune.schedule import parse_duration
     from autotune.verify import report_lines, verify
 
     report = verify(
-        profile_path, engine.strip().lower(), limit, max_new_tokens, gguf, record, draft_gguf
+        profile_path,
+        engine.strip().lower(),
+        limit,
+        max_new_tokens,
+        gguf,
+        record,
+        draft_gguf,
+        parse_duration(tune) if tune is not None else None,
+        storage,
     )
     if json_out:
         typer.echo(json.dumps(report.summary(), indent=1))

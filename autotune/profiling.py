@@ -31,6 +31,7 @@ from autotune.measure.timing import EncodedPrompt, Measurement, Variant, interva
 from autotune.methods import registry
 from autotune.methods.base import DraftEnv, Entry, Method, TuneContext
 from autotune.profile.blocks import (
+    EngineVariant,
     Environment,
     Figures,
     HardwareInfo,
@@ -876,7 +877,8 @@ def engine_variants(name: str, settings: MethodSettings, env: DraftEnv) -> dict[
     method = registry.method(name)
     by_setting: dict[str, list[str]] = {}
     for engine, variant in settings.engines.items():
-        by_setting.setdefault(repr(sorted(variant.setting.items())), []).append(engine)
+        if not served_as_tuned(settings, variant):  # else: the method's own figures
+            by_setting.setdefault(repr(sorted(variant.setting.items())), []).append(engine)
     return {
         f"{name}{ENGINE_MARK}{','.join(engines)}": method.variant(
             method.for_engine(settings, engines[0]), env
@@ -1016,11 +1018,26 @@ def assemble(
     )
 
 
+def served_as_tuned(settings: MethodSettings, variant: EngineVariant) -> bool:
+    """Whether an engine's own setting is the method's setting itself (the chosen one)."""
+    return variant.setting in settings.model_dump(exclude={"engines"}).values()
+
+
 def with_engine_figures(
     blocks: dict[str, MethodSettings], measured: dict[str, Measurement]
 ) -> dict[str, MethodSettings]:
-    """The blocks with their engine settings' held-back figures (``method@engine,...``)."""
+    """The blocks with their engine settings' held-back figures (``method@engine,...``;
+    an engine served the method's setting itself shares the method's)."""
     out = dict(blocks)
+    for name, block in blocks.items():
+        if name in measured and measured[name].prompts:
+            own = {
+                e: v.model_copy(update={"measured": block.measured})
+                if served_as_tuned(block, v)
+                else v
+                for e, v in block.engines.items()
+            }
+            out[name] = block.model_copy(update={"engines": own})
     for key, measurement in measured.items():
         name, _, engines = key.partition(ENGINE_MARK)
         if not engines or not measurement.prompts or name not in out:

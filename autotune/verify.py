@@ -22,6 +22,7 @@ from autotune.errors import AutotuneError
 from autotune.measure.timing import EncodedPrompt, Measurement, PromptMeasurement
 from autotune.profile.blocks import Verified
 from autotune.serving import Decoded
+from autotune.serving.tuning import InEngine
 
 ENGINES = ("llamacpp", "hf")
 GREEDY, DEFAULT, EXPORT = "no speculation", "engine default", "autotune export"
@@ -40,6 +41,7 @@ class Report:
     default: str  # what the engine's own default is, in its words
     max_new_tokens: int
     variants: dict[str, Measurement]  # DEFAULT and EXPORT, each against GREEDY
+    tuned: InEngine | None = None  # the export's setting, tuned in the engine (--tune)
 
     def over_default(self) -> float:
         return self.variants[EXPORT].speedup / max(self.variants[DEFAULT].speedup, 1e-9)
@@ -120,8 +122,12 @@ def verify(
     gguf: Path | None = None,
     record: bool = True,
     draft_gguf: Path | None = None,
+    tune_s: float | None = None,
+    storage: str | None = None,
 ) -> Report:
-    """Measure the profile's recommended method, as exported for ``engine``, in it."""
+    """Measure the profile's recommended method, as exported for ``engine``, in it.
+    ``tune_s``: first tune its n-gram setting in the engine itself for that long
+    (``serving.tuning``), on search prompts, and measure that one."""
     from autotune.export import export_profile
     from autotune.profile.io import read_profile, write_profile
     from autotune.progress import step
@@ -133,23 +139,77 @@ def verify(
         )
     profile = read_profile(profile_path)
     export = export_profile(profile, engine, force=True)
+    if tune_s is not None and (engine != "llamacpp" or export.method != "ngram"):
+        raise AutotuneError(
+            f"--tune tunes n-gram drafting in llama.cpp; the profile exports {export.method} "
+            f"to {engine}: drop --tune, or verify an n-gram profile with --engine llamacpp"
+        )
     tokens = max_new_tokens or profile.workload.max_new_tokens
     ws = _workspace(profile)
     ws.check_context(tokens)
     prompts = ws.encode(ws.heldback_prompts())[:limit]
     if not prompts:
         raise AutotuneError("the profile's workload has no held-back prompts to verify on")
+    tuned = None
+    if tune_s is not None:
+        tuned = _tune(profile, export.method, engine, ws, tokens, gguf, tune_s, storage)
+        export = export_profile(profile, engine, force=True)  # the setting tuned there
     with step(f"verify in {engine}: three ways each prompt", len(prompts)) as advance:
         if engine == "llamacpp":
             report = _llamacpp(profile, export, prompts, tokens, gguf, draft_gguf, advance)
         else:
             report = _hf(ws, export, prompts, tokens, advance)
+    report.tuned = tuned
     if record:
         block = profile.block(export.method)
         kept = [v for v in block.verified if v.engine != engine]
         block.verified = [*kept, report.record()]
         write_profile(profile, profile_path)
     return report
+
+
+def _tune(profile, method, engine, ws, tokens, gguf, seconds, storage):
+    """The engine's own n-gram setting tuned in it, written into the profile's block (in
+    memory: ``verify`` records it with the figures)."""
+    from autotune.budget import Budget
+    from autotune.drafters.engine_lookup import EngineLookupConfig
+    from autotune.methods.ngram.settings import block_of, describe
+    from autotune.profile.blocks import EngineVariant, Figures
+    from autotune.progress import step
+    from autotune.serving.tuning import GRID, tune_ngram
+
+    search = ws.encode(ws.search_prompts())
+    trials = len(GRID["size_n"]) * len(GRID["size_m"])
+    with step("tune in llama.cpp: ngram-simple settings on search prompts", trials) as advance:
+        found = tune_ngram(_gguf(profile, gguf), search, tokens, storage, Budget(seconds), advance)
+    config = EngineLookupConfig("llamacpp", found.size_n, found.size_n, found.size_m)
+    block = profile.block(method)
+    block.engines = {
+        **block.engines,
+        "llamacpp": EngineVariant(
+            setting=block_of(config).model_dump(),
+            description=describe(config),
+            tuned_in=found.release,
+            served=Figures(**found.measurement.summary(False)),
+        ),
+    }
+    return found
+
+
+def _gguf(profile, gguf: Path | None) -> Path:
+    """The model as llama.cpp loads it: ``gguf``, else the profile's model if a GGUF."""
+    from autotune.bench import find_model
+    from autotune.models import resolve_model
+
+    if gguf is not None:
+        return gguf
+    resolved = resolve_model(find_model(profile.model))
+    if resolved.kind != "gguf":
+        raise AutotuneError(
+            f"llama.cpp runs GGUF files and the profile's model is {resolved.path}: "
+            "pass --gguf FILE.gguf (the same model, converted)"
+        )
+    return Path(resolved.path)
 
 
 def _workspace(profile) -> Any:
@@ -164,18 +224,9 @@ def _workspace(profile) -> Any:
 
 
 def _llamacpp(profile, export, prompts, tokens, gguf, draft_gguf, advance) -> Report:
-    from autotune.bench import find_model
-    from autotune.models import resolve_model
     from autotune.serving import llamacpp
 
-    if gguf is None:
-        resolved = resolve_model(find_model(profile.model))
-        if resolved.kind != "gguf":
-            raise AutotuneError(
-                f"llama.cpp runs GGUF files and the profile's model is {resolved.path}: "
-                "pass --gguf FILE.gguf (the same model, converted)"
-            )
-        gguf = resolved.path
+    gguf = _gguf(profile, gguf)
     exported = llamacpp.flags_of(export.text)
     if llamacpp.needs_draft_model(exported):
         if draft_gguf is None:
@@ -234,4 +285,17 @@ def report_lines(report: Report) -> list[str]:
         drafted = f"  {m.tokens_per_step:.2f} tokens/step" if m._total("drafted") else ""
         lines.append(f"  {label:<44} {interval_text(m)}{drafted}  lossless {m.lossless}")
     lines.append(f"autotune export / engine default: {report.over_default():.3f}x")
+    tuned = report.tuned
+    if tuned is not None:
+        lines.insert(
+            0,
+            f"tuned in {tuned.release}: {tuned.trials} ngram-simple settings tried on "
+            f"{len(tuned.measurement.prompts)} search prompts; fastest n={tuned.size_n} "
+            f"m={tuned.size_m}: {interval_text(tuned.measurement)}",
+        )
+        if not tuned.pays:
+            lines.append(
+                "no ngram-simple setting was clearly faster than llama.cpp's greedy decoding "
+                "on the search prompts: serve this model in llama.cpp without speculation"
+            )
     return lines

@@ -144,3 +144,56 @@ def embedded_gguf() -> Path:
         return resolve_model("smollm2-135m").path
     except AutotuneError:
         pytest.skip("the embedded model is not installed")
+
+
+@pytest.mark.embedded
+@needs_llamacpp
+def test_verify_tunes_ngram_simple_in_llama_server_and_records_it(
+    tmp_path, embedded_target, monkeypatch
+):
+    """--tune: an Optuna study in the study database over ngram-simple's options, each
+    setting in its own llama-server beside the greedy one; the fastest becomes the
+    profile's llama.cpp setting, with its figures there, and is what gets verified."""
+    import optuna
+    from test_ngram_export import TREE, ngram_profile
+
+    from autotune.profile.io import read_profile, write_profile
+    from autotune.serving import tuning
+    from autotune.verify import report_lines, verify
+
+    monkeypatch.setattr(tuning, "GRID", {"size_n": [1, 2], "size_m": [3]})
+    monkeypatch.setattr(tuning, "PROMPTS", 3)
+    path = tmp_path / "profile.yaml"
+    profile = ngram_profile(TREE)
+    profile.workload.prompts = "mt_bench.jsonl"
+    write_profile(profile, path)
+    storage = f"sqlite:///{tmp_path / 'studies.db'}"
+    report = verify(path, "llamacpp", limit=2, max_new_tokens=12, tune_s=120, storage=storage)
+    tuned = report.tuned
+    assert tuned is not None and tuned.size_n in (1, 2) and tuned.size_m == 3
+    assert len(tuned.measurement.prompts) == 3 and tuned.measurement.lossless
+    own = read_profile(path).methods.ngram.engines["llamacpp"]
+    assert own.tuned_in == tuned.release and own.served is not None
+    assert own.setting["max_match"] == tuned.size_n and own.setting["draft_tokens"] == 3
+    # the study is in the database, every grid point tried
+    (summary,) = optuna.get_all_study_summaries(storage)
+    assert summary.study_name.startswith("llamacpp-ngram/") and summary.n_trials == 2
+    # the verified export is the setting tuned there
+    exported = export_profile(read_profile(path), "llamacpp", force=True).text
+    assert f"--spec-ngram-simple-size-n {tuned.size_n} --spec-ngram-simple-size-m 3" in exported
+    assert "tuned and measured in llama.cpp" in exported
+    assert report_lines(report)[0].startswith(f"tuned in {tuned.release}: 2 ngram-simple")
+
+
+def test_tune_is_for_ngram_in_llamacpp(tmp_path):
+    from test_export import fixture
+
+    from autotune.profile.io import write_profile
+    from autotune.verify import verify
+
+    path = tmp_path / "profile.yaml"
+    profile = fixture("self_spec")
+    profile.workload.prompts = "mt_bench.jsonl"
+    write_profile(profile, path)
+    with pytest.raises(AutotuneError, match="--tune tunes n-gram drafting"):
+        verify(path, "hf", limit=1, max_new_tokens=4, tune_s=10)

@@ -115,6 +115,10 @@ class EngineVariant(Block):
     predicted: float | None = None  # the proxy's predicted speedup
     selection: Figures | None = None  # search prompts, against greedy
     measured: Measured | None = None  # held-back prompts, with the method's finalists
+    # tuned in the engine itself (``autotune verify --tune``): its release, and the figures
+    # there, on search prompts against the engine's own greedy decoding
+    tuned_in: str | None = None
+    served: Figures | None = None
 
 
 class MethodSettings(Block):

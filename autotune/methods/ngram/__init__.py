@@ -55,9 +55,11 @@ class Ngram(Method):
                 "draft": EngineLookup.model_validate(variant.setting),
                 "by_category": {},  # one setting per server (per-category: said in notes)
                 "alternatives": {},
-                "selection": variant.selection,
-                "measured": variant.measured,
+                # figures from the engine itself, where it was tuned there
+                "selection": variant.served or variant.selection,
+                "measured": None if variant.served else variant.measured,
                 "engines": {},
+                "search": {"tuned_in": variant.tuned_in} if variant.tuned_in else {},
             }
         )
 

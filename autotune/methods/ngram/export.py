@@ -117,13 +117,15 @@ def render_vllm(d: Deployment) -> Rendered:
     if isinstance(config, SuffixConfig):
         body, warnings, notes = _vllm_suffix(config)
     else:
-        body, warnings, notes = _vllm_ngram(config)
+        body, warnings, notes = _vllm_ngram(config, d)
     warnings += per_category_warning("vLLM", spec)
     warnings += rule_warning("vLLM", "vllm", config)
     return speculative_config(VLLM, d, body, warnings, notes, command_line=True)
 
 
-def _vllm_ngram(config: LookupConfig | EngineLookupConfig) -> tuple[dict, list[str], list[str]]:
+def _vllm_ngram(
+    config: LookupConfig | EngineLookupConfig, d: Deployment
+) -> tuple[dict, list[str], list[str]]:
     warnings = chain_warning("vLLM", config, config.draft_tokens)
     if config.prefer == "recent":
         warnings.append(
@@ -136,7 +138,7 @@ def _vllm_ngram(config: LookupConfig | EngineLookupConfig) -> tuple[dict, list[s
         "prompt_lookup_min": config.min_match,
         "prompt_lookup_max": config.max_match,
     }
-    return body, warnings, [_rule_note("vLLM", "vllm", config)]
+    return body, warnings, [_rule_note("vLLM", "vllm", config, d)]
 
 
 def _vllm_suffix(config: SuffixConfig) -> tuple[dict, list[str], list[str]]:
@@ -170,8 +172,11 @@ def _no_match_note(title: str) -> str:
     )
 
 
-def _rule_note(title: str, engine: str, config: Config) -> str:
+def _rule_note(title: str, engine: str, config: Config, d: Deployment) -> str:
     """How the figures relate to the engine's drafting: its own rule, or autotune's."""
+    tuned_in = d.settings.search.get("tuned_in")
+    if tuned_in:
+        return f"tuned and measured in {tuned_in} itself, on search prompts"
     if isinstance(config, EngineLookupConfig) and config.engine == engine:
         return (
             f"tuned and measured in autotune's engine drafting by {title}'s own rule (its "
@@ -269,7 +274,7 @@ def render_hf(d: Deployment) -> Rendered:
         "transformers stops a draft at the end of the text and drafts nothing without a "
         "match (autotune's drafter continues a repeating span, and guesses one token)"
         if not isinstance(config, EngineLookupConfig) or config.engine != "hf"
-        else _rule_note("transformers", "hf", config),
+        else _rule_note("transformers", "hf", config, d),
     ]
     return Rendered(
         json_text(hf_settings(config)), warnings, about=about_text(HF, d, warnings, notes)
@@ -305,7 +310,7 @@ def render_llamacpp(d: Deployment) -> Rendered:
     notes = [
         "append these flags to: llama-server -m MODEL.gguf",
         f"ngram-simple drafts only where at least {size_n} tokens follow the match",
-        _rule_note("llama.cpp", "llamacpp", config),
+        _rule_note("llama.cpp", "llamacpp", config, d),
     ]
     lines = comment_lines(LLAMACPP, d, warnings, notes)
     lines.append(
@@ -347,7 +352,7 @@ def render_trtllm(d: Deployment) -> Rendered:
         "is_public_pool false drafts from each request's own tokens, as measured; true "
         "shares one pool across requests",
         "the PyTorch backend serves NGram; pass this file with --extra_llm_api_options",
-        _rule_note("TensorRT-LLM", "trtllm", config),
+        _rule_note("TensorRT-LLM", "trtllm", config, d),
     ]
     return speculative_config(TRTLLM, d, body, warnings, notes)
 
