@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.measure.timing import EncodedPrompt, Measurement, PromptMeasurement
+from autotune.measure.timing import EncodedPrompt, Measurement
 from autotune.profile.blocks import Verified
-from autotune.serving import Decoded
+from autotune.serving import Decoded, paired
 from autotune.serving.tuning import InEngine
 
 ENGINES = ("llamacpp", "hf")
@@ -93,22 +93,7 @@ def side_by_side(
         }
         greedy = decoded[names[0]]
         for name in names[1:]:
-            done = decoded[name]
-            out[name].prompts.append(
-                PromptMeasurement(
-                    prompt_id=prompt.id,
-                    baseline_tokens=len(greedy.tokens),
-                    baseline_seconds=greedy.seconds,
-                    method_tokens=len(done.tokens),
-                    method_seconds=done.seconds,
-                    # each step yields its accepted tokens and one of the target's own
-                    steps=max(len(done.tokens) - 1 - done.accepted, 1),
-                    drafted=done.drafted,
-                    accepted=done.accepted,
-                    lossless=done.tokens == greedy.tokens,
-                    category=prompt.category,
-                )
-            )
+            out[name].prompts.append(paired(prompt, greedy, decoded[name]))
         if on_prompt is not None:
             on_prompt()
     return out

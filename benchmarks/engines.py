@@ -5,7 +5,10 @@ with autotune's hf export. Every speedup is over that engine's own greedy decodi
 95% paired-bootstrap interval over prompts, and every output is checked token for token
 against that greedy output (``autotune verify``, without writing the profile):
 
-    python benchmarks/engines.py PROFILE [--limit N] [--max-new-tokens N] [--json]
+    python benchmarks/engines.py PROFILE [--limit N] [--max-new-tokens N] [--tune 5m] [--json]
+
+``--tune``: llama.cpp's n-gram setting is first tuned in llama-server itself on the search
+prompts (``autotune verify --tune``), and that setting is the export measured.
 
 llama.cpp must be built first (``autotune engines build llamacpp``). The goal the engines
 issue sets: the export >= 1.1x the engine's own default, and above 1.0 with its interval,
@@ -19,6 +22,7 @@ import json
 import sys
 from pathlib import Path
 
+from autotune.schedule import parse_duration
 from autotune.verify import EXPORT, report_lines, verify
 
 GOAL_OVER_DEFAULT = 1.1
@@ -30,11 +34,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--limit", type=int, default=None, help="held-back prompts at most")
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--engines", default="llamacpp,hf")
+    parser.add_argument("--tune", default=None, help="llama.cpp: tune in it first (5m)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     out = {}
     for engine in args.engines.split(","):
-        report = verify(args.profile, engine, args.limit, args.max_new_tokens, record=False)
+        tune_s = parse_duration(args.tune) if args.tune and engine == "llamacpp" else None
+        report = verify(
+            args.profile, engine, args.limit, args.max_new_tokens, record=False, tune_s=tune_s
+        )
         export = report.variants[EXPORT]
         summary = report.summary()
         summary["goal_met"] = (

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autotune.measure.timing import EncodedPrompt, PromptMeasurement
+
 
 @dataclass(frozen=True)
 class Decoded:
@@ -16,3 +18,20 @@ class Decoded:
     seconds: float  # generating them (the prompt's prefill left out where the engine says)
     drafted: int = 0  # draft tokens proposed
     accepted: int = 0  # of which the target kept
+
+
+def paired(prompt: EncodedPrompt, greedy: Decoded, done: Decoded) -> PromptMeasurement:
+    """One prompt decoded by the engine greedily and with a speculative setting."""
+    return PromptMeasurement(
+        prompt_id=prompt.id,
+        baseline_tokens=len(greedy.tokens),
+        baseline_seconds=greedy.seconds,
+        method_tokens=len(done.tokens),
+        method_seconds=done.seconds,
+        # each step yields its accepted tokens and one of the target's own
+        steps=max(len(done.tokens) - 1 - done.accepted, 1),
+        drafted=done.drafted,
+        accepted=done.accepted,
+        lossless=done.tokens == greedy.tokens,
+        category=prompt.category,
+    )

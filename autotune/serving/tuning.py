@@ -23,7 +23,7 @@ from pathlib import Path
 from autotune.budget import Budget
 from autotune.errors import AutotuneError
 from autotune.measure.timing import EncodedPrompt, Measurement, PromptMeasurement
-from autotune.serving import llamacpp
+from autotune.serving import llamacpp, paired
 
 # ngram-simple's options: the match length n (exactly n tokens) and the draft length m.
 GRID = {"size_n": [1, 2, 3, 4], "size_m": [2, 3, 4, 6, 8, 12]}
@@ -138,7 +138,7 @@ class _Objective:
                         f"llama-server's output with {' '.join(flags)} differed from its "
                         "greedy output: please report this with the model and prompt"
                     )
-                rows.append(_row(prompt, plain, done))
+                rows.append(paired(prompt, plain, done))
                 speedup = Measurement(rows).speedup
                 trial.report(speedup, index + 1)
                 trial.set_user_attr("rows", [asdict(r) for r in rows])
@@ -147,18 +147,3 @@ class _Objective:
                 if self.budget.spent() and index + 1 >= GRACE:
                     raise optuna.TrialPruned()  # cut short: not comparable with whole ones
         return speedup
-
-
-def _row(prompt: EncodedPrompt, plain, done) -> PromptMeasurement:
-    return PromptMeasurement(
-        prompt_id=prompt.id,
-        baseline_tokens=len(plain.tokens),
-        baseline_seconds=plain.seconds,
-        method_tokens=len(done.tokens),
-        method_seconds=done.seconds,
-        steps=max(len(done.tokens) - 1 - done.accepted, 1),
-        drafted=done.drafted,
-        accepted=done.accepted,
-        lossless=True,
-        category=prompt.category,
-    )

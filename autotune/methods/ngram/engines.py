@@ -14,13 +14,9 @@ import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from autotune.budget import Budget
 from autotune.drafters.engine_lookup import ENGINES, EngineLookupConfig
-from autotune.drafters.ngram import NgramDrafter
 from autotune.drafters.suffix import SuffixConfig
-from autotune.errors import AutotuneError
-from autotune.measure.timing import EncodedPrompt, Measurement, Variant, measure_variants
-from autotune.methods.base import TuneContext
+from autotune.measure.timing import Measurement
 from autotune.methods.ngram.replay import Replayer
 from autotune.methods.ngram.search import Scored, ascend
 from autotune.methods.ngram.settings import Config, block_of, describe
@@ -87,37 +83,6 @@ def search(
     return Found(engine, scored.best(max(1, space.search.finalists)))
 
 
-def measure(
-    ctx: TuneContext,
-    found: dict[str, Found],
-    prompts: Sequence[EncodedPrompt],
-    budget: Budget,
-    finalists: int = 1,
-) -> dict[Config, Measurement]:
-    """Each engine's best ``finalists`` settings (distinct ones once) against greedy on
-    ``prompts``, side by side."""
-    space: NgramSpace = ctx.space
-    configs = list(dict.fromkeys(c for f in found.values() for c, _ in f.ranked[:finalists]))
-    variants = {describe(c): Variant(functools.partial(NgramDrafter, c)) for c in configs}
-    label = f"n-gram as {', '.join(found)} draft: against greedy (search prompts)"
-    with step(label, len(prompts) * len(variants)) as advance:
-        measured = measure_variants(
-            ctx.workspace.runner,
-            variants,
-            prompts,
-            space.trials.tokens,
-            on_prompt=lambda _: advance(),
-            until=budget,
-            least=0,
-        )
-    if any(m.lossless is False for m in measured.values()):
-        raise AutotuneError(
-            "an engine's n-gram rule changed the greedy output, which it must never do: "
-            "please report this as a bug (with the model and prompts)"
-        )
-    return {c: measured[describe(c)] for c in configs if describe(c) in measured}
-
-
 def variants_of(
     found: dict[str, Found], measured: Mapping[Config, Measurement], finalists: int = 1
 ) -> dict[str, EngineVariant]:
@@ -138,22 +103,6 @@ def variants_of(
         figure = f"{m.speedup:.3f}x measured" if m is not None and m.prompts else "unmeasured"
         say(f"n-gram as {engine} drafts: {describe(config)}: {figure}, predicted {predicted:.3f}x")
     return out
-
-
-def tune_engines(
-    ctx: TuneContext,
-    replayer: Replayer,
-    seeds: Sequence[Config],
-    prompts: Sequence[EncodedPrompt],
-    engines: Sequence[str],
-    budget: Budget,
-    finalists: int = 1,
-) -> dict[str, EngineVariant]:
-    """Each of ``engines``' own setting: searched on the proxy, measured on ``prompts``
-    within ``budget``."""
-    found = search_all(ctx.space, replayer, seeds, engines, budget.spent)
-    measured = measure(ctx, found, prompts, budget, finalists) if not budget.spent() else {}
-    return variants_of(found, measured, finalists)
 
 
 def search_all(

@@ -34,7 +34,6 @@ from autotune.methods.ngram.replay import Continuation, Costs, Replayer, time_dr
 from autotune.methods.ngram.search import Scored, ascend
 from autotune.methods.ngram.settings import (
     Config,
-    EngineLookup,
     NgramSettings,
     block_of,
     describe,
@@ -239,27 +238,23 @@ def tune_for_engines(
     """``--engine``: each engine's own rule searched on the proxy, its best few decoded
     against greedy on the timed search prompts; the fastest is the setting."""
     space: NgramSpace = ctx.space
-    own = engines.tune_engines(
-        ctx,
-        replayer,
-        [start_config(space, "ngram")],
-        confirm,
-        only,
-        ctx.budget,
-        finalists=space.search.finalists,
+    finalists = space.search.finalists
+    found = engines.search_all(
+        space, replayer, [start_config(space, "ngram")], only, ctx.budget.spent
     )
-
-    def speed(engine: str) -> float:
-        variant = own[engine]
-        return variant.selection.speedup if variant.selection else variant.predicted or 0.0
-
-    best = max(own, key=speed)
+    candidates: dict[str, Config] = {
+        describe(config): config for f in found.values() for config, _ in f.ranked[:finalists]
+    }
+    chosen, selection, _, figures, measured = side_by_side(ctx, candidates, {}, confirm)
     return NgramSettings(
-        selection=own[best].selection,
-        draft=EngineLookup.model_validate(own[best].setting),
-        engines=own,
+        selection=figures,
+        draft=block_of(candidates[chosen]),
+        engines=engines.variants_of(
+            found, {candidates[n]: m for n, m in measured.items()}, finalists
+        ),
         search={
             "restricted_to": only,
+            "side_by_side": {"settings": selection},
             "calibration": {
                 "continuations": len(replayer.sequences),
                 "confirm_prompts": len(confirm),
