@@ -162,11 +162,14 @@ def _tune(profile, method, engine, ws, tokens, gguf, seconds, storage):
     from autotune.profile.blocks import EngineVariant, Figures
     from autotune.progress import step
     from autotune.serving.tuning import GRID, tune_ngram
+    from autotune.studies.storage import open_storage
 
     search = ws.encode(ws.search_prompts())
     trials = len(GRID["size_n"]) * len(GRID["size_m"])
     with step("tune in llama.cpp: ngram-simple settings on search prompts", trials) as advance:
-        found = tune_ngram(_gguf(profile, gguf), search, tokens, storage, Budget(seconds), advance)
+        found = tune_ngram(
+            _gguf(profile, gguf), search, tokens, open_storage(storage), Budget(seconds), advance
+        )
     config = EngineLookupConfig("llamacpp", found.size_n, found.size_n, found.size_m)
     block = profile.block(method)
     block.engines = {

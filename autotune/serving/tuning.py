@@ -63,14 +63,12 @@ def tune_ngram(
     gguf: Path,
     prompts: Sequence[EncodedPrompt],
     max_new_tokens: int,
-    storage: str | None,
+    storage,  # an Optuna storage (the study database)
     budget: Budget,
     on_trial: Callable[[], None] | None = None,
 ) -> InEngine:
     """The fastest ngram-simple setting on ``prompts`` (search prompts), in llama-server."""
     import optuna
-
-    from autotune.studies.storage import open_storage
 
     prompts = list(prompts[:PROMPTS])
     if len(prompts) < GRACE:
@@ -79,7 +77,7 @@ def tune_ngram(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
         study_name=f"llamacpp-ngram/{gguf.stem}/{llamacpp.release()}/{max_new_tokens}/{digest}",
-        storage=open_storage(storage),
+        storage=storage,
         direction="maximize",
         sampler=optuna.samplers.GridSampler(GRID, seed=0),
         pruner=optuna.pruners.SuccessiveHalvingPruner(min_resource=GRACE, reduction_factor=3),
