@@ -86,6 +86,12 @@ MEDUSA_TREE_SHARE = 0.85
 GLIDE_STUDY_SHARE = 0.9
 CAPE_FIT_SHARE = 0.5
 
+# After the verdict, the recommended method's engine settings are measured held back in
+# the time the run has left, when at least this much is left; the margin is kept for
+# writing the profile.
+ENGINE_SETTINGS_MIN_S = 30.0
+ENGINE_SETTINGS_MARGIN_S = 15.0
+
 # --- probes and bounds ------------------------------------------------------------------
 # The verify curve the bounds read (n = 1 .. this many tokens).
 PROBE_CURVE_TOKENS = 16

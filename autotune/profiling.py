@@ -137,6 +137,10 @@ def run_profile(request: ProfileRequest) -> tuple[ProfileBase, Path]:
     )
     verdict = decide(tuned, selection.ranking, held, request.margin, run.evidence.skipped)
     verdict.dropped = selection.dropped
+    if engine_settings_to_measure(tuned, verdict.recommended):
+        run.begin("engine settings (held back)")  # the time the run has left, unplanned
+        held = measure_engine_settings(ws, tuned, verdict.recommended, held, request)
+        run.end(f"{verdict.recommended} as each engine serves it")
     verdict.time = run.ledger
     profile = assemble(ws, tuned, held, verdict, noise, request)
     write_profile(profile, out)
@@ -845,10 +849,6 @@ def measure_held_back(
     variants = {
         name: registry.method(name).variant(tuned[name], env) for name in contenders or ranking[:1]
     }
-    # the leader as each engine serves it, where that differs: measured beside it, reported
-    # per engine, not judged (its interval is not the verdict's)
-    leader = (contenders or ranking)[0]
-    variants.update(engine_variants(leader, tuned[leader], env))
     prompts = ws.encode(ws.heldback_prompts()[: request.heldback_prompts])
     session = SideBySide(ws.runner, variants, request.max_new_tokens)
     with step(
@@ -869,6 +869,50 @@ def measure_held_back(
 
 
 ENGINE_MARK = "@"
+
+
+def engine_settings_to_measure(tuned: dict[str, MethodSettings], recommended: str) -> bool:
+    """Whether the recommended method has engine settings of its own left to measure."""
+    settings = tuned.get(recommended)
+    return settings is not None and any(
+        not served_as_tuned(settings, v) for v in settings.engines.values()
+    )
+
+
+def measure_engine_settings(
+    ws: Workspace,
+    tuned: dict[str, MethodSettings],
+    recommended: str,
+    held: HeldBack,
+    request: ProfileRequest,
+) -> HeldBack:
+    """After the verdict, in the time the run has left: the recommended method as each
+    engine serves it, against plain greedy on the held-back prompts the verdict was
+    measured on; reported per engine, not judged (the verdict's measurement stays its
+    own, undiluted)."""
+    from autotune.measure.timing import measure_variants
+
+    left = ws.deadline.left() if ws.deadline is not None else None
+    if left is not None and left < plan.ENGINE_SETTINGS_MIN_S:
+        say("no time was left to measure the engines' own settings held back")
+        return held
+    # its own time: what the run has left, less a margin for writing the profile
+    budget = Budget(None if left is None else left - plan.ENGINE_SETTINGS_MARGIN_S)
+    variants = engine_variants(recommended, tuned[recommended], DraftEnv(ws.ref, ws.runner))
+    measured_on = max((len(m.prompts) for m in held.measured.values()), default=0)
+    prompts = ws.encode(ws.heldback_prompts()[: request.heldback_prompts])[: max(measured_on, 1)]
+    label = f"held back: {recommended} as {', '.join(tuned[recommended].engines)} serve it"
+    with step(label, len(prompts) * len(variants)) as advance:
+        measured = measure_variants(
+            ws.runner,
+            variants,
+            prompts,
+            request.max_new_tokens,
+            on_prompt=lambda _: advance(),
+            until=budget,
+            least=0,
+        )
+    return HeldBack({**held.measured, **measured}, held.looks, held.stopped, held.planned)
 
 
 def engine_variants(name: str, settings: MethodSettings, env: DraftEnv) -> dict[str, Variant]:
