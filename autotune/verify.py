@@ -165,7 +165,7 @@ def _tune(profile, method, engine, ws, tokens, gguf, seconds, storage):
     from autotune.studies.storage import open_storage
 
     search = ws.encode(ws.search_prompts())
-    trials = len(GRID["size_n"]) * len(GRID["size_m"])
+    trials = len(GRID)
     with step("tune in llama.cpp: ngram-simple settings on search prompts", trials) as advance:
         found = tune_ngram(
             _gguf(profile, gguf), search, tokens, open_storage(storage), Budget(seconds), advance

@@ -161,7 +161,7 @@ def test_verify_tunes_ngram_simple_in_llama_server_and_records_it(
     from autotune.serving import tuning
     from autotune.verify import report_lines, verify
 
-    monkeypatch.setattr(tuning, "GRID", {"size_n": [1, 2], "size_m": [3]})
+    monkeypatch.setattr(tuning, "GRID", ["1,3", "2,3"])
     monkeypatch.setattr(tuning, "PROMPTS", 3)
     path = tmp_path / "profile.yaml"
     profile = ngram_profile(TREE)
@@ -197,3 +197,11 @@ def test_tune_is_for_ngram_in_llamacpp(tmp_path):
     write_profile(profile, path)
     with pytest.raises(AutotuneError, match="--tune tunes n-gram drafting"):
         verify(path, "hf", limit=1, max_new_tokens=4, tune_s=10)
+
+
+def test_the_llamacpp_grid_holds_only_settings_that_draft():
+    from autotune.serving.tuning import GRID, sizes
+
+    pairs = [sizes(s) for s in GRID]
+    assert all(m >= n for n, m in pairs)  # ngram-simple drafts only where n tokens follow
+    assert (3, 2) not in pairs and (1, 2) in pairs and (4, 12) in pairs

@@ -25,8 +25,9 @@ from autotune.errors import AutotuneError
 from autotune.measure.timing import EncodedPrompt, Measurement, PromptMeasurement
 from autotune.serving import llamacpp, paired
 
-# ngram-simple's options: the match length n (exactly n tokens) and the draft length m.
-GRID = {"size_n": [1, 2, 3, 4], "size_m": [2, 3, 4, 6, 8, 12]}
+# ngram-simple's options: the match length n (exactly n tokens) and the draft length m,
+# as "n,m". It drafts only where at least n tokens follow the match, so m < n never drafts.
+GRID = [f"{n},{m}" for n in (1, 2, 3, 4) for m in (2, 3, 4, 6, 8, 12) if m >= n]
 # Prompts every setting decodes before the pruner may stop it; at most PROMPTS in all.
 GRACE = 2
 PROMPTS = 8
@@ -49,6 +50,12 @@ class InEngine:
 
     def flags(self) -> list[str]:
         return ngram_simple(self.size_n, self.size_m)
+
+
+def sizes(setting: str) -> tuple[int, int]:
+    """``"n,m"`` as its two numbers."""
+    size_n, size_m = setting.split(",")
+    return int(size_n), int(size_m)
 
 
 def ngram_simple(size_n: int, size_m: int) -> list[str]:
@@ -79,7 +86,7 @@ def tune_ngram(
         study_name=f"llamacpp-ngram/{gguf.stem}/{llamacpp.release()}/{max_new_tokens}/{digest}",
         storage=storage,
         direction="maximize",
-        sampler=optuna.samplers.GridSampler(GRID, seed=0),
+        sampler=optuna.samplers.GridSampler({"setting": GRID}, seed=0),
         pruner=optuna.pruners.SuccessiveHalvingPruner(min_resource=GRACE, reduction_factor=3),
         load_if_exists=True,
     )
@@ -89,7 +96,7 @@ def tune_ngram(
         left = budget.left()
         study.optimize(
             objective,
-            n_trials=len(GRID["size_n"]) * len(GRID["size_m"]),
+            n_trials=len(GRID),
             timeout=left,
             callbacks=[lambda *_: on_trial()] if on_trial is not None else None,
         )
@@ -100,9 +107,10 @@ def tune_ngram(
         )
     best = max(done, key=lambda t: t.value or 0.0)
     rows = [PromptMeasurement(**row) for row in best.user_attrs["rows"]]
+    size_n, size_m = sizes(best.params["setting"])
     return InEngine(
-        best.params["size_n"],
-        best.params["size_m"],
+        size_n,
+        size_m,
         Measurement(rows),
         len(study.trials),
         llamacpp.release(),
@@ -123,7 +131,7 @@ class _Objective:
     def __call__(self, trial) -> float:
         import optuna
 
-        flags = ngram_simple(trial.suggest_int("size_n", 1, 4), trial.suggest_int("size_m", 2, 12))
+        flags = ngram_simple(*sizes(trial.suggest_categorical("setting", GRID)))
         rows: list[PromptMeasurement] = []
         with llamacpp.Server(self.gguf, flags) as server:
             server.decode(self.prompts[0].ids, 8)  # warm-up
