@@ -80,7 +80,8 @@ def tune_ngram(
     prompts = list(prompts[:PROMPTS])
     if len(prompts) < GRACE:
         raise AutotuneError("too few search prompts to tune in llama.cpp: pass more prompts")
-    digest = hashlib.sha256(repr([p.ids for p in prompts]).encode()).hexdigest()[:8]
+    # a study per prompts and grid: its trials are comparable, and resume after a stop
+    digest = hashlib.sha256(repr(([p.ids for p in prompts], GRID)).encode()).hexdigest()[:8]
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
         study_name=f"llamacpp-ngram/{gguf.stem}/{llamacpp.release()}/{max_new_tokens}/{digest}",
