@@ -849,7 +849,7 @@ def measure_held_back(
     variants = {
         name: registry.method(name).variant(tuned[name], env) for name in contenders or ranking[:1]
     }
-    prompts = ws.encode(ws.heldback_prompts()[: request.heldback_prompts])
+    prompts = heldback(ws, request)
     session = SideBySide(ws.runner, variants, request.max_new_tokens)
     with step(
         f"held-back measurement: {', '.join(variants)} against plain greedy",
@@ -866,6 +866,11 @@ def measure_held_back(
             deadline=ws.deadline,  # the run's: its least prompts too stop there
         )
     return HeldBack(result.measurements, result.looks, result.stopped, len(prompts))
+
+
+def heldback(ws: Workspace, request: ProfileRequest) -> list[EncodedPrompt]:
+    """The held-back prompts the run measures on (``--heldback-prompts`` of them)."""
+    return ws.encode(ws.heldback_prompts()[: request.heldback_prompts])
 
 
 ENGINE_MARK = "@"
@@ -900,7 +905,7 @@ def measure_engine_settings(
     budget = Budget(None if left is None else left - plan.ENGINE_SETTINGS_MARGIN_S)
     variants = engine_variants(recommended, tuned[recommended], DraftEnv(ws.ref, ws.runner))
     measured_on = max((len(m.prompts) for m in held.measured.values()), default=0)
-    prompts = ws.encode(ws.heldback_prompts()[: request.heldback_prompts])[: max(measured_on, 1)]
+    prompts = heldback(ws, request)[: max(measured_on, 1)]
     label = f"held back: {recommended} as {', '.join(tuned[recommended].engines)} serve it"
     with step(label, len(prompts) * len(variants)) as advance:
         measured = measure_variants(

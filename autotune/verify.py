@@ -137,7 +137,7 @@ def verify(
         raise AutotuneError("the profile's workload has no held-back prompts to verify on")
     tuned = None
     if tune_s is not None:
-        tuned = _tune(profile, export.method, engine, ws, tokens, gguf, tune_s, storage)
+        tuned = _tune(profile, export.method, ws, tokens, gguf, tune_s, storage)
         export = export_profile(profile, engine, force=True)  # the setting tuned there
     with step(f"verify in {engine}: three ways each prompt", len(prompts)) as advance:
         if engine == "llamacpp":
@@ -153,7 +153,7 @@ def verify(
     return report
 
 
-def _tune(profile, method, engine, ws, tokens, gguf, seconds, storage):
+def _tune(profile, method, ws, tokens, gguf, seconds, storage):
     """The engine's own n-gram setting tuned in it, written into the profile's block (in
     memory: ``verify`` records it with the figures)."""
     from autotune.budget import Budget

@@ -48,9 +48,6 @@ class InEngine:
         """Clearly faster than the engine's greedy decoding (the interval above 1)."""
         return self.measurement.interval().above(1.0)
 
-    def flags(self) -> list[str]:
-        return ngram_simple(self.size_n, self.size_m)
-
 
 def sizes(setting: str) -> tuple[int, int]:
     """``"n,m"`` as its two numbers."""

@@ -172,8 +172,11 @@ def _no_match_note(title: str) -> str:
     )
 
 
-def _rule_note(title: str, engine: str, config: Config, d: Deployment) -> str:
-    """How the figures relate to the engine's drafting: its own rule, or autotune's."""
+def _rule_note(
+    title: str, engine: str, config: Config, d: Deployment, otherwise: str | None = None
+) -> str:
+    """How the figures relate to the engine's drafting: its own rule, or autotune's
+    (``otherwise``: what differs then; default: drafting without a match)."""
     tuned_in = d.settings.search.get("tuned_in")
     if tuned_in:
         return f"tuned and measured in {tuned_in} itself, on search prompts"
@@ -183,7 +186,7 @@ def _rule_note(title: str, engine: str, config: Config, d: Deployment) -> str:
             f"matching, no draft without a match): verify it in {title} itself where "
             f"autotune can run it (`autotune verify PROFILE --engine {engine}`)"
         )
-    return _no_match_note(title)
+    return otherwise or _no_match_note(title)
 
 
 # --- SGLang --------------------------------------------------------------------------------
@@ -271,10 +274,15 @@ def render_hf(d: Deployment) -> Rendered:
         "pass these keys to generate(): settings = json.load(open(FILE)); "
         "model.generate(ids, **settings); or merge them into the model folder's "
         "generation_config.json",
-        "transformers stops a draft at the end of the text and drafts nothing without a "
-        "match (autotune's drafter continues a repeating span, and guesses one token)"
-        if not isinstance(config, EngineLookupConfig) or config.engine != "hf"
-        else _rule_note("transformers", "hf", config, d),
+        _rule_note(
+            "transformers",
+            "hf",
+            config,
+            d,
+            otherwise="transformers stops a draft at the end of the text and drafts nothing "
+            "without a match (autotune's drafter continues a repeating span, and guesses one "
+            "token)",
+        ),
     ]
     return Rendered(
         json_text(hf_settings(config)), warnings, about=about_text(HF, d, warnings, notes)

@@ -80,12 +80,11 @@ def probe(ctx: TuneContext) -> Probe:
                 unique[f"{kind} (proxy best)"] = proxy.best[kind]
         predicted = max(proxy.predicted.values())
     else:  # the engines' own rules alone
-        seeds = [start_config(ctx.space, "ngram")]
-        found = [engines.search(ctx.space, replayer, e, seeds, ctx.budget.spent) for e in only]
-        for f in found:
+        found = cached_engine_search(ctx, replayer, sequences, only)
+        for f in found.values():
             if f.best not in unique.values():
                 unique[f"{f.engine} (proxy best)"] = f.best
-        predicted = max(f.ranked[0][1] for f in found)
+        predicted = max(f.ranked[0][1] for f in found.values())
     variants = {n: Variant(functools.partial(NgramDrafter, c)) for n, c in unique.items()}
     prompts = confirm[:PROBE_PROMPTS]
     label = "n-gram probe: the proxy's bests against greedy"
@@ -120,13 +119,27 @@ def cached_proxy(ctx: TuneContext, replayer: Replayer, sequences: list[Continuat
     tuning that follows reuses it)."""
     from autotune.process_cache import cached
 
-    space: NgramSpace = ctx.space
-    key = (
-        "ngram_proxy",
-        hashlib.sha256(repr([(s.prompt, s.tokens) for s in sequences]).encode()).hexdigest(),
-        space.model_dump_json(),
+    return cached(_search_key("ngram_proxy", ctx, sequences), lambda: proxy_search(ctx, replayer))
+
+
+def cached_engine_search(
+    ctx: TuneContext, replayer: Replayer, sequences: list[Continuation], only: list[str]
+) -> dict[str, engines.Found]:
+    """``--engine``: the engines' own rules searched on the proxy from transformers'
+    default, once per process (the probe runs it, the tuning that follows reuses it)."""
+    from autotune.process_cache import cached
+
+    return cached(
+        (*_search_key("ngram_engines", ctx, sequences), tuple(only)),
+        lambda: engines.search_all(
+            ctx.space, replayer, [start_config(ctx.space, "ngram")], only, ctx.budget.spent
+        ),
     )
-    return cached(key, lambda: proxy_search(ctx, replayer))
+
+
+def _search_key(name: str, ctx: TuneContext, sequences: list[Continuation]) -> tuple:
+    digest = hashlib.sha256(repr([(s.prompt, s.tokens) for s in sequences]).encode())
+    return (name, digest.hexdigest(), ctx.space.model_dump_json())
 
 
 def restricted(ctx: TuneContext) -> list[str] | None:
@@ -145,7 +158,8 @@ def tune(ctx: TuneContext) -> NgramSettings:
     replayer, draft_seconds = make_replayer(ctx, sequences, curve)
     only = restricted(ctx)
     if only is not None:
-        return tune_for_engines(ctx, only, confirm, replayer, curve, draft_seconds)
+        found = cached_engine_search(ctx, replayer, sequences, only)
+        return tune_for_engines(ctx, found, confirm, replayer, curve, draft_seconds)
     proxy = cached_proxy(ctx, replayer, sequences)
     winners, study, trials = measured_study(ctx, proxy, confirm, replayer)
     # the study's winners were chosen on its prompts: the side by side decodes the others
@@ -229,19 +243,16 @@ def tune(ctx: TuneContext) -> NgramSettings:
 
 def tune_for_engines(
     ctx: TuneContext,
-    only: list[str],
+    found: dict[str, engines.Found],
     confirm: list[EncodedPrompt],
     replayer: Replayer,
     curve: LatencyCurve,
     draft_seconds: dict[str, float],
 ) -> NgramSettings:
-    """``--engine``: each engine's own rule searched on the proxy, its best few decoded
-    against greedy on the timed search prompts; the fastest is the setting."""
+    """``--engine``: each engine's own rule searched on the proxy (``found``), its best few
+    decoded against greedy on the timed search prompts; the fastest is the setting."""
     space: NgramSpace = ctx.space
     finalists = space.search.finalists
-    found = engines.search_all(
-        space, replayer, [start_config(space, "ngram")], only, ctx.budget.spent
-    )
     candidates: dict[str, Config] = {
         describe(config): config for f in found.values() for config, _ in f.ranked[:finalists]
     }
@@ -253,7 +264,7 @@ def tune_for_engines(
             found, {candidates[n]: m for n, m in measured.items()}, finalists
         ),
         search={
-            "restricted_to": only,
+            "restricted_to": list(found),
             "side_by_side": {"settings": selection},
             "calibration": {
                 "continuations": len(replayer.sequences),
