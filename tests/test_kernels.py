@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 import torch
@@ -192,3 +193,15 @@ def test_a_reused_weight_id_does_not_take_another_shapes_choice():
 def test_the_kernel_is_built_under_torch_extensions_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     assert native._folder().parent == tmp_path
+
+
+def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_fresh_one_kept(tmp_path):
+    stale, fresh = tmp_path / "stale", tmp_path / "fresh"
+    stale.touch()
+    fresh.touch()
+    old = time.time() - native.STALE_LOCK_S - 60
+    os.utime(stale, (old, old))
+    native._drop_stale_lock(stale)
+    native._drop_stale_lock(fresh)
+    native._drop_stale_lock(tmp_path / "absent")
+    assert not stale.exists() and fresh.exists()

@@ -117,6 +117,9 @@ def test_without_the_engines_code_the_python_layers_run(tiny_llama, monkeypatch)
     monkeypatch.setattr(native, "_module", None)
     monkeypatch.setattr(native, "_tried", False)
     monkeypatch.setenv(native.SWITCH_ENV, "0")
+    # the process's kernel tables remember choices by weight id, and a freed weight's id
+    # is reused: a choice of the C++ product made while it was loaded must not carry over
+    monkeypatch.setattr(kernels, "_TABLES", {})
     runner = Runner(tiny_llama)
     assert runner.stack is None
     out = runner.forward(torch.tensor(PROMPT), torch.arange(len(PROMPT)), runner.new_cache())

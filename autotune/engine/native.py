@@ -24,6 +24,7 @@ import io
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,7 @@ def _load() -> Any:
         say("[dim]building the engine's C++ code for this CPU (once, about 30 s)[/dim]")
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        _drop_stale_lock(folder / "lock")
         # the compiler's own output is not the user's business; a failure means torch's
         # kernels, which are correct, only slower
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -125,3 +127,14 @@ def _load() -> Any:
             )
     except Exception:  # no compiler, a failed build, an unwritable folder
         return None
+
+
+STALE_LOCK_S = 600.0  # a build takes about 30 s, several minutes on a busy machine
+
+
+def _drop_stale_lock(lock: Path) -> None:
+    """torch's build lock is a file that a killed build leaves behind, and every later
+    process waits on it forever; one older than any build is removed."""
+    with contextlib.suppress(OSError):
+        if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+            lock.unlink()
