@@ -17,6 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from autotune.engine.batched import decode_batch
 from autotune.engine.decoding import decode_plain, decode_speculative
 from autotune.engine.proposal import Draft, DraftContext, Drafter, VerifyResult
 from autotune.methods import registry
@@ -175,3 +176,24 @@ def test_sampled_decoding_runs_with_every_drafter(env, tmp_path):
                 env.runner, make(), PROMPTS[0], 12, SamplingConfig(temperature=0.8, seed=1)
             )
             assert len(result.tokens) == 12, (name, label)
+
+
+@pytest.mark.parametrize("name,cape", cases())
+def test_batched_greedy_output_is_each_prompts_plain_greedy(env, tmp_path, name, cape):
+    """Several requests in flight, each with its own drafter, all drafts verified in one
+    forward (``engine.batched``): each output is still its prompt's plain greedy output,
+    also when an end-of-sequence token stops one request early."""
+    runner = env.runner
+    prompts = [*PROMPTS, [1, 7], PROMPTS[1]]
+    plain = [decode_plain(runner, p, TOKENS).tokens for p in prompts]
+    for label, make in makers(env, name, cape, tmp_path):
+        for concurrency in (2, 4):
+            run = decode_batch(runner, prompts, TOKENS, concurrency, make)
+            assert [r.tokens for r in run.results] == plain, (label, concurrency)
+        runner.eos_token_ids = frozenset({plain[0][6]})
+        try:
+            ended = [decode_plain(runner, p, TOKENS).tokens for p in prompts]
+            run = decode_batch(runner, prompts, TOKENS, 3, make)
+            assert [r.tokens for r in run.results] == ended, label
+        finally:
+            runner.eos_token_ids = frozenset()

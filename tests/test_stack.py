@@ -20,15 +20,6 @@ pytestmark = [
 PROMPT = [1, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50]
 
 
-@pytest.fixture
-def small_kernel_everywhere(monkeypatch):
-    """The kernel table picks the engine's own product for every row count (on some
-    machines torch's is faster for some shapes, and its rows depend on the batch)."""
-    table = kernels.KernelTable(timer=lambda kernel, rows, run: 0.0 if kernel == "small" else 1.0)
-    monkeypatch.setitem(kernels._TABLES, (torch.get_num_threads(), True), table)
-    monkeypatch.setattr(kernels, "_read_only", False)
-
-
 def runners(model) -> tuple[Runner, Runner]:
     native_runner = Runner(model)
     assert native_runner.stack is not None

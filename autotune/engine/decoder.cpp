@@ -248,24 +248,42 @@ class DecoderStack {
     }
   }
 
-  // hidden [S, H] is updated in place; keys/values [1, kv_heads, capacity, D] per layer
-  // receive the new tokens' entries at ``prefix[layer]`` (room already made); kernels:
-  // (kernel, padded columns) for the q/k/v, o, gate/up and down products.
+  // hidden [S, H] is updated in place. Its rows are segments, one per sequence of a batch
+  // (``rows`` each, in order); segment b attends only to its own cache: keys/values
+  // [1, kv_heads, capacity, D] per layer, which receive its tokens' entries at
+  // ``prefix[b][layer]`` (room already made), under its own mask and mask mode.
+  // kernels: (kernel, padded columns) for the q/k/v, o, gate/up and down products.
   void forward(torch::Tensor hidden, torch::Tensor cos, torch::Tensor sin,
-               const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
-               const std::vector<int64_t>& prefix, torch::Tensor mask, int64_t mask_mode,
-               const std::vector<bool>& skip_attention, const std::vector<bool>& skip_mlp,
-               const std::vector<int64_t>& kernels, double scale) {
+               const std::vector<int64_t>& rows,
+               const std::vector<std::vector<torch::Tensor>>& keys,
+               const std::vector<std::vector<torch::Tensor>>& values,
+               const std::vector<std::vector<int64_t>>& prefix, std::vector<torch::Tensor> masks,
+               const std::vector<int64_t>& mask_modes, const std::vector<bool>& skip_attention,
+               const std::vector<bool>& skip_mlp, const std::vector<int64_t>& kernels,
+               double scale) {
     const int64_t L = layers_.size(), S = hidden.size(0), H = hidden.size(1), D = head_dim_;
     TORCH_CHECK(hidden.is_contiguous() && hidden.scalar_type() == torch::kFloat32,
                 "DecoderStack: hidden must be float32 [S, H], contiguous");
-    TORCH_CHECK(static_cast<int64_t>(keys.size()) == L && static_cast<int64_t>(prefix.size()) == L &&
-                    static_cast<int64_t>(skip_attention.size()) == L &&
+    const size_t B = rows.size();
+    TORCH_CHECK(keys.size() == B && values.size() == B && prefix.size() == B &&
+                    masks.size() == B && mask_modes.size() == B,
+                "DecoderStack: one cache, prefix and mask a segment");
+    int64_t total = 0;
+    for (size_t b = 0; b < B; ++b) {
+      TORCH_CHECK(static_cast<int64_t>(keys[b].size()) == L &&
+                      static_cast<int64_t>(values[b].size()) == L &&
+                      static_cast<int64_t>(prefix[b].size()) == L,
+                  "DecoderStack: one entry a layer");
+      if (masks[b].defined() && masks[b].numel() > 0)
+        masks[b] = masks[b].to(torch::kUInt8).contiguous();
+      total += rows[b];
+    }
+    TORCH_CHECK(total == S, "DecoderStack: the segments' rows must add up to hidden's");
+    TORCH_CHECK(static_cast<int64_t>(skip_attention.size()) == L &&
                     static_cast<int64_t>(skip_mlp.size()) == L && kernels.size() == 8,
                 "DecoderStack: one entry a layer");
     cos = cos.contiguous();
     sin = sin.contiguous();
-    if (mask.defined() && mask.numel() > 0) mask = mask.to(torch::kUInt8).contiguous();
     const Choice qkv_k{kernels[0], kernels[1]}, o_k{kernels[2], kernels[3]},
         gate_up_k{kernels[4], kernels[5]}, down_k{kernels[6], kernels[7]};
     const int64_t width = (q_heads_ + 2 * kv_heads_) * D;
@@ -283,8 +301,8 @@ class DecoderStack {
         product(normed.data_ptr<float>(), S, w.qkv, w.qkv_bias, qkv_k, qkv.data_ptr<float>());
         rotate(qkv.data_ptr<float>(), S, width, q_heads_ + kv_heads_, D, cos.data_ptr<float>(),
                sin.data_ptr<float>());
-        attend(qkv.data_ptr<float>(), width, keys[l], values[l], prefix[l], S, mask,
-               mask_mode, static_cast<float>(scale), attended.data_ptr<float>());
+        attend(l, qkv.data_ptr<float>(), width, rows, keys, values, prefix, masks, mask_modes,
+               static_cast<float>(scale), attended.data_ptr<float>());
         product(attended.data_ptr<float>(), S, w.o, torch::Tensor(), o_k,
                 projected.data_ptr<float>());
         add_into(h, projected.data_ptr<float>(), S * H);
@@ -302,44 +320,55 @@ class DecoderStack {
   }
 
  private:
-  void attend(const float* qkv, int64_t width, const torch::Tensor& keys,
-              const torch::Tensor& values, int64_t prefix, int64_t S, const torch::Tensor& mask,
-              int64_t mask_mode, float scale, float* out) const {
-    const int64_t D = head_dim_, group = q_heads_ / kv_heads_, capacity = keys.size(2);
-    TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && prefix + S <= capacity,
-                "DecoderStack: the cache must be contiguous with room for the new tokens");
-    float* kp = keys.data_ptr<float>();
-    float* vp = values.data_ptr<float>();
+  // Layer l's attention for every segment: each writes its keys and values into its own
+  // cache and its queries see only that cache; one parallel loop over all their tasks.
+  void attend(int64_t l, const float* qkv, int64_t width, const std::vector<int64_t>& rows,
+              const std::vector<std::vector<torch::Tensor>>& keys,
+              const std::vector<std::vector<torch::Tensor>>& values,
+              const std::vector<std::vector<int64_t>>& prefix,
+              const std::vector<torch::Tensor>& masks, const std::vector<int64_t>& mask_modes,
+              float scale, float* out) const {
+    const int64_t D = head_dim_, group = q_heads_ / kv_heads_, out_width = q_heads_ * D;
     const int64_t k_col = q_heads_ * D, v_col = (q_heads_ + kv_heads_) * D;
-    for (int64_t g = 0; g < kv_heads_; ++g)
-      for (int64_t s = 0; s < S; ++s) {
-        const int64_t at = (g * capacity + prefix + s) * D;
-        std::memcpy(kp + at, qkv + s * width + k_col + g * D, D * sizeof(float));
-        std::memcpy(vp + at, qkv + s * width + v_col + g * D, D * sizeof(float));
-      }
-    Attention job{qkv,
-                  width,
-                  kp,
-                  vp,
-                  capacity,
-                  prefix,
-                  S,
-                  D,
-                  group,
-                  mask_mode == CAUSAL ? nullptr : mask.data_ptr<uint8_t>(),
-                  mask_mode,
-                  mask_mode == CAUSAL ? 0 : mask.size(1),
-                  scale,
-                  out,
-                  q_heads_ * D};
-    const int64_t rows = group * S, blocks = (rows + QUERY_BLOCK - 1) / QUERY_BLOCK;
-    const int64_t tasks = kv_heads_ * blocks;
-    const int64_t work = 2 * rows * kv_heads_ * (prefix + S) * D;
+    std::vector<Attention> jobs;
+    std::vector<int64_t> first_task{0};  // segment b's tasks: first_task[b] .. first_task[b + 1]
+    int64_t work = 0, row = 0;
+    for (size_t b = 0; b < rows.size(); ++b) {
+      const torch::Tensor& k = keys[b][l];
+      const torch::Tensor& v = values[b][l];
+      const int64_t S = rows[b], start = prefix[b][l], capacity = k.size(2);
+      TORCH_CHECK(k.is_contiguous() && v.is_contiguous() && start + S <= capacity,
+                  "DecoderStack: the cache must be contiguous with room for the new tokens");
+      float* kp = k.data_ptr<float>();
+      float* vp = v.data_ptr<float>();
+      const float* q = qkv + row * width;
+      for (int64_t g = 0; g < kv_heads_; ++g)
+        for (int64_t s = 0; s < S; ++s) {
+          const int64_t at = (g * capacity + start + s) * D;
+          std::memcpy(kp + at, q + s * width + k_col + g * D, D * sizeof(float));
+          std::memcpy(vp + at, q + s * width + v_col + g * D, D * sizeof(float));
+        }
+      const bool causal = mask_modes[b] == CAUSAL;
+      jobs.push_back(Attention{q, width, kp, vp, capacity, start, S, D, group,
+                               causal ? nullptr : masks[b].data_ptr<uint8_t>(), mask_modes[b],
+                               causal ? 0 : masks[b].size(1), scale, out + row * out_width,
+                               out_width});
+      const int64_t blocks = (group * S + QUERY_BLOCK - 1) / QUERY_BLOCK;
+      first_task.push_back(first_task.back() + kv_heads_ * blocks);
+      work += 2 * group * S * kv_heads_ * (start + S) * D;
+      row += S;
+    }
+    const int64_t tasks = first_task.back();
     at::parallel_for(0, tasks, work < INLINE_WORK ? tasks : 1, [&](int64_t t0, int64_t t1) {
       FlushDenormals flushed;
+      size_t b = 0;
       for (int64_t t = t0; t < t1; ++t) {
-        const int64_t g = t / blocks, m0 = (t % blocks) * QUERY_BLOCK;
-        job.run(g, m0, std::min(rows, m0 + QUERY_BLOCK));
+        while (t >= first_task[b + 1]) ++b;
+        const Attention& job = jobs[b];
+        const int64_t local = t - first_task[b], job_rows = group * job.S;
+        const int64_t blocks = (job_rows + QUERY_BLOCK - 1) / QUERY_BLOCK;
+        const int64_t g = local / blocks, m0 = (local % blocks) * QUERY_BLOCK;
+        job.run(g, m0, std::min(job_rows, m0 + QUERY_BLOCK));
       }
     });
   }

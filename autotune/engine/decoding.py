@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from autotune.engine.proposal import DraftContext, Drafter, VerifyResult
-from autotune.engine.runner import ExtraRows, Runner
+from autotune.engine.runner import ExtraRows, Runner, Segment
 from autotune.engine.sampling import GREEDY, SamplingConfig, probabilities, sample
 from autotune.engine.tree import TreeShape
 from autotune.engine.verify import (
@@ -180,18 +180,30 @@ def _verify(
 ):
     """One target forward over the root and the draft; the cache keeps the accepted path.
     Returns (accepted node indices, bonus token, hidden states of root + path)."""
+    segment = verify_segment(runner, cache, committed, last_token, draft)
+    out = runner.forward_batch([segment], extra_rows=extra_rows)[0]
+    return accept(out, cache, committed, draft, sampling, typical, generator)
+
+
+def verify_segment(runner: Runner, cache, committed: int, last_token: int, draft) -> Segment:
+    """The root and the draft as one sequence's part of a verify forward: a chain at
+    consecutive positions, a tree at its depths under its attention mask."""
     tree = draft.tree
-    chain = tree is None or tree.is_chain
     device = runner.device
     ids = torch.tensor([last_token, *draft.tokens], device=device)
-    if chain:
+    if tree is None or tree.is_chain:
         positions = torch.arange(committed, committed + len(ids), device=device)
-        out = runner.forward(ids, positions, cache, extra_rows=extra_rows)
-    else:
-        positions = committed + tree.position_offsets(device)
-        out = runner.forward(
-            ids, positions, cache, mask=tree.attention_mask(device), extra_rows=extra_rows
-        )
+        return Segment(ids, positions, cache)
+    positions = committed + tree.position_offsets(device)
+    return Segment(ids, positions, cache, mask=tree.attention_mask(device))
+
+
+def accept(out, cache, committed: int, draft, sampling, typical, generator):
+    """The accepted path and bonus token from the target's logits over the root and the
+    draft (``verify_segment``); the cache keeps the root and the path. Returns (path,
+    bonus, hidden states of root + path, logits, extra logits at the path's end)."""
+    tree = draft.tree
+    chain = tree is None or tree.is_chain
     if sampling.greedy:
         if chain:
             accepted, bonus = accept_greedy(draft.tokens, out.logits)
@@ -215,4 +227,10 @@ def _verify(
         cache.crop(committed + len(rows))
     else:
         cache.keep(committed, torch.tensor(rows))
-    return path, bonus, out.hidden[rows], out.logits, _extra_at(out, rows[-1], len(ids))
+    return (
+        path,
+        bonus,
+        out.hidden[rows],
+        out.logits,
+        _extra_at(out, rows[-1], len(draft.tokens) + 1),
+    )

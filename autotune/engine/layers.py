@@ -177,22 +177,67 @@ def self_attention(
     layer ``layer`` of it and the queries see the whole layer, as ``mask`` allows.
     ``qkv``: the three projections fused (``Fused``): queries and keys are then rotated
     together, as the adjacent columns they are."""
+    return segmented_attention(
+        attention, x, [AttentionSegment(x.shape[1], rope, mask, cache)], layer, product, qkv
+    )
+
+
+class AttentionSegment:
+    """One sequence's tokens in an attention sublayer over a batch: ``rows`` consecutive
+    tokens, their rotation, their mask and their own cache (see ``self_attention``)."""
+
+    def __init__(
+        self,
+        rows: int,
+        rope: tuple[torch.Tensor, torch.Tensor] | Rotation,
+        mask: torch.Tensor | None,
+        cache=None,
+    ):
+        self.rows = rows
+        self.rotate = rope if isinstance(rope, Rotation) else Rotation(rope)
+        self.mask = mask
+        self.cache = cache
+
+
+def segmented_attention(
+    attention: Any,
+    x: torch.Tensor,
+    segments: list[AttentionSegment],
+    layer: int = 0,
+    product: Product = linear,
+    qkv: Fused | None = None,
+) -> torch.Tensor:
+    """``self_attention`` over x [1, S, H] holding several sequences' tokens, one segment
+    after another: the products run once over all of them, each segment's queries see only
+    its own cache and tokens."""
     dim = attention.head_dim
-    rotate = rope if isinstance(rope, Rotation) else Rotation(rope)
     if qkv is None:
-        query = rotate(heads_of(product(x, attention.q_proj), dim))
-        keys = rotate(heads_of(product(x, attention.k_proj), dim))
-        values = heads_of(product(x, attention.v_proj), dim)
+        queries = heads_of(product(x, attention.q_proj), dim)
+        keys_all = heads_of(product(x, attention.k_proj), dim)
+        values_all = heads_of(product(x, attention.v_proj), dim)
     else:
         out = product(x, qkv)  # type: ignore[arg-type]
         q_cols, k_cols, _ = qkv.sizes
-        rotated = rotate(heads_of(out[..., : q_cols + k_cols], dim))
-        query, keys = rotated.split([q_cols // dim, k_cols // dim], dim=1)
-        values = heads_of(out[..., q_cols + k_cols :], dim)
-    if cache is not None:
-        keys, values = cache.update(keys, values, layer)
+        joint = heads_of(out[..., : q_cols + k_cols], dim)
+        values_all = heads_of(out[..., q_cols + k_cols :], dim)
     scale = getattr(attention, "scaling", dim**-0.5)
-    return product(attend(query, keys, values, mask, scale), attention.o_proj)
+    parts, start = [], 0
+    for segment in segments:
+        end = start + segment.rows
+        if qkv is None:
+            query = segment.rotate(queries[:, :, start:end])
+            keys = segment.rotate(keys_all[:, :, start:end])
+        else:
+            query, keys = segment.rotate(joint[:, :, start:end]).split(
+                [q_cols // dim, k_cols // dim], dim=1
+            )
+        values = values_all[:, :, start:end]
+        if segment.cache is not None:
+            keys, values = segment.cache.update(keys, values, layer)
+        parts.append(attend(query, keys, values, segment.mask, scale))
+        start = end
+    attended = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    return product(attended, attention.o_proj)
 
 
 def mlp(

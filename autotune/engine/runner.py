@@ -8,6 +8,7 @@ is ours.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,18 @@ from autotune.engine.stack import NativeStack
 
 # Maps the final-normed hidden states [S, H] to more rows [R, H] for the lm_head product.
 ExtraRows = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class Segment:
+    """One sequence's part of a batched forward (``Runner.forward_batch``): its tokens [S]
+    at their positions [S], its own cache, and its mask as ``Runner.forward`` takes it."""
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    cache: KVCache
+    mask: torch.Tensor | None = None
+    last_only: bool = False  # logits of its last token only (a prefill)
 
 
 @dataclass
@@ -99,45 +112,97 @@ class Runner:
         through the lm_head in the same product (Medusa heads sharing it: on CPU one
         product over more rows costs less than a second product).
         """
-        seq = tokens.shape[0]
-        hidden = self.embed(tokens.view(1, seq))
-        rope = self.rotary(hidden, positions.view(1, seq))
+        segment = Segment(tokens, positions, cache, mask, last_only)
+        return self.forward_batch([segment], skip=skip, extra_rows=extra_rows)[0]
+
+    @torch.inference_mode()
+    def forward_batch(
+        self,
+        segments: list[Segment],
+        *,
+        skip: SkipMask = NO_SKIP,
+        extra_rows: ExtraRows | None = None,
+    ) -> list[ForwardOutput]:
+        """One forward over several sequences' tokens, one output per segment: the weight
+        products run once over all their rows (what batching saves: a product over B rows
+        streams the weights once), attention runs per sequence over its own cache. Each
+        segment is computed as ``forward`` computes it alone (``extra_rows``: its extra
+        logits come in the same blocks)."""
+        counts = [len(segment.tokens) for segment in segments]
+        total = sum(counts)
+        tokens = (
+            torch.cat([s.tokens for s in segments]) if len(segments) > 1 else segments[0].tokens
+        )
+        positions = (
+            torch.cat([s.positions for s in segments])
+            if len(segments) > 1
+            else segments[0].positions
+        )
+        hidden = self.embed(tokens.view(1, total))
+        rope = self.rotary(hidden, positions.view(1, total))
         if self.stack is not None:
             hidden = hidden[0]
-            self.stack.run(hidden, rope, cache, mask, skip)
+            self.stack.run(hidden, rope, segments, counts, skip)
         else:
-            hidden = self._python_layers(hidden, layers.Rotation(rope), cache, mask, skip)[0]
-        normed = self.norm(hidden[-1:] if last_only else hidden)
+            hidden = self._python_layers(hidden, rope, segments, counts, skip)[0]
+        bounds = list(itertools.accumulate(counts, initial=0))
+        hiddens = [hidden[a:b] for a, b in itertools.pairwise(bounds)]
+        picked = [h[-1:] if s.last_only else h for h, s in zip(hiddens, segments)]
+        normed = self.norm(picked[0] if len(picked) == 1 else torch.cat(picked))
+        rows = len(normed)
         if extra_rows is None:
-            return ForwardOutput(logits=self.logits(normed), hidden=hidden)
-        extra = extra_rows(normed)
-        logits = self.logits(torch.cat([normed, extra]))
-        return ForwardOutput(
-            logits=logits[: len(normed)], hidden=hidden, extra_logits=logits[len(normed) :]
-        )
+            logits, extra = self.logits(normed), None
+        else:
+            both = self.logits(torch.cat([normed, extra_rows(normed)]))
+            logits, extra = both[:rows], both[rows:]
+        if len(segments) == 1:
+            return [ForwardOutput(logits=logits, hidden=hidden, extra_logits=extra)]
+        outputs, start = [], 0
+        for h, p in zip(hiddens, picked):
+            end = start + len(p)
+            mine = None
+            if extra is not None:  # k blocks of ``rows`` rows -> k blocks of this segment's
+                mine = extra.view(-1, rows, extra.shape[-1])[:, start:end].reshape(
+                    -1, extra.shape[-1]
+                )
+            outputs.append(ForwardOutput(logits=logits[start:end], hidden=h, extra_logits=mine))
+            start = end
+        return outputs
 
     def _python_layers(
         self,
         hidden: torch.Tensor,
-        rope: layers.Rotation,
-        cache: KVCache,
-        mask: torch.Tensor | None,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        segments: list[Segment],
+        counts: list[int],
         skip: SkipMask,
     ) -> torch.Tensor:
-        """The decoder layers over ``hidden`` [1, S, H], written out in torch operations."""
-        seq = hidden.shape[1]
-        masks: dict[int, torch.Tensor | None] = {}
+        """The decoder layers over ``hidden`` [1, S, H] (the segments' rows one after
+        another), written out in torch operations."""
+        bounds = list(itertools.accumulate(counts, initial=0))
+        rotations = [
+            layers.Rotation((rope[0][:, a:b], rope[1][:, a:b]))
+            for a, b in itertools.pairwise(bounds)
+        ]
+        masks: dict[tuple[int, int], torch.Tensor | None] = {}
         for index, layer in enumerate(self.layers):
             if index not in skip.attention:
-                prefix = cache.length(index)
-                if prefix not in masks:
-                    masks[prefix] = additive(visibility(mask, prefix, seq, self.device), self.dtype)
-                hidden = hidden + layers.self_attention(
+                parts = []
+                for b, segment in enumerate(segments):
+                    prefix = segment.cache.length(index)
+                    if (b, prefix) not in masks:
+                        masks[b, prefix] = additive(
+                            visibility(segment.mask, prefix, counts[b], self.device), self.dtype
+                        )
+                    parts.append(
+                        layers.AttentionSegment(
+                            counts[b], rotations[b], masks[b, prefix], segment.cache
+                        )
+                    )
+                hidden = hidden + layers.segmented_attention(
                     layer.self_attn,
                     layers.rms_norm(layer.input_layernorm, hidden),
-                    rope,
-                    masks[prefix],
-                    cache,
+                    parts,
                     index,
                     self.product,
                     qkv=self.fused[index][0],

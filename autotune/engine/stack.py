@@ -15,11 +15,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from autotune.engine import kernels, layers, native
-from autotune.engine.kvcache import KVCache
 from autotune.engine.skip import SkipMask
 
 if TYPE_CHECKING:
-    from autotune.engine.runner import Runner
+    from autotune.engine.runner import Runner, Segment
 
 _KERNEL_CODES = {kernels.LINEAR: 0, kernels.TRANSPOSED: 1, kernels.SMALL: 2}
 CAUSAL, NEW_TOKENS, WHOLE = 0, 1, 2  # how ``decoder.cpp`` reads the mask
@@ -122,36 +121,46 @@ class NativeStack:
         self,
         hidden: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
-        cache: KVCache,
-        mask: torch.Tensor | None,
+        segments: list[Segment],
+        counts: list[int],
         skip: SkipMask,
     ) -> None:
-        """Every layer over ``hidden`` [S, H] (updated in place), as ``Runner.forward``
-        describes; ``rope``: (cos, sin) [1, S, D] at the tokens' positions."""
-        seq = hidden.shape[0]
+        """Every layer over ``hidden`` [S, H] (updated in place), the segments' rows one
+        after another, as ``Runner.forward_batch`` describes; ``rope``: (cos, sin)
+        [1, S, D] at the tokens' positions."""
         attends = [i not in skip.attention for i in range(self.num_layers)]
-        prefixes = [cache.length(i) for i in range(self.num_layers)]
-        mode, mask_rows = self._mask(mask, seq, {p for p, a in zip(prefixes, attends) if a})
-        for layer, prefix in enumerate(prefixes):
-            if attends[layer]:
-                cache.reserve(layer, prefix + seq)
+        prefixes, masks, modes = [], [], []
+        for segment, seq in zip(segments, counts):
+            cache = segment.cache
+            starts = [cache.length(i) for i in range(self.num_layers)]
+            mode, mask_rows = self._mask(
+                segment.mask, seq, {p for p, a in zip(starts, attends) if a}
+            )
+            for layer, prefix in enumerate(starts):
+                if attends[layer]:
+                    cache.reserve(layer, prefix + seq)
+            prefixes.append(starts)
+            masks.append(mask_rows)
+            modes.append(mode)
         self._stack.forward(
             hidden,
             rope[0][0],
             rope[1][0],
-            cache.keys,
-            cache.values,
+            counts,
+            [segment.cache.keys for segment in segments],
+            [segment.cache.values for segment in segments],
             prefixes,
-            mask_rows,
-            mode,
+            masks,
+            modes,
             [not a for a in attends],
             [i in skip.mlp for i in range(self.num_layers)],
-            self._kernels(seq),
+            self._kernels(hidden.shape[0]),
             self.scale,
         )
-        for layer, prefix in enumerate(prefixes):
-            if attends[layer]:
-                cache.lengths[layer] = prefix + seq
+        for segment, starts, seq in zip(segments, prefixes, counts):
+            for layer, prefix in enumerate(starts):
+                if attends[layer]:
+                    segment.cache.lengths[layer] = prefix + seq
 
     def _kernels(self, rows: int) -> list[int]:
         """(kernel, padded columns) for each kind of product, as ``layers.linear`` picks."""

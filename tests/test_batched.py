@@ -1,0 +1,74 @@
+"""Batched forwards and batched decoding (``Runner.forward_batch``, ``engine.batched``):
+each sequence in a batch is computed as it would be alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotune.engine import native
+from autotune.engine.batched import decode_batch
+from autotune.engine.decoding import decode_plain
+from autotune.engine.runner import Runner, Segment
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PROMPTS = [[1, 5, 9, 33, 70], [1, 100, 3, 3, 3, 100, 3], [1, 40], [1, 40, 41, 42, 43, 44, 45]]
+
+
+@pytest.mark.skipif(not native.available(), reason="no C++ compiler for the engine's code")
+@pytest.mark.parametrize("use_native", [True, False], ids=["c++ layers", "python layers"])
+def test_each_segment_of_a_batched_forward_equals_its_own_forward(
+    tiny_llama, use_native, small_kernel_everywhere
+):
+    """Bit for bit where every product takes the engine's own kernel, which gives a row
+    the same bits in any batch (torch's kernels may not: ``test_stack``)."""
+    runner = Runner(tiny_llama, native=use_native)
+    assert (runner.stack is not None) == use_native
+    together, segments = [], []
+    for prompt in [p for p in PROMPTS if len(p) > 2]:
+        ids = torch.tensor(prompt)
+        positions = torch.arange(len(prompt))
+        runner.forward(ids[:-2], positions[:-2], cache := runner.new_cache())
+        # the prefix is cached; the last two tokens come in the batched forward, one
+        # segment causal, one under a mask that hides the second token's own predecessor
+        runner.forward(ids[:-2], positions[:-2], batched := runner.new_cache())
+        mask = torch.tensor([[True, False], [False, True]]) if len(segments) % 2 else None
+        segments.append(Segment(ids[-2:], positions[-2:], batched, mask=mask))
+        together.append((cache, ids[-2:], positions[-2:], mask))
+    outputs = runner.forward_batch(segments)
+    for out, (cache, ids, positions, mask), segment in zip(outputs, together, segments):
+        expected = runner.forward(ids, positions, cache, mask=mask)
+        assert torch.equal(out.logits, expected.logits)
+        assert torch.equal(out.hidden, expected.hidden)
+        assert segment.cache.lengths == cache.lengths
+
+
+def test_last_only_segments_keep_one_row_each(tiny_llama):
+    runner = Runner(tiny_llama)
+    segments = [
+        Segment(torch.tensor(p), torch.arange(len(p)), runner.new_cache(), last_only=i % 2 == 0)
+        for i, p in enumerate(PROMPTS)
+    ]
+    outputs = runner.forward_batch(segments)
+    assert [len(out.logits) for out in outputs] == [1, 7, 1, 7]
+    assert [len(out.hidden) for out in outputs] == [len(p) for p in PROMPTS]
+
+
+@pytest.mark.parametrize("concurrency", [1, 2, 3, 8])
+def test_batched_plain_greedy_equals_one_at_a_time(tiny_llama, concurrency):
+    runner = Runner(tiny_llama)
+    runner.eos_token_ids = frozenset()
+    run = decode_batch(runner, PROMPTS * 2, 20, concurrency)
+    assert [r.tokens for r in run.results] == [
+        decode_plain(runner, p, 20).tokens for p in PROMPTS
+    ] * 2
+    assert run.tokens == 8 * 20 and run.throughput > 0
+    assert len(run.latencies) == 8 and all(t > 0 for t in run.latencies)
+    # every forward holds at most ``concurrency`` sequences: fewer forwards as it grows
+    assert run.forwards >= 8 * 20 / concurrency
+
+
+def test_concurrency_below_one_is_refused(tiny_llama):
+    with pytest.raises(ValueError, match="concurrency"):
+        decode_batch(Runner(tiny_llama), PROMPTS, 4, 0)
