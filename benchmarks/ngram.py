@@ -33,8 +33,8 @@ from _report import measure, print_report
 
 from autotune.drafters.ngram import LookupConfig, NgramDrafter
 from autotune.measure.timing import Measurement, PromptMeasurement, Variant
+from autotune.measure.timing import categories_in_turn as spread
 from autotune.methods.ngram.settings import describe
-from autotune.methods.ngram.tune import spread
 from autotune.progress import say, step
 
 # The engines' own defaults, run by our drafter (see the module docstring).

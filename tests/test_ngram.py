@@ -21,7 +21,12 @@ from autotune.drafters.ngram import (
 from autotune.drafters.suffix import SuffixConfig
 from autotune.engine.decoding import decode_plain, decode_speculative
 from autotune.measure.costs import LatencyCurve
-from autotune.measure.timing import EncodedPrompt, Measurement, PromptMeasurement
+from autotune.measure.timing import (
+    EncodedPrompt,
+    Measurement,
+    PromptMeasurement,
+    categories_in_turn,
+)
 from autotune.methods import registry
 from autotune.methods.ngram.replay import Continuation, Costs, Replayer, accepted_along, replay
 from autotune.methods.ngram.search import Scored, ascend
@@ -33,7 +38,7 @@ from autotune.methods.ngram.settings import (
 )
 from autotune.methods.ngram.space import PerCategory
 from autotune.methods.ngram.trials import config_from_params, params_from_config
-from autotune.methods.ngram.tune import KINDS, category_verdicts, spread, with_default
+from autotune.methods.ngram.tune import KINDS, category_verdicts, with_default
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -317,8 +322,8 @@ def test_the_default_is_a_candidate_unless_a_winner_is_it():
 
 def test_spread_takes_categories_in_turn():
     prompts = [EncodedPrompt(str(i), [i], c) for i, c in enumerate("aaabbc")]
-    assert [p.id for p in spread(prompts, 4)] == ["0", "3", "5", "1"]
-    assert len(spread(prompts, 99)) == 6
+    assert [p.id for p in categories_in_turn(prompts, 4)] == ["0", "3", "5", "1"]
+    assert len(categories_in_turn(prompts, 99)) == 6
 
 
 # --- the method ---------------------------------------------------------------------------

@@ -41,6 +41,21 @@ class EncodedPrompt:
     category: str | None = None
 
 
+def categories_in_turn(prompts: list[EncodedPrompt], count: int) -> list[EncodedPrompt]:
+    """``count`` prompts taken in turn from each category (in the order they first
+    appear), each category's in file order."""
+    groups: dict[str | None, list[EncodedPrompt]] = {}
+    for prompt in prompts:
+        groups.setdefault(prompt.category, []).append(prompt)
+    queues = [list(group) for group in groups.values()]
+    out: list[EncodedPrompt] = []
+    while len(out) < count and any(queues):
+        for queue in queues:
+            if queue and len(out) < count:
+                out.append(queue.pop(0))
+    return out
+
+
 @dataclass(frozen=True)
 class Variant:
     """A setting to measure: its drafter and, where the setting differs by workload

@@ -27,7 +27,13 @@ from autotune.drafters.suffix import SuffixConfig
 from autotune.errors import AutotuneError
 from autotune.measure.costs import LatencyCurve
 from autotune.measure.stats import Pairs, bootstrap_interval
-from autotune.measure.timing import EncodedPrompt, Measurement, Variant, measure_variants
+from autotune.measure.timing import (
+    EncodedPrompt,
+    Measurement,
+    Variant,
+    categories_in_turn,
+    measure_variants,
+)
 from autotune.methods.base import Probe, TuneContext
 from autotune.methods.ngram import engines
 from autotune.methods.ngram.replay import Continuation, Costs, Replayer, time_drafting
@@ -280,30 +286,15 @@ def tune_for_engines(
 # --- calibration -------------------------------------------------------------------------
 
 
-def spread(prompts: list[EncodedPrompt], count: int) -> list[EncodedPrompt]:
-    """``count`` prompts taken in turn from each category (in the order they first
-    appear), each category's in file order."""
-    groups: dict[str | None, list[EncodedPrompt]] = {}
-    for prompt in prompts:
-        groups.setdefault(prompt.category, []).append(prompt)
-    queues = [list(group) for group in groups.values()]
-    out: list[EncodedPrompt] = []
-    while len(out) < count and any(queues):
-        for queue in queues:
-            if queue and len(out) < count:
-                out.append(queue.pop(0))
-    return out
-
-
 def split_search(ctx: TuneContext) -> tuple[list[EncodedPrompt], list[Continuation]]:
     """Search prompts for wall-clock measurement, and the greedy continuations of other
     search prompts for the proxy: no prompt is timed that the proxy was fitted on."""
     space: NgramSpace = ctx.space
     ws = ctx.workspace
     search = ws.encode(ws.search_prompts())
-    confirm = spread(search, space.trials.prompts)
+    confirm = categories_in_turn(search, space.trials.prompts)
     rest = [p for p in search if p not in confirm] or search
-    chosen = spread(rest, space.calibration.prompts)
+    chosen = categories_in_turn(rest, space.calibration.prompts)
     category = {tuple(p.ids): p.category for p in chosen}
     tokens = space.calibration.tokens
     sequences = [
