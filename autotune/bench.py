@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autotune.errors import ModelNotFoundError
-from autotune.measure.timing import measure_variants
+from autotune.errors import AutotuneError, ModelNotFoundError
+from autotune.measure.timing import categories_in_turn, measure_variants
 from autotune.methods import registry
 from autotune.methods.base import DraftEnv
 from autotune.models.ref import TargetRef
 from autotune.profile.blocks import ModelInfo
 from autotune.profile.io import read_profile
+from autotune.profile.schema import ProfileBase
 from autotune.progress import say, step
 from autotune.workspace import Workspace
 
@@ -27,25 +28,8 @@ def bench_profile(
     plain greedy decoding per prompt, interleaved; keyed by method, with ``recommended``
     (the profile's) and ``recommended_holds`` (its interval here clears the profile's
     margin). ``dtype`` auto: the profile's own."""
-    from autotune.models.loading import placement
-
-    profile = read_profile(Path(path))
-    dtype, device = placement(profile.model.dtype if dtype == "auto" else dtype, device)
-    if model_path is not None:
-        ref = TargetRef.for_user(profile.model.name, model_path, dtype, device)
-    else:
-        ref = TargetRef.for_user(find_model(profile.model), None, dtype, device)
-    prompts_file = prompts or workload_prompts(profile.workload.prompts)
-    ws = Workspace.open(ref, prompts_file, storage=None, need_storage=False)
-    ws.check_context(max_new_tokens)
-    if ws.target.fingerprint != profile.model.fingerprint:
-        say(
-            f"[yellow]warning: model fingerprint {ws.target.fingerprint} differs from the "
-            f"profile's {profile.model.fingerprint}[/yellow]"
-        )
-    chosen = ws.prompts if prompts else ws.heldback_prompts()
-    encoded = ws.encode(chosen)
-    env = DraftEnv(ws.ref, ws.runner, Path(path).resolve().parent)
+    profile, ws, env = open_profile(path, prompts, max_new_tokens, model_path, dtype, device)
+    encoded = ws.encode(ws.prompts if prompts else ws.heldback_prompts())
     makers = {
         name: registry.method(name).variant(block, env)
         for name, block in profile.method_blocks().items()
@@ -62,6 +46,104 @@ def bench_profile(
     results["recommended"] = profile.recommended
     results["recommended_holds"] = top is not None and top.interval().above(1.0 + margin)
     return results
+
+
+def open_profile(
+    path: Path,
+    prompts: str | None,
+    max_new_tokens: int,
+    model_path: str | None,
+    dtype: str,
+    device: str,
+) -> tuple[ProfileBase, Workspace, DraftEnv]:
+    """The profile, a workspace over its model (found as ``find_model`` says) and the
+    prompts (the profile's own file by default), and the environment its drafters need."""
+    from autotune.models.loading import placement
+
+    profile = read_profile(Path(path))
+    dtype, device = placement(profile.model.dtype if dtype == "auto" else dtype, device)
+    if model_path is not None:
+        ref = TargetRef.for_user(profile.model.name, model_path, dtype, device)
+    else:
+        ref = TargetRef.for_user(find_model(profile.model), None, dtype, device)
+    prompts_file = prompts or workload_prompts(profile.workload.prompts)
+    ws = Workspace.open(ref, prompts_file, storage=None, need_storage=False)
+    ws.check_context(max_new_tokens)
+    if ws.target.fingerprint != profile.model.fingerprint:
+        say(
+            f"[yellow]warning: model fingerprint {ws.target.fingerprint} differs from the "
+            f"profile's {profile.model.fingerprint}[/yellow]"
+        )
+    return profile, ws, DraftEnv(ws.ref, ws.runner, Path(path).resolve().parent)
+
+
+def bench_load(
+    path: Path,
+    levels: tuple[int, ...],
+    prompts: str | None,
+    max_new_tokens: int,
+    rounds: int,
+    model_path: str | None = None,
+    dtype: str = "auto",
+    device: str = "auto",
+) -> dict:
+    """The profile's recommended method with several requests in flight: at each level,
+    the setting its load block schedules there (the tuned one where it has none) and the
+    tuned setting, against plain decoding of the same rounds (``measure.load``)."""
+    from autotune.measure.load import (
+        OFF,
+        TUNED,
+        in_engine,
+        label_of,
+        load_candidates,
+        measure_level,
+    )
+
+    profile, ws, env = open_profile(path, prompts, max_new_tokens, model_path, dtype, device)
+    name = profile.recommended
+    settings = profile.block(name)
+    if settings is None:
+        raise AutotuneError(
+            f"{path} recommends no method (recommended: {name}): there is nothing to "
+            "measure under load"
+        )
+    method = registry.method(name)
+    candidates = load_candidates(method, settings)
+    scheduled = {
+        level.concurrency: (OFF if level.setting == OFF else label_of(level.max_draft_tokens))
+        for level in (settings.load.levels if settings.load else [])
+    }
+    encoded = ws.encode(ws.prompts if prompts else ws.heldback_prompts())
+    ids = [p.ids for p in categories_in_turn(encoded, len(encoded))]
+    rows = []
+    for concurrency in levels:
+        pick = scheduled.get(concurrency, TUNED)
+        if pick not in candidates and pick != OFF:
+            pick = TUNED  # a cap this setting no longer has
+        names = sorted({pick, TUNED} - {OFF})
+        makers = {n: method.variant(candidates[n].settings, env).make for n in names}
+        with step(f"bench: {name} with {concurrency} requests in flight", rounds) as advance:
+            level = measure_level(
+                in_engine(ws.runner, max_new_tokens, makers),
+                names,
+                ids,
+                concurrency,
+                rounds,
+                on_round=lambda _: advance(),
+            )
+        row: dict = {"concurrency": concurrency, "scheduled": pick, "rounds": level.rounds}
+        for n, figure in level.figures.items():
+            row[n] = {
+                "speedup": round(figure.speedup, 4),
+                "speedup_interval": figure.interval.as_list(),
+                "tokens_per_s": round(figure.tokens_per_s, 2),
+                "baseline_tokens_per_s": round(figure.plain_tokens_per_s, 2),
+                "latency_s": round(figure.latency_s, 3),
+                "baseline_latency_s": round(figure.plain_latency_s, 3),
+                "lossless": figure.lossless,
+            }
+        rows.append(row)
+    return {"method": name, "max_new_tokens": max_new_tokens, "levels": rows}
 
 
 def find_model(info: ModelInfo) -> str:

@@ -274,6 +274,14 @@ def profile(
         "(n-gram drafts by its own matching rule). Default: every method, and every "
         "engine's own n-gram setting beside the profile's.",
     ),
+    concurrency: str = typer.Option(
+        "1,2,4,8",
+        metavar="LEVELS",
+        help="After the verdict, the recommended method with this many requests in flight "
+        "(comma-separated), level by level as the budget allows: each level's setting "
+        "(shorter drafts, or off) and throughput speedup go in the profile's load block. "
+        "none: skip.",
+    ),
     device: str = typer.Option("auto", help=_DEVICE_HELP),
     dtype: str = typer.Option("auto", help=_DTYPE_HELP),
 ):
@@ -282,6 +290,7 @@ def profile(
 
     from autotune.export import check_engine
     from autotune.files import check_writable
+    from autotune.measure.load import parse_levels
     from autotune.profile.report import plot_path, verdict_table
     from autotune.profiling import ProfileRequest, parse_methods, run_profile, verdict_lines
     from autotune.schedule import parse_duration
@@ -316,6 +325,7 @@ def profile(
         device=device,
         threads=threads,
         engines=tuple(dict.fromkeys(check_engine(e) for e in engine)) if engine else None,
+        concurrency=parse_levels(concurrency),
     )
     result, path = run_profile(request)
     typer.echo(f"wrote {path}")
@@ -376,13 +386,35 @@ def bench(
     dtype: str = typer.Option(
         "auto", help="auto (the profile's dtype), float32, bfloat16 or float16."
     ),
+    concurrency: str | None = typer.Option(
+        None,
+        metavar="LEVELS",
+        help="Measure the recommended method with this many requests in flight instead "
+        "(comma-separated, e.g. 1,2,4,8): its scheduled and its tuned setting against "
+        "plain decoding, throughput with intervals over rounds of prompts.",
+    ),
+    rounds: int = typer.Option(6, min=2, help="With --concurrency: rounds of prompts a level."),
 ):
     """Re-measure a profile's methods against plain greedy decoding, independently."""
-    from autotune.bench import bench_profile
+    from autotune.bench import bench_load, bench_profile
+    from autotune.measure.load import parse_levels
 
     _threads(threads)
-    results = bench_profile(profile_path, prompts, max_new_tokens, model_path, dtype, device)
     fmt = Format.json if json_out else fmt
+    if concurrency is not None:
+        levels = parse_levels(concurrency)
+        if not levels:
+            raise AutotuneError("--concurrency none: give the levels to measure, e.g. 1,2,4,8")
+        load = bench_load(
+            profile_path, levels, prompts, max_new_tokens, rounds, model_path, dtype, device
+        )
+        if fmt is not Format.table:
+            typer.echo(render(load, fmt))
+            return
+        for line in bench_load_lines(load):
+            typer.echo(line)
+        return
+    results = bench_profile(profile_path, prompts, max_new_tokens, model_path, dtype, device)
     if fmt is not Format.table:
         typer.echo(render(results, fmt))
         return
@@ -400,6 +432,29 @@ def bench(
             typer.echo(f"  {category}: {interval_text(part)} ({part['prompts']} prompts)")
     holds = "holds" if results["recommended_holds"] else "does not hold here"
     typer.echo(f"the profile recommends {results['recommended']}: {holds}")
+
+
+def bench_load_lines(load: dict) -> list[str]:
+    """A line per level: the scheduled and the tuned setting against plain decoding."""
+    from autotune.measure.timing import interval_text
+
+    lines = []
+    for row in load["levels"]:
+        parts = []
+        for name in dict.fromkeys([row["scheduled"], "tuned"]):
+            figure = row.get(name)
+            if figure is None:
+                parts.append(f"{name} (plain decoding)")
+                continue
+            parts.append(
+                f"{name} {interval_text(figure)} ({figure['tokens_per_s']:.1f} vs "
+                f"{figure['baseline_tokens_per_s']:.1f} tokens/s, lossless {figure['lossless']})"
+            )
+        lines.append(
+            f"{load['method']} with {row['concurrency']} requests in flight, {row['rounds']} "
+            f"rounds: " + "; ".join(parts)
+        )
+    return lines
 
 
 @app.command()
@@ -508,6 +563,14 @@ def verify_command(
         None, help="Study database for --tune (default: as `autotune profile`)."
     ),
     json_out: bool = typer.Option(False, "--json", help="One JSON object instead of lines."),
+    concurrency: str | None = typer.Option(
+        None,
+        metavar="LEVELS",
+        help="llama.cpp: instead, serve with as many slots as the highest level and measure "
+        "the export against plain decoding with this many concurrent requests "
+        "(comma-separated, e.g. 1,2,4,8); recorded under the profile's load block.",
+    ),
+    rounds: int = typer.Option(6, min=2, help="With --concurrency: rounds of prompts a level."),
 ):
     """Measure the profile's export in the serving engine it is for: the engine's greedy
     decoding, its own default speculative setting and autotune's export, side by side on
@@ -515,7 +578,30 @@ def verify_command(
     import json
 
     from autotune.schedule import parse_duration
-    from autotune.verify import report_lines, verify
+    from autotune.verify import load_report_lines, report_lines, verify, verify_load
+
+    if concurrency is not None:
+        from autotune.measure.load import parse_levels
+
+        levels = parse_levels(concurrency)
+        if engine.strip().lower() != "llamacpp" or not levels or tune is not None:
+            raise AutotuneError(
+                "--concurrency serves the export in llama-server with several slots: give "
+                "--engine llamacpp, levels such as 1,2,4,8, and no --tune"
+            )
+        load = verify_load(
+            profile_path, levels, rounds, limit, max_new_tokens, gguf, record, draft_gguf
+        )
+        if json_out:
+            typer.echo(json.dumps(load.model_dump(), indent=1))
+            return
+        from autotune.profile.io import read_profile
+
+        for line in load_report_lines(read_profile(profile_path).recommended, load):
+            typer.echo(line)
+        if record:
+            typer.echo(f"recorded in {profile_path} (load.engines.llamacpp)")
+        return
 
     report = verify(
         profile_path,

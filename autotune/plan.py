@@ -91,6 +91,10 @@ CAPE_FIT_SHARE = 0.5
 # writing the profile.
 ENGINE_SETTINGS_MIN_S = 30.0
 ENGINE_SETTINGS_MARGIN_S = 15.0
+# Then the recommended method under load (``tuners.load_schedule``), level by level while
+# the time left allows: rounds of prompts per level, tokens per request.
+LOAD_ROUNDS = 4
+LOAD_TOKENS = 64
 
 # --- probes and bounds ------------------------------------------------------------------
 # The verify curve the bounds read (n = 1 .. this many tokens).

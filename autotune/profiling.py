@@ -25,9 +25,16 @@ from autotune import plan
 from autotune.budget import Budget
 from autotune.engine.sampling import GREEDY
 from autotune.errors import AutotuneError
+from autotune.measure.load import LEVELS, load_candidates
 from autotune.measure.noise import NoiseRecord, fewer_threads, probe, settle
 from autotune.measure.stats import MIN_PROMPTS
-from autotune.measure.timing import EncodedPrompt, Measurement, Variant, interval_text
+from autotune.measure.timing import (
+    EncodedPrompt,
+    Measurement,
+    Variant,
+    categories_in_turn,
+    interval_text,
+)
 from autotune.methods import registry
 from autotune.methods.base import DraftEnv, Entry, Method, TuneContext
 from autotune.profile.blocks import (
@@ -35,6 +42,7 @@ from autotune.profile.blocks import (
     Environment,
     Figures,
     HardwareInfo,
+    Load,
     Measured,
     MethodSettings,
     ModelInfo,
@@ -89,6 +97,9 @@ class ProfileRequest:
     threads: int | None = None  # --threads (None: the cores, or one on a busy machine)
     # --engine (repeatable): deploying to these; the search keeps to what they express
     engines: tuple[str, ...] | None = None
+    # --concurrency: the levels measured under load after the verdict, as the budget
+    # allows (an empty tuple: none)
+    concurrency: tuple[int, ...] = LEVELS
 
 
 @dataclass
@@ -141,6 +152,10 @@ def run_profile(request: ProfileRequest) -> tuple[ProfileBase, Path]:
         run.begin("engine settings (held back)")  # the time the run has left, unplanned
         held = measure_engine_settings(ws, tuned, verdict.recommended, held, request)
         run.end(f"{verdict.recommended} as each engine serves it")
+    if request.concurrency and verdict.recommended in tuned:
+        run.begin("under load (held back)")  # the time the run has left, unplanned
+        tuned = measure_load(ws, tuned, verdict.recommended, held, request)
+        run.end(load_summary(tuned[verdict.recommended].load))
     verdict.time = run.ledger
     profile = assemble(ws, tuned, held, verdict, noise, request)
     write_profile(profile, out)
@@ -920,6 +935,68 @@ def measure_engine_settings(
     return HeldBack({**held.measured, **measured}, held.looks, held.stopped, held.planned)
 
 
+def measure_load(
+    ws: Workspace,
+    tuned: dict[str, MethodSettings],
+    recommended: str,
+    held: HeldBack,
+    request: ProfileRequest,
+) -> dict[str, MethodSettings]:
+    """After the verdict, in the time the run has left: the recommended method with
+    several requests in flight (``tuners.load_schedule``), level by level."""
+    from autotune.tuners.load_schedule import fit_schedule
+
+    settings = tuned[recommended]
+    method = registry.method(recommended)
+    greedy = held.measured.get(recommended)
+    tokens = min(plan.LOAD_TOKENS, request.max_new_tokens)
+    first_level_s = None
+    if greedy is not None and greedy.baseline_tokens_per_s > 0:
+        # level 1: plain and every candidate on the search rounds, then plain and two
+        # settings held back, each round two requests
+        runs = len(load_candidates(method, settings)) + 1 + 3
+        first_level_s = runs * plan.LOAD_ROUNDS * 2 * tokens / greedy.baseline_tokens_per_s
+
+    def seconds_left() -> float | None:
+        left = ws.deadline.left() if ws.deadline is not None else None
+        return None if left is None else left - plan.ENGINE_SETTINGS_MARGIN_S
+
+    load = fit_schedule(
+        ws.runner,
+        method,
+        settings,
+        DraftEnv(ws.ref, ws.runner),
+        in_turn(ws.encode(ws.search_prompts())),
+        in_turn(heldback(ws, request)),
+        tokens,
+        list(request.concurrency),
+        plan.LOAD_ROUNDS,
+        seconds_left,
+        first_level_s,
+        on_level=lambda line: say(f"[dim]under load, {line}[/dim]"),
+    )
+    if load.skipped:
+        say(
+            f"no time was left to measure concurrency {', '.join(map(str, load.skipped))}: "
+            "give a longer --budget, or `autotune bench --concurrency` afterwards"
+        )
+    return {**tuned, recommended: settings.model_copy(update={"load": load})}
+
+
+def in_turn(prompts: list[EncodedPrompt]) -> list[list[int]]:
+    """Token ids with the categories in turn: each round of a level holds several."""
+    return [p.ids for p in categories_in_turn(prompts, len(prompts))]
+
+
+def load_summary(load: Load | None) -> str:
+    """One line on a schedule under load: each level's setting and speedup."""
+    if load is None or not load.levels:
+        return "no level measured"
+    parts = [f"{lv.concurrency}: {lv.setting} {lv.speedup:.2f}x" for lv in load.levels]
+    crossing = f"; off from {load.crossover}" if load.crossover else ""
+    return ", ".join(parts) + crossing
+
+
 def engine_variants(name: str, settings: MethodSettings, env: DraftEnv) -> dict[str, Variant]:
     """``name``'s setting as each engine with a variant of its own serves it, distinct
     ones once, named ``method@engine[,engine]``."""
@@ -1127,6 +1204,7 @@ def verdict_lines(profile: ProfileBase) -> list[str]:
             lines.append(f"{name} keeps cape: {cape.policy().describe()}")
         lines += [f"{name} note: {note}" for note in method.notes]
         lines += engine_lines(name, method)
+        lines += load_lines(name, method.load)
     if profile.verdict is not None:
         lines += [f"{name} skipped: {why}" for name, why in profile.verdict.skipped.items()]
         lines += [
@@ -1147,6 +1225,31 @@ def verdict_lines(profile: ProfileBase) -> list[str]:
     verdict = profile.verdict
     reason = f" ({verdict.reason})" if verdict is not None else ""
     lines.append(f"recommended: {profile.recommended}{reason}")
+    return lines
+
+
+def load_lines(name: str, load: Load | None) -> list[str]:
+    """Speedup against concurrency: per level, the setting chosen and its held-back
+    throughput speedup, beside the tuned setting's; the crossover."""
+    if load is None:
+        return []
+    lines = []
+    for level in load.levels:
+        chosen = (
+            "off (plain decoding)"
+            if level.setting == "off"
+            else f"{level.setting}: {interval_text(level.model_dump())}"
+        )
+        tuned = f"{level.tuned_speedup:.3f}x" if level.tuned_speedup is not None else "-"
+        lines.append(
+            f"{name} with {level.concurrency} requests in flight: {chosen} "
+            f"({level.tokens_per_s:.1f} vs {level.baseline_tokens_per_s:.1f} tokens/s; the "
+            f"tuned setting {tuned}; {level.rounds} rounds held back)"
+        )
+    if load.crossover:
+        lines.append(f"{name}: speculation off from {load.crossover} requests in flight")
+    elif load.levels:
+        lines.append(f"{name}: speculation pays at every concurrency measured")
     return lines
 
 

@@ -99,6 +99,11 @@ def profile_args(folder: Path, *more) -> list:
 
 CASES = [
     Case(
+        "profile --concurrency that is no list of request counts",
+        lambda d: profile_args(d, "--concurrency", "1,two,4", "--out", d / "p.yaml"),
+        lambda d: ["--concurrency '1,two,4'", "e.g. 1,2,4,8"],
+    ),
+    Case(
         "profile --engine of no engine",
         lambda d: profile_args(d, "--engine", "tgi", "--out", d / "p.yaml"),
         lambda d: ["unknown engine 'tgi'", "vllm"],

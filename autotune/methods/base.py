@@ -187,6 +187,16 @@ class Method(Entry):
         beyond their shape: indices outside the model, trees deeper than the heads."""
         return []
 
+    def draft_size(self, settings: Any) -> int | None:
+        """The most tokens one draft of these settings holds (None: not known)."""
+        return None
+
+    def capped(self, settings: Any, tokens: int) -> Any:
+        """The settings with at most ``tokens`` draft tokens (a shorter chain, a smaller
+        tree): what a larger batch may want, as verifying a draft costs more when a batch
+        already fills the products (``measure.load``). None where the method cannot say."""
+        return None
+
 
 class Expansion(Entry):
     """Widens the drafts of the chain methods (``Method.chain``)."""

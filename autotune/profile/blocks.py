@@ -121,6 +121,64 @@ class EngineVariant(Block):
     served: Figures | None = None
 
 
+class LoadLevel(Block):
+    """One concurrency level of a method's schedule under load (``measure.load``): the
+    setting chosen for it on search prompts, measured on held-back prompts with as many
+    requests in flight, against plain greedy decoding of the same rounds."""
+
+    concurrency: int
+    setting: str  # "tuned", "<= N tokens" (the tuned setting capped), or "off"
+    max_draft_tokens: int | None = None  # the cap; None: the tuned setting's own; 0: off
+    speedup: float  # output tokens/s over plain decoding's, all requests together
+    speedup_interval: list[float] | None = None
+    tokens_per_s: float
+    baseline_tokens_per_s: float
+    latency_s: float | None = None  # mean per request, arrival to last token
+    baseline_latency_s: float | None = None
+    # the tuned setting kept at this level (what a deployment without a schedule runs)
+    tuned_speedup: float | None = None
+    tuned_interval: list[float] | None = None
+    rounds: int
+    lossless: bool | None = None
+
+
+class EngineLoadLevel(Block):
+    """The export served by an engine with this many requests in flight, against the
+    engine's plain decoding of the same rounds (``autotune verify --concurrency``)."""
+
+    concurrency: int
+    speedup: float  # output tokens/s over the engine's plain decoding's
+    speedup_interval: list[float]
+    tokens_per_s: float
+    baseline_tokens_per_s: float
+    latency_s: float
+    baseline_latency_s: float
+    rounds: int
+    lossless: bool | None  # every output equal to the engine's plain output of the round
+
+
+class EngineLoad(Block):
+    release: str
+    setting: str  # what the engine was given (its flags)
+    parallel: int  # the server's slots
+    levels: list[EngineLoadLevel]
+    crossover: int | None = None  # the export no faster from this concurrency on
+    max_new_tokens: int
+
+
+class Load(Block):
+    """How a method's speculation pays as requests share the forwards: per concurrency
+    level, the setting chosen (draft shorter, or off) and its throughput speedup."""
+
+    levels: list[LoadLevel] = Field(default_factory=list)
+    crossover: int | None = None  # speculation off from this concurrency on
+    skipped: list[int] = Field(default_factory=list)  # levels the budget left out
+    max_new_tokens: int
+    prompts_per_round: str = "2 x concurrency"
+    # engine -> the export measured there under load (``autotune verify --concurrency``)
+    engines: dict[str, EngineLoad] = Field(default_factory=dict)
+
+
 class MethodSettings(Block):
     """The base of every method's block: its own settings come first, then these."""
 
@@ -134,6 +192,7 @@ class MethodSettings(Block):
     verified: list[Verified] = Field(default_factory=list)  # in serving engines, one each
     # engine -> the best setting it can express, where it cannot serve this one as tuned
     engines: dict[str, EngineVariant] = Field(default_factory=dict)
+    load: Load | None = None  # throughput with several requests in flight
 
     @model_serializer(mode="wrap")
     def _own_settings_first(self, handler):

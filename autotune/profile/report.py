@@ -75,6 +75,31 @@ def plot_path(profile_path: Path) -> Path:
     return profile_path.with_suffix(".png")
 
 
+def _load_panel(ax, name: str, load) -> None:
+    """Speedup against requests in flight: the scheduled setting with its interval, the
+    tuned setting kept at every level, the 1.0 line and the crossover."""
+    levels = load.levels
+    xs = [level.concurrency for level in levels]
+    ys = [level.speedup for level in levels]
+    lows = [y - (lv.speedup_interval or [y, y])[0] for y, lv in zip(ys, levels)]
+    highs = [(lv.speedup_interval or [y, y])[1] - y for y, lv in zip(ys, levels)]
+    ax.errorbar(xs, ys, yerr=[lows, highs], marker="o", capsize=3, label=f"{name}, scheduled")
+    tuned = [(lv.concurrency, lv.tuned_speedup) for lv in levels if lv.tuned_speedup is not None]
+    if tuned:
+        ax.plot(*zip(*tuned), marker="x", linestyle=":", label=f"{name}, tuned setting kept")
+    for x, y, level in zip(xs, ys, levels):
+        ax.annotate(level.setting, (x, y), textcoords="offset points", xytext=(4, 6), fontsize=7)
+    ax.axhline(1.0, color="black", linewidth=1, linestyle="--")
+    if load.crossover:
+        ax.axvline(load.crossover, color="grey", linewidth=1, linestyle=":")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set_xlabel("requests in flight")
+    ax.set_ylabel("throughput speedup over plain")
+    ax.set_title("under load: held-back rounds")
+    ax.legend(fontsize="small")
+
+
 def write_verdict_plot(profile: ProfileBase, path: Path) -> Path | None:
     """Speedup with its interval per method (and per workload category, when the prompts
     carry one), the 1.0 line drawn; None when nothing was measured."""
@@ -88,7 +113,15 @@ def write_verdict_plot(profile: ProfileBase, path: Path) -> Path | None:
         return None
     categories = sorted({c for _, b in measured for c in (b.measured.by_category or {})})  # type: ignore[union-attr]
     groups = ["all"] + categories
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(groups) * len(measured) / 2 + 3), 4))
+    load = getattr(profile.block(profile.recommended), "load", None)
+    bars_width = max(6.0, 1.2 * len(groups) * len(measured) / 2 + 3)
+    if load is not None and load.levels:
+        fig, (ax, load_ax) = plt.subplots(
+            1, 2, figsize=(bars_width + 5, 4), gridspec_kw={"width_ratios": [bars_width, 5]}
+        )
+        _load_panel(load_ax, profile.recommended, load)
+    else:
+        fig, ax = plt.subplots(figsize=(bars_width, 4))
     width = 0.8 / len(measured)
     for i, (name, block) in enumerate(measured):
         assert block.measured is not None

@@ -88,6 +88,21 @@ def block_of(config: Config) -> AnyLookup:
     return NgramLookup(**values) if isinstance(config, LookupConfig) else SuffixLookup(**values)
 
 
+def draft_size(block: AnyLookup) -> int:
+    """The most tokens one draft of this setting holds."""
+    return block.draft_tokens if block.kind == "engine" else block.max_tree_tokens
+
+
+def capped(block: AnyLookup, tokens: int) -> AnyLookup:
+    """The setting with at most ``tokens`` draft tokens (depth and tree size)."""
+    update = {"draft_tokens": min(block.draft_tokens, tokens)}
+    if block.kind != "engine":
+        update["max_tree_tokens"] = min(block.max_tree_tokens, tokens)
+    if block.kind == "ngram":
+        update["branch_tokens"] = min(block.branch_tokens, tokens)
+    return block.model_copy(update=update)
+
+
 def describe(config: Config) -> str:
     """One line for people: ``ngram match 1-3, 8 deep, 3 candidates (2 deep), ...``."""
     if isinstance(config, EngineLookupConfig):
