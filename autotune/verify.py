@@ -20,7 +20,7 @@ from typing import Any
 
 from autotune.errors import AutotuneError
 from autotune.measure.timing import EncodedPrompt, Measurement
-from autotune.profile.blocks import Verified
+from autotune.profile.blocks import EngineLoad, Verified
 from autotune.serving import Decoded, paired
 from autotune.serving.tuning import InEngine
 
@@ -215,14 +215,7 @@ def _llamacpp(profile, export, prompts, tokens, gguf, draft_gguf, advance) -> Re
     from autotune.serving import llamacpp
 
     gguf = _gguf(profile, gguf)
-    exported = llamacpp.flags_of(export.text)
-    if llamacpp.needs_draft_model(exported):
-        if draft_gguf is None:
-            raise AutotuneError(
-                f"the {export.method} export drafts in llama.cpp with a draft model of the "
-                "user's: pass --draft-gguf FILE.gguf (a small model with the same tokenizer)"
-            )
-        exported += ["--spec-draft-model", str(draft_gguf)]
+    exported = _exported_flags(export, draft_gguf)
     flags = {GREEDY: [], DEFAULT: list(llamacpp.OWN_DEFAULT), EXPORT: exported}
     with llamacpp.servers(Path(gguf), flags) as running:
         decoders: dict[str, Decode] = {name: server.decode for name, server in running.items()}
@@ -286,4 +279,117 @@ def report_lines(report: Report) -> list[str]:
                 "no ngram-simple setting was clearly faster than llama.cpp's greedy decoding "
                 "on the search prompts: serve this model in llama.cpp without speculation"
             )
+    return lines
+
+
+def verify_load(
+    profile_path: Path,
+    levels: tuple[int, ...],
+    rounds: int,
+    limit: int | None = None,
+    max_new_tokens: int | None = None,
+    gguf: Path | None = None,
+    record: bool = True,
+    draft_gguf: Path | None = None,
+) -> EngineLoad:
+    """The profile's llama.cpp export in llama-server with ``max(levels)`` slots, at each
+    level as many concurrent requests, against the same server without speculation,
+    rounds alternating (``measure.load``); recorded under the block's ``load.engines``."""
+    from autotune.export import export_profile
+    from autotune.measure.load import OFF, crossover, measure_level
+    from autotune.profile.blocks import EngineLoadLevel, Load
+    from autotune.profile.io import read_profile, write_profile
+    from autotune.progress import step
+    from autotune.serving import llamacpp
+    from autotune.serving.load import concurrent_rounds
+
+    profile = read_profile(profile_path)
+    export = export_profile(profile, "llamacpp", force=True)
+    tokens = max_new_tokens or min(profile.workload.max_new_tokens, 64)
+    ws = _workspace(profile)
+    ws.check_context(tokens)
+    from autotune.measure.timing import categories_in_turn
+
+    encoded = ws.encode(ws.heldback_prompts())
+    ids = [p.ids for p in categories_in_turn(encoded, limit or len(encoded))]
+    if not ids:
+        raise AutotuneError("the profile's workload has no held-back prompts to verify on")
+    flags = _exported_flags(export, draft_gguf)
+    gguf = _gguf(profile, gguf)
+    measured = []
+    with llamacpp.servers(Path(gguf), {OFF: [], EXPORT: flags}, parallel=max(levels)) as running:
+        run_round = concurrent_rounds({n: s.decode for n, s in running.items()}, tokens)
+        run_round(OFF, ids[:1], 1)  # warm-up, not counted
+        run_round(EXPORT, ids[:1], 1)
+        for concurrency in levels:
+            label = f"verify in llama.cpp: {concurrency} requests in flight"
+            with step(label, rounds) as advance:
+                level = measure_level(
+                    run_round, [EXPORT], ids, concurrency, rounds, on_round=lambda _: advance()
+                )
+            figure = level.figures[EXPORT]
+            measured.append(
+                EngineLoadLevel(
+                    concurrency=concurrency,
+                    speedup=round(figure.speedup, 4),
+                    speedup_interval=figure.interval.as_list(),
+                    tokens_per_s=round(figure.tokens_per_s, 2),
+                    baseline_tokens_per_s=round(figure.plain_tokens_per_s, 2),
+                    latency_s=round(figure.latency_s, 3),
+                    baseline_latency_s=round(figure.plain_latency_s, 3),
+                    rounds=level.rounds,
+                    lossless=figure.lossless,
+                )
+            )
+    schedule = {lv.concurrency: EXPORT if lv.speedup_interval[0] > 1.0 else OFF for lv in measured}
+    result = EngineLoad(
+        release=llamacpp.release(),
+        setting=" ".join(flags),
+        parallel=max(levels),
+        levels=measured,
+        crossover=crossover(schedule),
+        max_new_tokens=tokens,
+    )
+    if record:
+        block = profile.block(export.method)
+        load = block.load or Load(max_new_tokens=tokens)
+        block.load = load.model_copy(update={"engines": {**load.engines, "llamacpp": result}})
+        write_profile(profile, profile_path)
+    return result
+
+
+def _exported_flags(export, draft_gguf: Path | None) -> list[str]:
+    """The export's llama-server flags, with the user's draft model where it needs one."""
+    from autotune.serving import llamacpp
+
+    flags = llamacpp.flags_of(export.text)
+    if llamacpp.needs_draft_model(flags):
+        if draft_gguf is None:
+            raise AutotuneError(
+                f"the {export.method} export drafts in llama.cpp with a draft model of the "
+                "user's: pass --draft-gguf FILE.gguf (a small model with the same tokenizer)"
+            )
+        flags += ["--spec-draft-model", str(draft_gguf)]
+    return flags
+
+
+def load_report_lines(method: str, load: EngineLoad) -> list[str]:
+    """Per level, the export's throughput speedup in the engine; the crossover."""
+    from autotune.measure.timing import interval_text
+
+    lines = [
+        f"{method} in {load.release} ({load.setting}), llama-server with {load.parallel} "
+        f"slots, {load.max_new_tokens} tokens a request, against the same server without "
+        "speculation:"
+    ]
+    for level in load.levels:
+        lines.append(
+            f"  {level.concurrency:>3} requests in flight: {interval_text(level.model_dump())} "
+            f"({level.tokens_per_s:.1f} vs {level.baseline_tokens_per_s:.1f} tokens/s, "
+            f"{level.rounds} rounds)  lossless {level.lossless}"
+        )
+    if load.crossover:
+        lines.append(f"speculation is no faster from {load.crossover} requests in flight")
+    else:
+        lines.append("speculation is clearly faster at every level measured")
     return lines

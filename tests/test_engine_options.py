@@ -32,7 +32,7 @@ def profiles():
     """A profile of every method the four engines serve, in its shapes that export
     differently (chains, trees, dynamic trees, n-gram kinds)."""
     from test_export import branching_eagle, branching_medusa, eagle2_default, fixture
-    from test_ngram_export import CHAIN, SUFFIX, TREE, ngram_profile
+    from test_ngram_export import CHAIN, PAYING, SHRINKING, SUFFIX, TREE, ngram_profile, with_load
 
     yield "eagle", fixture("eagle")
     yield "eagle", branching_eagle()
@@ -42,6 +42,8 @@ def profiles():
     yield "self_spec", fixture("self_spec")
     for config in (TREE, CHAIN, SUFFIX):
         yield "ngram", ngram_profile(config)
+    yield "ngram", with_load(ngram_profile(CHAIN), SHRINKING)  # per-batch keys
+    yield "ngram", with_load(ngram_profile(TREE), PAYING)
 
 
 def exports(engine: str):

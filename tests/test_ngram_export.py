@@ -302,3 +302,77 @@ def test_a_setting_tuned_for_one_engine_warns_in_another():
     hf = export_profile(profile, "hf")
     assert any("tuned and measured as llamacpp drafts" in w for w in hf.warnings)
     assert json.loads(hf.text) == {"prompt_lookup_num_tokens": 6, "max_matching_ngram_size": 3}
+
+
+def with_load(profile: ProfileBase, settings: list[tuple[int, str, int | None]]) -> ProfileBase:
+    """The profile's n-gram block with a schedule under load: (concurrency, setting, cap)
+    per level; the crossover where every level from one on is off."""
+    from autotune.measure.load import crossover
+    from autotune.profile.blocks import Load, LoadLevel
+
+    levels = [
+        LoadLevel(
+            concurrency=c,
+            setting=setting,
+            max_draft_tokens=cap,
+            speedup=1.0 if setting == "off" else 1.2,
+            speedup_interval=None if setting == "off" else [1.1, 1.3],
+            tokens_per_s=50.0,
+            baseline_tokens_per_s=42.0,
+            tuned_speedup=0.9,
+            rounds=4,
+            lossless=True,
+        )
+        for c, setting, cap in settings
+    ]
+    load = Load(
+        levels=levels,
+        crossover=crossover({c: s for c, s, _ in settings}),
+        max_new_tokens=64,
+    )
+    block = profile.methods.ngram.model_copy(update={"load": load})
+    return profile.model_copy(update={"methods": methods_block(ngram=block)})
+
+
+SHRINKING = [(1, "tuned", None), (2, "<= 4 tokens", 4), (4, "off", 0), (8, "off", 0)]
+PAYING = [(1, "tuned", None), (2, "<= 4 tokens", 4), (4, "<= 2 tokens", 2)]
+
+
+def test_vllm_gets_a_draft_length_per_batch_size_from_the_schedule():
+    export = export_profile(with_load(ngram_profile(CHAIN), SHRINKING), "vllm")
+    config = speculative_config(export.text)
+    # inclusive ranges from 1, one per level up to the next; off is 0 tokens, and vLLM
+    # keeps the last range's 0 above it
+    assert config["num_speculative_tokens_per_batch_size"] == [
+        [1, 1, 8],
+        [2, 3, 4],
+        [4, 7, 0],
+        [8, 8, 0],
+    ]
+    assert "speculation off from 4 requests in flight" in export.text
+    assert not any("above" in w for w in export.warnings)
+    paying = export_profile(with_load(ngram_profile(TREE), PAYING), "vllm")
+    config = speculative_config(paying.text)
+    assert config["num_speculative_tokens_per_batch_size"] == [[1, 1, 6], [2, 3, 4], [4, 4, 2]]
+    assert any("above 4 requests in flight" in w for w in paying.warnings)
+    command = next(line for line in paying.text.splitlines() if "--speculative-config" in line)
+    assert json.loads(command.split("'")[1]) == config
+
+
+def test_trtllm_gets_the_cutoff_and_is_told_what_its_ngram_drafter_cannot_take():
+    export = export_profile(with_load(ngram_profile(CHAIN), SHRINKING), "trtllm")
+    config = speculative_config(export.text)
+    assert config["max_concurrency"] == 3 and "draft_len_schedule" not in config
+    assert any("2 requests (4 tokens)" in w for w in export.warnings)
+    paying = speculative_config(
+        export_profile(with_load(ngram_profile(CHAIN), PAYING), "trtllm").text
+    )
+    assert "max_concurrency" not in paying
+
+
+def test_engines_without_a_batch_gate_are_told_the_crossover():
+    profile = with_load(ngram_profile(CHAIN), SHRINKING)
+    llamacpp = export_profile(profile, "llamacpp").text
+    assert "-np 4 or more" in llamacpp and "1: tuned 1.20x" in llamacpp
+    sglang = export_profile(profile, "sglang")
+    assert any("EAGLE with topk 1" in w and "from 4 requests" in w for w in sglang.warnings)

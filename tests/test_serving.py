@@ -205,3 +205,70 @@ def test_the_llamacpp_grid_holds_only_settings_that_draft():
     pairs = [sizes(s) for s in GRID]
     assert all(m >= n for n, m in pairs)  # ngram-simple drafts only where n tokens follow
     assert (3, 2) not in pairs and (1, 2) in pairs and (4, 12) in pairs
+
+
+def test_concurrent_rounds_keep_that_many_requests_in_flight():
+    """The client side of a load level: every prompt decoded once, never more requests at
+    once than the level, outputs in the prompts' order."""
+    import threading
+    import time
+
+    from autotune.serving.load import concurrent_rounds
+
+    busy, most = [0], [0]
+    lock = threading.Lock()
+
+    def decode(ids, max_new_tokens):
+        with lock:
+            busy[0] += 1
+            most[0] = max(most[0], busy[0])
+        time.sleep(0.01)
+        with lock:
+            busy[0] -= 1
+        return Decoded(tokens=[len(ids)] * max_new_tokens, seconds=0.01)
+
+    run = concurrent_rounds({"off": decode}, 3)
+    batch = [[1] * n for n in range(1, 8)]
+    result = run("off", batch, 3)
+    assert most[0] == 3 and result.concurrency == 3
+    assert [r.tokens for r in result.results] == [[n] * 3 for n in range(1, 8)]
+    assert result.tokens == 21 and all(t >= 0.01 for t in result.latencies)
+
+
+@pytest.mark.embedded
+@needs_llamacpp
+def test_verify_under_load_serves_the_export_with_slots_and_records_it(tmp_path, embedded_target):
+    """--concurrency: one llama-server with as many slots as the highest level, with and
+    without the export's speculation, rounds of concurrent requests at each level."""
+    from test_ngram_export import CHAIN, ngram_profile
+
+    from autotune.profile.io import read_profile, write_profile
+    from autotune.verify import load_report_lines, verify_load
+
+    path = tmp_path / "profile.yaml"
+    profile = ngram_profile(CHAIN)
+    profile.workload.prompts = "mt_bench.jsonl"
+    write_profile(profile, path)
+    load = verify_load(path, (1, 2), rounds=2, limit=4, max_new_tokens=8)
+    assert load.parallel == 2 and [lv.concurrency for lv in load.levels] == [1, 2]
+    for level in load.levels:
+        assert level.rounds == 2 and level.tokens_per_s > 0 and level.baseline_tokens_per_s > 0
+        low, high = level.speedup_interval
+        assert low <= level.speedup <= high
+    assert "--spec-type ngram-simple" in load.setting
+    recorded = read_profile(path).methods.ngram.load
+    assert recorded is not None and recorded.engines["llamacpp"] == load
+    lines = load_report_lines("ngram", load)
+    assert "2 slots" in lines[0] and len(lines) == 4
+
+
+def test_verify_under_load_is_for_llamacpp(tmp_path, run_autotune):
+    from test_ngram_export import CHAIN, ngram_profile
+
+    from autotune.profile.io import write_profile
+
+    path = tmp_path / "profile.yaml"
+    write_profile(ngram_profile(CHAIN), path)
+    done = run_autotune(["verify", path, "--engine", "hf", "--concurrency", "1,2"], cwd=tmp_path)
+    assert done.returncode == 2 and "--engine llamacpp" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -208,6 +208,8 @@ class Flow(str):
 def yaml_scalar(value) -> str:
     if isinstance(value, Flow):
         return str(value)
+    if isinstance(value, list):  # of numbers and lists: JSON is YAML's flow syntax
+        return json.dumps(value)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):

@@ -182,18 +182,24 @@ def flags_of(export_text: str) -> list[str]:
     return shlex.split(body)
 
 
-class Server:
-    """One ``llama-server`` process on a loopback port, with one slot, as long as the
-    ``with`` block lasts."""
+SLOT_CONTEXT = 4096  # tokens of context each slot of a many-slot server gets
 
-    def __init__(self, gguf: Path, flags: Sequence[str] = (), threads: int = 0):
+
+class Server:
+    """One ``llama-server`` process on a loopback port, with ``parallel`` slots (requests
+    it decodes at once, batched), as long as the ``with`` block lasts."""
+
+    def __init__(self, gguf: Path, flags: Sequence[str] = (), threads: int = 0, parallel: int = 1):
         port = _free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.flags = list(flags)
+        # the server splits its context among its slots: each keeps room for a prompt
+        context = ("--ctx-size", str(parallel * SLOT_CONTEXT)) if parallel > 1 else ()
         self.command = [
             str(require_built()),
             *("--model", str(gguf), "--host", "127.0.0.1", "--port", str(port)),
-            *("--threads", str(threads or os.cpu_count() or 1), "--parallel", "1"),
+            *("--threads", str(threads or os.cpu_count() or 1), "--parallel", str(parallel)),
+            *context,
             *self.flags,
         ]
         self._process: subprocess.Popen | None = None
@@ -281,10 +287,12 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def servers(gguf: Path, variants: Mapping[str, Sequence[str]], threads: int = 0) -> Iterator[dict]:
+def servers(
+    gguf: Path, variants: Mapping[str, Sequence[str]], threads: int = 0, parallel: int = 1
+) -> Iterator[dict]:
     """A running server per variant (name -> flags), all stopped on leaving."""
     with contextlib.ExitStack() as stack:
         yield {
-            name: stack.enter_context(Server(gguf, flags, threads))
+            name: stack.enter_context(Server(gguf, flags, threads, parallel))
             for name, flags in variants.items()
         }

@@ -35,7 +35,7 @@ import shlex
 from autotune.drafters.engine_lookup import EngineLookupConfig
 from autotune.drafters.ngram import LookupConfig
 from autotune.drafters.suffix import SuffixConfig
-from autotune.export import releases
+from autotune.export import load, releases
 from autotune.export.base import (
     Deployment,
     Exporter,
@@ -120,6 +120,17 @@ def render_vllm(d: Deployment) -> Rendered:
         body, warnings, notes = _vllm_ngram(config, d)
     warnings += per_category_warning("vLLM", spec)
     warnings += rule_warning("vLLM", "vllm", config)
+    schedule = load.vllm_schedule(spec.load, body["num_speculative_tokens"])
+    if schedule is not None:
+        body["num_speculative_tokens_per_batch_size"] = schedule
+        warnings += load.unmeasured_above_warning(spec.load, "vLLM")
+        notes.append(
+            "num_speculative_tokens_per_batch_size: [first, last batch size, tokens] per "
+            "level measured under load (0: speculation off); vLLM documents it as tested "
+            "with EAGLE, EAGLE-3 and DFlash: check that your release's n-gram proposer "
+            "honours it"
+        )
+    notes += [n for n in [load.load_note(spec.load, "vLLM")] if n]
     return speculative_config(VLLM, d, body, warnings, notes, command_line=True)
 
 
@@ -225,6 +236,16 @@ def render_sglang(d: Deployment) -> Rendered:
         )
     warnings += per_category_warning("SGLang", spec)
     warnings += rule_warning("SGLang", "sglang", config)
+    if spec.load is not None and spec.load.levels:
+        warnings.append(
+            "SGLang's adaptive schedule (--speculative-adaptive) serves EAGLE with topk 1 "
+            "only: the schedule under load is not written for NGRAM"
+            + (
+                f"; speculation measured no faster from {spec.load.crossover} requests in flight"
+                if spec.load.crossover
+                else ""
+            )
+        )
     notes = [
         "append these flags to: python -m sglang.launch_server --model-path MODEL",
         "--speculative-num-draft-tokens counts the last verified token too",
@@ -319,7 +340,13 @@ def render_llamacpp(d: Deployment) -> Rendered:
         "append these flags to: llama-server -m MODEL.gguf",
         f"ngram-simple drafts only where at least {size_n} tokens follow the match",
         _rule_note("llama.cpp", "llamacpp", config, d),
+        *[n for n in [load.load_note(spec.load, "llama.cpp")] if n],
     ]
+    if spec.load is not None and spec.load.crossover:
+        notes.append(
+            f"llama-server has no per-batch gate: with -np {spec.load.crossover} or more "
+            "busy slots speculation measured no faster; serve without it there"
+        )
     lines = comment_lines(LLAMACPP, d, warnings, notes)
     lines.append(
         " ".join(f"{flag} {value}" for flag, value in zip(FLAGS, ("ngram-simple", size_n, size_m)))
@@ -362,7 +389,40 @@ def render_trtllm(d: Deployment) -> Rendered:
         "the PyTorch backend serves NGram; pass this file with --extra_llm_api_options",
         _rule_note("TensorRT-LLM", "trtllm", config, d),
     ]
+    cutoff = load.speculation_cutoff(spec.load)
+    if cutoff is not None:
+        body["max_concurrency"] = cutoff
+        notes.append(
+            f"max_concurrency {cutoff}: speculation off above {cutoff} requests in a batch, "
+            "where it measured no faster under load"
+        )
+    warnings += _trtllm_load_warning(spec, length)
+    notes += [n for n in [load.load_note(spec.load, "TensorRT-LLM")] if n]
     return speculative_config(TRTLLM, d, body, warnings, notes)
+
+
+def _trtllm_load_warning(spec: NgramSettings, length: int) -> list[str]:
+    """What of the schedule under load TensorRT-LLM's NGram drafter cannot take."""
+    if spec.load is None:
+        return []
+    shorter = {
+        lv.concurrency: lv.max_draft_tokens
+        for lv in spec.load.levels
+        if lv.max_draft_tokens and lv.max_draft_tokens < length
+    }
+    warnings = load.unmeasured_above_warning(spec.load, "TensorRT-LLM")
+    if shorter:
+        warnings.append(
+            "TensorRT-LLM's NGram drafter has no per-batch draft length (draft_len_schedule "
+            "serves the one-model drafters): the schedule's shorter drafts at "
+            + ", ".join(f"{c} requests ({t} tokens)" for c, t in shorter.items())
+            + " are not written"
+        )
+    if spec.load.crossover == 1:
+        warnings.append(
+            "speculation measured no faster at any concurrency under load: serve without it"
+        )
+    return warnings
 
 
 VLLM = Exporter(

@@ -1,0 +1,75 @@
+"""A method's schedule under load (the profile's ``load`` block) in each engine's terms.
+
+- vLLM: ``num_speculative_tokens_per_batch_size``, ``[[lo, hi, K], ...]``: inclusive
+  batch-size ranges from 1, non-overlapping; K = 0 turns speculation off; batch sizes past
+  the last range keep its K; K is capped at ``num_speculative_tokens``.
+- TensorRT-LLM: ``max_concurrency`` turns speculation off above a batch size; its
+  ``draft_len_schedule`` (per-batch draft lengths) excludes it, and its NGram drafter has
+  no dynamic draft length, so for n-gram only the cut-off is written.
+- SGLang: its adaptive schedule serves EAGLE with topk 1 only: for other methods the
+  schedule is said, not written.
+- llama.cpp: no batch gate: the crossover is said in a comment.
+"""
+
+from __future__ import annotations
+
+from autotune.profile.blocks import Load
+
+
+def vllm_schedule(load: Load | None, tokens: int) -> list[list[int]] | None:
+    """``[[lo, hi, K], ...]`` for ``tokens`` speculative tokens: each measured level's
+    range runs up to the next level's start; the last range is the last level alone,
+    and vLLM keeps its K above it. None without measured levels."""
+    if load is None or not load.levels:
+        return None
+    levels = sorted(load.levels, key=lambda level: level.concurrency)
+    rows = []
+    for index, level in enumerate(levels):
+        low = 1 if index == 0 else level.concurrency
+        high = levels[index + 1].concurrency - 1 if index + 1 < len(levels) else level.concurrency
+        rows.append([low, high, draft_tokens_at(level, tokens)])
+    return rows
+
+
+def draft_tokens_at(level, tokens: int) -> int:
+    """The draft length a level serves: 0 off, the cap where it has one, else ``tokens``."""
+    if level.max_draft_tokens is None:
+        return tokens
+    return min(tokens, level.max_draft_tokens)
+
+
+def speculation_cutoff(load: Load | None) -> int | None:
+    """The largest batch size that still speculates where a crossover was found (for
+    ``max_concurrency``), else None."""
+    if load is None or not load.crossover:
+        return None
+    return load.crossover - 1 if load.crossover > 1 else None
+
+
+def load_note(load: Load | None, engine: str) -> str | None:
+    """One line on what was measured under load, for an export's comments."""
+    if load is None or not load.levels:
+        return None
+    parts = [f"{level.concurrency}: {level.setting} {level.speedup:.2f}x" for level in load.levels]
+    crossing = (
+        f"; speculation off from {load.crossover} requests in flight"
+        if load.crossover
+        else "; speculation paid at every level measured"
+    )
+    return (
+        f"under load in autotune's engine (requests in flight: setting, throughput speedup "
+        f"held back): {', '.join(parts)}{crossing} -- measured in autotune's engine, not "
+        f"in {engine}"
+    )
+
+
+def unmeasured_above_warning(load: Load | None, title: str) -> list[str]:
+    """Where speculation still paid at the highest level measured, what the engine does
+    above it was not measured."""
+    if load is None or not load.levels or load.crossover:
+        return []
+    top = max(level.concurrency for level in load.levels)
+    return [
+        f"{title} keeps the schedule's last setting above {top} requests in flight, where "
+        f"nothing was measured: profile with a higher --concurrency if you serve more"
+    ]
