@@ -1,13 +1,17 @@
 """Speculation under load: throughput of plain greedy decoding and of the recommended
 method at concurrency 1, 2, 4, 8 in autotune's engine, a per-level schedule chosen on
 search prompts, and that schedule against the best single fixed setting on held-back
-prompts.
+prompts. Then, unless --skip-llamacpp, the profile's llama.cpp export in llama-server
+with as many slots as the highest level, against the same server without speculation, at
+each level (as ``autotune verify --engine llamacpp --concurrency`` does, not recorded).
+Decoding throughput: prefills are timed apart in autotune's engine, and llama-server's
+own per-request decoding times are used there.
 
     python benchmarks/load.py --profile profile.yaml
     python benchmarks/load.py --profile profile.yaml --levels 1,2 --rounds 3 --max-new-tokens 16
 
 The method is the profile's recommended one (or --method); its candidates are its
-setting and smaller ones (``Method.under_load``: shorter drafts, smaller trees). On the
+setting and smaller ones (``Method.capped``: shorter drafts, smaller trees). On the
 search split each level measures every candidate against plain decoding with that many
 requests in flight (``measure.load``) and chooses the fastest one clearly above 1.0, or
 "off"; the best single fixed setting is the candidate with the highest mean speedup over
@@ -54,6 +58,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--model-path")
     parser.add_argument("--storage", default="sqlite:///studies/benchmark.db")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--skip-llamacpp", action="store_true", help="no llama-server measurement")
     return parser.parse_args()
 
 
@@ -86,8 +91,18 @@ def main() -> int:
     watch_machine(ws.runner)
     chosen_on: list[LevelResult] = []
     for level in levels:
-        with step(f"search split, concurrency {level}: plain and {len(candidates)} settings"):
-            chosen_on.append(measure_level(run_round, list(candidates), search, level, args.rounds))
+        label = f"search split, concurrency {level}: plain and {len(candidates)} settings"
+        with step(label, args.rounds) as advance:
+            chosen_on.append(
+                measure_level(
+                    run_round,
+                    list(candidates),
+                    search,
+                    level,
+                    args.rounds,
+                    on_round=lambda _: advance(),
+                )
+            )
     schedule = schedule_of(chosen_on)
     fixed = best_fixed(chosen_on)
     watch_machine(ws.runner)
@@ -95,10 +110,23 @@ def main() -> int:
     measured: list[LevelResult] = []
     for level in levels:
         names = {n for n in (schedule[level], fixed) if n is not None and n != OFF}
-        with step(f"held-back split, concurrency {level}: plain, {', '.join(sorted(names))}"):
-            measured.append(measure_level(run_round, sorted(names), heldback, level, args.rounds))
+        label = f"held-back split, concurrency {level}: plain, {', '.join(sorted(names))}"
+        with step(label, args.rounds) as advance:
+            measured.append(
+                measure_level(
+                    run_round,
+                    sorted(names),
+                    heldback,
+                    level,
+                    args.rounds,
+                    on_round=lambda _: advance(),
+                )
+            )
     watch_machine(ws.runner)
     report = summary(name, variants, chosen_on, measured, schedule, fixed, args)
+    if not args.skip_llamacpp:
+        report["llamacpp"] = in_llamacpp(args, levels)
+        watch_machine(ws.runner)
     report["seconds"] = round(time.monotonic() - started, 1)
     if args.json:
         print(json.dumps(report, indent=1))
@@ -106,6 +134,26 @@ def main() -> int:
         print_table(report)
     say(machine_line())
     return 0
+
+
+def in_llamacpp(args, levels: list[int]) -> dict | None:
+    """The profile's llama.cpp export in llama-server with as many slots as the highest
+    level, against the same server without speculation (``autotune verify
+    --concurrency``), on the held-back prompts; None where llama-server is not built."""
+    from autotune.serving import llamacpp
+    from autotune.verify import verify_load
+
+    if not llamacpp.built():
+        say("llama-server is not built (autotune engines build llamacpp): llama.cpp skipped")
+        return None
+    load = verify_load(
+        Path(args.profile),
+        tuple(levels),
+        args.rounds,
+        max_new_tokens=args.max_new_tokens,
+        record=False,
+    )
+    return load.model_dump()
 
 
 def described(settings) -> str:
@@ -201,6 +249,21 @@ def print_table(report: dict) -> None:
         "crossover: "
         + (f"speculation off from concurrency {crossing}" if crossing else "none measured")
     )
+    engine = report.get("llamacpp")
+    if engine:
+        print(f"llama.cpp {engine['release']} ({engine['setting']}), {engine['parallel']} slots:")
+        for level in engine["levels"]:
+            low, high = level["speedup_interval"]
+            print(
+                f"{level['concurrency']:>4}  {level['baseline_tokens_per_s']:>11.1f}  "
+                f"export {level['speedup']:.3f}x [{low:.3f}, {high:.3f}]  lossless "
+                f"{level['lossless']}"
+            )
+        crossing = engine["crossover"]
+        print(
+            "llama.cpp crossover: "
+            + (f"no faster from concurrency {crossing}" if crossing else "none measured")
+        )
     print(
         f"best single fixed setting: {report['best_fixed']}; schedule / best fixed, mean over "
         f"levels: {report['schedule_vs_best_fixed_mean']}; schedule's lowest speedup: "

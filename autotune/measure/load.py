@@ -4,8 +4,10 @@ At each concurrency level, plain greedy decoding and each candidate setting deco
 same round of prompts with that many requests in flight (``engine.batched``), one after
 another in an order that alternates between rounds; a round is a pair per candidate,
 (candidate seconds, tokens, plain seconds, tokens), and the speedup's interval is the
-paired bootstrap over rounds (``measure.stats``). A round holds twice as many prompts as
-requests in flight, so that requests arrive while others decode, as on a server.
+paired bootstrap over rounds (``measure.stats``). The seconds are decoding's: prefills
+are timed apart (``engine.batched``), as they cost the same either way. A round holds
+twice as many prompts as requests in flight, so that requests arrive while others
+decode, as on a server.
 
 The chosen setting of a level is the fastest candidate whose interval lies above 1.0,
 else ``off`` (plain decoding: what the serving engine does with speculation switched off
@@ -190,7 +192,7 @@ def measure_level(
         latencies[OFF].extend(plain.latencies)
         for name in names:
             run = runs[name]
-            rows[name].append((run.seconds, run.tokens, plain.seconds, plain.tokens))
+            rows[name].append((run.decode_seconds, run.tokens, plain.decode_seconds, plain.tokens))
             latencies[name].extend(run.latencies)
             same = [a.tokens == b.tokens for a, b in zip(run.results, plain.results)]
             lossless[name] = lossless[name] and all(same)
