@@ -95,7 +95,6 @@ def bench_load(
         TUNED,
         in_engine,
         label_of,
-        load_candidates,
         measure_level,
     )
 
@@ -108,7 +107,7 @@ def bench_load(
             "measure under load"
         )
     method = registry.method(name)
-    candidates = load_candidates(method, settings)
+    candidates = method.load_settings(settings)
     scheduled = {
         level.concurrency: (OFF if level.setting == OFF else label_of(level.max_draft_tokens))
         for level in (settings.load.levels if settings.load else [])
@@ -121,7 +120,7 @@ def bench_load(
         if pick not in candidates and pick != OFF:
             pick = TUNED  # a cap this setting no longer has
         names = sorted({pick, TUNED} - {OFF})
-        makers = {n: method.variant(candidates[n].settings, env).make for n in names}
+        makers = {n: method.variant(candidates[n][1], env).make for n in names}
         with step(f"bench: {name} with {concurrency} requests in flight", rounds) as advance:
             level = measure_level(
                 in_engine(ws.runner, max_new_tokens, makers),

@@ -25,7 +25,7 @@ from autotune import plan
 from autotune.budget import Budget
 from autotune.engine.sampling import GREEDY
 from autotune.errors import AutotuneError
-from autotune.measure.load import LEVELS, load_candidates
+from autotune.measure.load import LEVELS, TUNED, LevelResult
 from autotune.measure.noise import NoiseRecord, fewer_threads, probe, settle
 from autotune.measure.stats import MIN_PROMPTS
 from autotune.measure.timing import (
@@ -43,6 +43,7 @@ from autotune.profile.blocks import (
     Figures,
     HardwareInfo,
     Load,
+    LoadLevel,
     Measured,
     MethodSettings,
     ModelInfo,
@@ -948,24 +949,25 @@ def measure_load(
 
     settings = tuned[recommended]
     method = registry.method(recommended)
+    candidates = method.load_settings(settings)
+    env = DraftEnv(ws.ref, ws.runner)
     greedy = held.measured.get(recommended)
     tokens = min(plan.LOAD_TOKENS, request.max_new_tokens)
     first_level_s = None
     if greedy is not None and greedy.baseline_tokens_per_s > 0:
         # level 1: plain and every candidate on the search rounds, then plain and two
         # settings held back, each round two requests
-        runs = len(load_candidates(method, settings)) + 1 + 3
+        runs = len(candidates) + 1 + 3
         first_level_s = runs * plan.LOAD_ROUNDS * 2 * tokens / greedy.baseline_tokens_per_s
 
     def seconds_left() -> float | None:
         left = ws.deadline.left() if ws.deadline is not None else None
         return None if left is None else left - plan.ENGINE_SETTINGS_MARGIN_S
 
-    load = fit_schedule(
+    fitted = fit_schedule(
         ws.runner,
-        method,
-        settings,
-        DraftEnv(ws.ref, ws.runner),
+        {label: method.variant(s, env).make for label, (_, s) in candidates.items()},
+        {label: cap for label, (cap, _) in candidates.items()},
         in_turn(ws.encode(ws.search_prompts())),
         in_turn(heldback(ws, request)),
         tokens,
@@ -975,12 +977,50 @@ def measure_load(
         first_level_s,
         on_level=lambda line: say(f"[dim]under load, {line}[/dim]"),
     )
-    if load.skipped:
+    if fitted.skipped:
         say(
-            f"no time was left to measure concurrency {', '.join(map(str, load.skipped))}: "
+            f"no time was left to measure concurrency {', '.join(map(str, fitted.skipped))}: "
             "give a longer --budget, or `autotune bench --concurrency` afterwards"
         )
+    load = Load(
+        levels=[load_level(level.held, level.pick, level.cap) for level in fitted.levels],
+        crossover=fitted.crossover,
+        skipped=fitted.skipped,
+        max_new_tokens=tokens,
+    )
     return {**tuned, recommended: settings.model_copy(update={"load": load})}
+
+
+def load_level(held: LevelResult, pick: str, cap: int | None) -> LoadLevel:
+    """One level's profile block: the pick's held-back figures (off: plain decoding's
+    own, a speedup of exactly 1) beside the tuned setting's."""
+    tuned = held.figures[TUNED]
+    figure = held.figures.get(pick)
+    chosen: dict[str, Any] = {
+        "speedup": 1.0,
+        "tokens_per_s": round(tuned.plain_tokens_per_s, 2),
+        "latency_s": round(tuned.plain_latency_s, 3),
+        "lossless": tuned.lossless,
+    }
+    if figure is not None:
+        chosen = {
+            "speedup": round(figure.speedup, 4),
+            "speedup_interval": figure.interval.as_list(),
+            "tokens_per_s": round(figure.tokens_per_s, 2),
+            "latency_s": round(figure.latency_s, 3),
+            "lossless": figure.lossless and tuned.lossless,
+        }
+    return LoadLevel(
+        concurrency=held.concurrency,
+        setting=pick,
+        max_draft_tokens=cap,
+        baseline_tokens_per_s=round(tuned.plain_tokens_per_s, 2),
+        baseline_latency_s=round(tuned.plain_latency_s, 3),
+        tuned_speedup=round(tuned.speedup, 4),
+        tuned_interval=tuned.interval.as_list(),
+        rounds=held.rounds,
+        **chosen,
+    )
 
 
 def in_turn(prompts: list[EncodedPrompt]) -> list[list[int]]:

@@ -37,7 +37,6 @@ from autotune.measure.load import (
     best_fixed,
     crossover,
     in_engine,
-    load_candidates,
     measure_level,
     schedule_of,
 )
@@ -81,7 +80,7 @@ def main() -> int:
     ws = Workspace.open(TargetRef.for_user(args.model, args.model_path), args.prompts, args.storage)
     method = registry.get(name)
     env = DraftEnv(ws.ref, ws.runner)
-    variants = {label: c.settings for label, c in load_candidates(method, settings).items()}
+    variants = {label: s for label, (_, s) in method.load_settings(settings).items()}
     candidates = {label: method.variant(s, env).make for label, s in variants.items()}
     search = in_turn(ws.encode(ws.search_prompts()))
     heldback = in_turn(ws.encode(ws.heldback_prompts()))

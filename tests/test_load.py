@@ -14,7 +14,6 @@ from autotune.measure.load import (
     best_fixed,
     crossover,
     in_engine,
-    load_candidates,
     measure_level,
     parse_levels,
     schedule_of,
@@ -76,10 +75,10 @@ def test_levels_are_parsed_sorted_and_none_turns_them_off():
 
 
 def test_candidates_halve_the_draft_down_to_one_token():
-    candidates = load_candidates(registry.method("ngram"), SETTING)
+    candidates = registry.method("ngram").load_settings(SETTING)
     assert list(candidates) == [TUNED, "<= 4 tokens", "<= 2 tokens", "<= 1 tokens"]
-    assert candidates[TUNED].cap is None and candidates["<= 2 tokens"].cap == 2
-    small = candidates["<= 2 tokens"].settings.draft
+    assert candidates[TUNED][0] is None and candidates["<= 2 tokens"][0] == 2
+    small = candidates["<= 2 tokens"][1].draft
     assert small.max_tree_tokens == 2 and small.draft_tokens == 2 and small.branch_tokens == 2
 
 
@@ -94,8 +93,7 @@ def env(tiny_llama_dir):
 def test_a_level_measures_every_candidate_against_plain_on_the_same_rounds(env):
     method = registry.method("ngram")
     makers = {
-        name: method.variant(c.settings, env).make
-        for name, c in load_candidates(method, SETTING).items()
+        name: method.variant(s, env).make for name, (_, s) in method.load_settings(SETTING).items()
     }
     seen = []
     run_round = in_engine(env.runner, 12, makers)
@@ -110,26 +108,91 @@ def test_a_level_measures_every_candidate_against_plain_on_the_same_rounds(env):
 
 def test_a_schedule_holds_whole_levels_and_skips_what_the_time_left_cannot_fit(env):
     method = registry.method("ngram")
-    load = fit_schedule(
-        env.runner,
-        method,
-        SETTING,
-        env,
-        PROMPTS,
-        PROMPTS[::-1],
-        8,
-        [1, 2, 4],
-        3,
-        seconds_left=lambda: 0.0,
-        first_level_s=1.0,
+    candidates = method.load_settings(SETTING)
+    makers = {name: method.variant(s, env).make for name, (_, s) in candidates.items()}
+    caps = {name: cap for name, (cap, _) in candidates.items()}
+    args = (env.runner, makers, caps, PROMPTS, PROMPTS[::-1], 8)
+    late = fit_schedule(*args, [1, 2, 4], 3, seconds_left=lambda: 0.0)
+    assert late.levels == [] and late.skipped == [1, 2, 4]
+    fitted = fit_schedule(*args, [2, 1], 3, seconds_left=lambda: 100.0, first_level_s=1.0)
+    assert [lv.held.concurrency for lv in fitted.levels] == [1, 2] and not fitted.skipped
+    for level in fitted.levels:
+        assert level.held.rounds == 3 and TUNED in level.held.figures
+        assert all(f.lossless for f in level.held.figures.values())
+        assert level.cap == (0 if level.pick == OFF else caps[level.pick])
+        assert (level.pick == OFF) == (level.pick not in level.held.figures)
+    assert fitted.crossover in (None, 1, 2)
+
+
+def test_the_profile_measures_the_recommended_method_under_load_and_says_it(
+    tmp_path, tiny_llama_dir, monkeypatch
+):
+    """After the verdict: levels as the time allows, the load block, a line per level,
+    a plot panel, and per-batch keys in the vLLM export."""
+    import json
+
+    from test_ngram_export import ngram_profile
+
+    from autotune.budget import Budget
+    from autotune.export import export_profile
+    from autotune.measure.timing import Measurement
+    from autotune.profile.report import write_verdict_plot
+    from autotune.profiling import HeldBack, ProfileRequest, load_lines, measure_load
+    from autotune.workspace import Workspace
+
+    monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "cache"))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "".join(json.dumps({"prompt": f"a b c a b c {i}"}) + "\n" for i in range(16))
     )
-    assert load.levels == [] and load.skipped == [1, 2, 4]
-    load = fit_schedule(env.runner, method, SETTING, env, PROMPTS, PROMPTS[::-1], 8, [2, 1], 3)
+    ws = Workspace.open(
+        TargetRef.for_user(str(tiny_llama_dir)), prompts, f"sqlite:///{tmp_path / 'db.sqlite'}"
+    )
+    ws.runner.eos_token_ids = frozenset()
+    ws.deadline = Budget(600)
+    request = ProfileRequest(model="tiny", max_new_tokens=12, concurrency=(1, 2))
+    held = HeldBack({"ngram": Measurement()}, 1, "")
+    tuned = measure_load(ws, {"ngram": SETTING}, "ngram", held, request)
+    load = tuned["ngram"].load
     assert [lv.concurrency for lv in load.levels] == [1, 2] and not load.skipped
-    for lv in load.levels:
-        assert lv.lossless and lv.rounds == 3 and lv.tuned_speedup is not None
-        if lv.setting == OFF:
-            assert lv.speedup == 1.0 and lv.max_draft_tokens == 0
-        else:
-            assert lv.speedup_interval[0] > 1.0  # chosen on search, but measured held back
-    assert load.crossover in (None, 1, 2)
+    assert load.max_new_tokens == 12 and all(lv.lossless for lv in load.levels)
+    lines = load_lines("ngram", load)
+    assert lines[0].startswith("ngram with 1 requests in flight: ") and len(lines) == 3
+    # no time left: every level is skipped and said, nothing measured
+    ws.deadline = Budget(1)
+    late = measure_load(ws, {"ngram": SETTING}, "ngram", held, request)["ngram"].load
+    assert late.levels == [] and late.skipped == [1, 2]
+    profile = ngram_profile(SETTING.config())
+    profile.methods.ngram.load = load
+    assert write_verdict_plot(profile, tmp_path / "p.png").stat().st_size > 0
+    config = export_profile(profile, "vllm", force=True).text
+    assert "num_speculative_tokens_per_batch_size" in config
+
+
+def test_bench_under_load_prints_each_level_and_its_json(tmp_path, tiny_llama_dir):
+    import json
+
+    import yaml
+    from test_ngram_export import CHAIN, ngram_profile
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+    from autotune.profile.io import write_profile
+
+    path = tmp_path / "profile.yaml"
+    write_profile(ngram_profile(CHAIN), path)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"a b a b {i}"}) + "\n" for i in range(6)))
+    args = ["bench", str(path), "--model-path", str(tiny_llama_dir), "--prompts", str(prompts)]
+    args += ["--concurrency", "2,1", "--rounds", "2", "--max-new-tokens", "8"]
+    done = CliRunner().invoke(app, [*args, "-f", "yaml"])
+    assert done.exit_code == 0, done.output
+    result = yaml.safe_load(done.stdout[done.stdout.index("method:") :])
+    assert [row["concurrency"] for row in result["levels"]] == [1, 2]
+    for row in result["levels"]:
+        assert row["scheduled"] == "tuned" and row["rounds"] == 2  # no load block: tuned
+        assert row["tuned"]["lossless"] is True and row["tuned"]["tokens_per_s"] > 0
+    table = CliRunner().invoke(app, args)
+    assert "ngram with 2 requests in flight, 2 rounds: tuned " in table.stdout
+    bad = CliRunner().invoke(app, [*args[:2], "--concurrency", "none"])
+    assert bad.exit_code == 2 and "give the levels" in bad.output

@@ -19,31 +19,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 from autotune.engine.batched import BatchRun, decode_batch
 from autotune.engine.proposal import Drafter
 from autotune.engine.runner import Runner
 from autotune.measure.stats import Interval, Pairs, bootstrap_interval
 
-if TYPE_CHECKING:
-    from autotune.methods.base import Method
-
 LEVELS = (1, 2, 4, 8)
 OFF = "off"
 TUNED = "tuned"
 MIN_ROUNDS = 3  # fewer rounds give no interval worth a choice
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A setting a concurrency level may choose: the tuned one, or it with at most
-    ``cap`` draft tokens."""
-
-    cap: int | None
-    settings: Any
-
-
 MAX_LEVEL = 256
 
 
@@ -67,20 +52,8 @@ def parse_levels(text: str) -> tuple[int, ...]:
 
 
 def label_of(cap: int | None) -> str:
+    """A setting's name among its variants under load: the tuned one, or it capped."""
     return TUNED if cap is None else f"<= {cap} tokens"
-
-
-def load_candidates(method: Method, settings: Any) -> dict[str, Candidate]:
-    """The tuned settings and the same capped to fewer draft tokens, halving down to 1
-    (where the method can cap its drafts, ``Method.capped``)."""
-    out = {TUNED: Candidate(None, settings)}
-    size = method.draft_size(settings)
-    for cap in sorted({(size or 0) // 2, (size or 0) // 4, 2, 1}, reverse=True):
-        if size and 0 < cap < size:
-            smaller = method.capped(settings, cap)
-            if smaller is not None:
-                out[label_of(cap)] = Candidate(cap, smaller)
-    return out
 
 
 @dataclass

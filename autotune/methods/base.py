@@ -197,6 +197,20 @@ class Method(Entry):
         already fills the products (``measure.load``). None where the method cannot say."""
         return None
 
+    def load_settings(self, settings: Any) -> dict[str, tuple[int | None, Any]]:
+        """The candidates of each concurrency level, by label, with their draft-token cap:
+        the settings themselves (no cap), then capped to half, a quarter, 2 and 1 token
+        where that is fewer than they draft and the method can cap them."""
+        from autotune.measure.load import TUNED, label_of
+
+        out: dict[str, tuple[int | None, Any]] = {TUNED: (None, settings)}
+        size = self.draft_size(settings) or 0
+        for cap in sorted({size // 2, size // 4, 2, 1}, reverse=True):
+            smaller = self.capped(settings, cap) if 0 < cap < size else None
+            if smaller is not None:
+                out[label_of(cap)] = (cap, smaller)
+        return out
+
 
 class Expansion(Entry):
     """Widens the drafts of the chain methods (``Method.chain``)."""
