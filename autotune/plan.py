@@ -92,9 +92,13 @@ CAPE_FIT_SHARE = 0.5
 ENGINE_SETTINGS_MIN_S = 30.0
 ENGINE_SETTINGS_MARGIN_S = 15.0
 # Then the recommended method under load (``tuners.load_schedule``), level by level while
-# the time left allows: rounds of prompts per level, tokens per request.
+# the time left allows: rounds of prompts per level, tokens per request, and the share of
+# the budget kept for it (on 2 cores a level of SmolLM2-135M took 1-4 minutes at 4
+# rounds, so 2 minutes of a 20-minute run buy the first one or two levels).
 LOAD_ROUNDS = 4
 LOAD_TOKENS = 64
+LOAD_SHARE = 0.1
+LOAD_CANDIDATES = 5  # the tuned setting and four caps (``Method.load_settings``)
 
 # --- probes and bounds ------------------------------------------------------------------
 # The verify curve the bounds read (n = 1 .. this many tokens).
@@ -149,6 +153,7 @@ class Facts:
     # the whole run's seconds (None: no budget): what the measurements' share is of, so
     # that phases overrunning before them cannot shrink it
     budget_s: float | None = None
+    load_levels: int = 0  # concurrency levels to measure after the verdict (--concurrency)
 
 
 @dataclass(frozen=True)
@@ -346,7 +351,25 @@ def measuring_phases(facts: Facts, methods: int, chains: int, seconds: float) ->
             count=held_back,
         )
     )
+    if facts.load_levels:
+        phases.append(
+            Phase(
+                "under load (held back)",
+                min(LOAD_SHARE * (facts.budget_s or seconds), load_seconds(facts)),
+                f"up to {facts.load_levels} concurrency levels, as the time allows",
+                reserved=True,
+            )
+        )
     return phases
+
+
+def load_seconds(facts: Facts) -> float:
+    """About what measuring every level under load takes: per level, plain decoding and
+    each candidate on the search rounds, then plain and two settings held back, each run
+    about 2 x LOAD_TOKENS forwards, a forward slower as the batch grows."""
+    runs = (LOAD_CANDIDATES + 1 + 3) * LOAD_ROUNDS
+    per_level = runs * 2 * LOAD_TOKENS * facts.forward_s * SPECULATIVE_COST
+    return sum(per_level * (1 + 0.1 * 2**i) for i in range(facts.load_levels))
 
 
 def phases(facts: Facts, evidence: Evidence, seconds: float) -> list[Phase]:

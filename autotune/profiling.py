@@ -149,9 +149,12 @@ def run_profile(request: ProfileRequest) -> tuple[ProfileBase, Path]:
     )
     verdict = decide(tuned, selection.ranking, held, request.margin, run.evidence.skipped)
     verdict.dropped = selection.dropped
+    load_kept = run.planned("under load (held back)") if request.concurrency else 0.0
     if engine_settings_to_measure(tuned, verdict.recommended):
         run.begin("engine settings (held back)")  # the time the run has left, unplanned
-        held = measure_engine_settings(ws, tuned, verdict.recommended, held, request)
+        held = measure_engine_settings(
+            ws, tuned, verdict.recommended, held, request, keep_s=load_kept
+        )
         run.end(f"{verdict.recommended} as each engine serves it")
     if request.concurrency and verdict.recommended in tuned:
         run.begin("under load (held back)")  # the time the run has left, unplanned
@@ -355,6 +358,7 @@ def measure_facts(
         params=sum(p.numel() for p in ws.target.model.parameters()),
         cpu=ws.runner.device.type == "cpu",
         budget_s=budget_s,
+        load_levels=len(request.concurrency),
     )
 
 
@@ -409,6 +413,13 @@ class Run:
             plan.phases(self.facts, self.evidence, self.seconds_left()),
             done=len(self.ledger),
         )
+
+    def planned(self, name: str) -> float:
+        """The seconds the plan made now gives phase ``name`` (0 when it has none)."""
+        for phase in self.schedule().phases:
+            if phase.name == name:
+                return phase.seconds
+        return 0.0
 
     def begin(self, name: str) -> Budget:
         """The phase ``name`` starts: its share of the time left, from a fresh plan."""
@@ -906,14 +917,16 @@ def measure_engine_settings(
     recommended: str,
     held: HeldBack,
     request: ProfileRequest,
+    keep_s: float = 0.0,
 ) -> HeldBack:
-    """After the verdict, in the time the run has left: the recommended method as each
-    engine serves it, against plain greedy on the held-back prompts the verdict was
-    measured on; reported per engine, not judged (the verdict's measurement stays its
-    own, undiluted)."""
+    """After the verdict, in the time the run has left (less ``keep_s``, the time planned
+    for the phase after it): the recommended method as each engine serves it, against
+    plain greedy on the held-back prompts the verdict was measured on; reported per
+    engine, not judged (the verdict's measurement stays its own, undiluted)."""
     from autotune.measure.timing import measure_variants
 
     left = ws.deadline.left() if ws.deadline is not None else None
+    left = None if left is None else left - keep_s
     if left is not None and left < plan.ENGINE_SETTINGS_MIN_S:
         say("no time was left to measure the engines' own settings held back")
         return held

@@ -73,3 +73,22 @@ def test_batched_plain_greedy_equals_one_at_a_time(tiny_llama, concurrency):
 def test_concurrency_below_one_is_refused(tiny_llama):
     with pytest.raises(ValueError, match="concurrency"):
         decode_batch(Runner(tiny_llama), PROMPTS, 4, 0)
+
+
+def test_kept_prefills_are_copied_and_decode_the_same(tiny_llama):
+    from autotune.engine.batched import Prefills
+
+    runner = Runner(tiny_llama)
+    runner.eos_token_ids = frozenset()
+    prefills = Prefills()
+    first = decode_batch(runner, PROMPTS, 12, 2, prefills=prefills)
+    assert len(prefills._kept) == len(PROMPTS)
+    again = decode_batch(runner, PROMPTS, 12, 2, prefills=prefills)
+    assert [r.tokens for r in again.results] == [r.tokens for r in first.results]
+    # the copies are the caches' own: decoding again did not write into the kept ones
+    kept = prefills.get(PROMPTS[1])
+    assert kept is not None and kept.cache.lengths == [len(PROMPTS[1])] * runner.num_layers
+    assert again.prefill_seconds < first.prefill_seconds
+    small = Prefills(max_bytes=1)  # nothing fits: every prompt prefilled afresh
+    decode_batch(runner, PROMPTS, 4, 2, prefills=small)
+    assert small.get(PROMPTS[0]) is None

@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autotune.engine.batched import decode_batch
+from autotune.engine.batched import Prefills, decode_batch
 from autotune.engine.decoding import decode_plain, decode_speculative
 from autotune.engine.proposal import Draft, DraftContext, Drafter, VerifyResult
 from autotune.methods import registry
@@ -187,8 +187,9 @@ def test_batched_greedy_output_is_each_prompts_plain_greedy(env, tmp_path, name,
     prompts = [*PROMPTS, [1, 7], PROMPTS[1]]
     plain = [decode_plain(runner, p, TOKENS).tokens for p in prompts]
     for label, make in makers(env, name, cape, tmp_path):
+        prefills = Prefills()  # the second level starts from the first one's prefills
         for concurrency in (2, 4):
-            run = decode_batch(runner, prompts, TOKENS, concurrency, make)
+            run = decode_batch(runner, prompts, TOKENS, concurrency, make, prefills)
             assert [r.tokens for r in run.results] == plain, (label, concurrency)
         runner.eos_token_ids = frozenset({plain[0][6]})
         try:

@@ -178,3 +178,22 @@ def test_a_kind_without_the_time_it_needs_is_dropped_first():
     big = facts(params=2_000_000_000)
     kinds, why = plan.cannot_train(big, {"medusa": 1e6, "eagle": 1e6}, Evidence())
     assert kinds == {"medusa", "eagle"} and "2.0B" in why
+
+
+def test_the_levels_under_load_keep_a_tenth_of_the_budget_after_the_verdict():
+    without = plan.phases(facts(budget_s=1200.0), Evidence(), 1200.0)
+    assert without[-1].name == "held-back measurement"
+    phases = plan.phases(facts(budget_s=1200.0, load_levels=4), Evidence(), 1200.0)
+    load = phases[-1]
+    assert load.name == "under load (held back)" and load.reserved
+    assert load.seconds == pytest.approx(plan.LOAD_SHARE * 1200.0)  # 4 levels want more
+    assert sum(p.seconds for p in phases) <= 1200.0 * 1.01
+    # the studies give up what the levels keep
+    tuned = sum(p.seconds for p in phases if p.name.startswith("tune "))
+    assert tuned < sum(p.seconds for p in without if p.name.startswith("tune "))
+    # a fast machine needs less than the share for one level
+    fast = plan.phases(facts(budget_s=1200.0, load_levels=1, forward_s=0.005), Evidence(), 1200.0)
+    assert fast[-1].seconds == pytest.approx(
+        plan.load_seconds(facts(forward_s=0.005, load_levels=1))
+    )
+    assert fast[-1].seconds < plan.LOAD_SHARE * 1200.0

@@ -62,6 +62,40 @@ class BatchRun:
 
 
 @dataclass
+class _Prefilled:
+    cache: KVCache
+    first_token: int
+    hidden: torch.Tensor | None
+
+
+class Prefills:
+    """Prefilled prompts kept for the next decodings of the same prompts (a load level
+    decodes each round once plainly and once per setting): a copy of a prompt's cache
+    costs far less than its prefill (800 tokens: 1.2 s on 2 cores). Kept up to
+    ``max_bytes``; only for drafters that ask the prefill for no extra rows."""
+
+    def __init__(self, max_bytes: int = 1 << 30):
+        self.max_bytes = max_bytes
+        self._kept: dict[tuple[int, ...], _Prefilled] = {}
+        self._bytes = 0
+
+    def clear(self) -> None:
+        self._kept.clear()
+        self._bytes = 0
+
+    def get(self, prompt: list[int]) -> _Prefilled | None:
+        return self._kept.get(tuple(prompt))
+
+    def keep(self, prompt: list[int], request: _Request) -> None:
+        size = request.cache.nbytes
+        if self._bytes + size > self.max_bytes or tuple(prompt) in self._kept:
+            return
+        cache = request.cache.copy(request.cache.length(0))
+        self._kept[tuple(prompt)] = _Prefilled(cache, request.result.tokens[0], request.hidden)
+        self._bytes += size
+
+
+@dataclass
 class _Request:
     index: int
     prompt: list[int]
@@ -81,9 +115,11 @@ def decode_batch(
     max_new_tokens: int,
     concurrency: int,
     new_drafter: Callable[[], Drafter] | None = None,
+    prefills: Prefills | None = None,
 ) -> BatchRun:
     """Greedy-decode every prompt with at most ``concurrency`` in flight; ``new_drafter``
-    makes each request's drafter (None: plain greedy, one token a sequence a forward)."""
+    makes each request's drafter (None: plain greedy, one token a sequence a forward);
+    ``prefills``: prompts prefilled before are copied from there, new ones kept there."""
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
     generator = torch.Generator()
@@ -122,7 +158,7 @@ def decode_batch(
             admitted.append(_Request(index, prompt, cache, time.perf_counter(), drafter))
         if admitted:
             began = time.perf_counter()
-            _prefill(runner, admitted, extra_rows)
+            _prefill(runner, admitted, extra_rows, max_new_tokens, prefills)
             prefill_seconds += time.perf_counter() - began
             running += finish(admitted)
         if not running:
@@ -146,8 +182,27 @@ def decode_batch(
     return BatchRun(done, latencies, seconds, forwards, concurrency, prefill_seconds)
 
 
-def _prefill(runner: Runner, admitted: list[_Request], extra_rows) -> None:
-    """The new requests' prompts in one forward of their own: each gets its first token."""
+def _prefill(
+    runner: Runner,
+    admitted: list[_Request],
+    extra_rows,
+    max_new_tokens: int,
+    prefills: Prefills | None,
+) -> None:
+    """The new requests' prompts in one forward of their own (or copied from
+    ``prefills``): each gets its first token."""
+    reuse = prefills if extra_rows is None else None
+    fresh = []
+    for request in admitted:
+        kept = reuse.get(request.prompt) if reuse is not None else None
+        if kept is None:
+            fresh.append(request)
+            continue
+        request.cache = kept.cache.copy(len(request.prompt) + max_new_tokens + 64)
+        request.result.tokens.append(kept.first_token)
+        request.hidden, request.committed_tokens = kept.hidden, list(request.prompt)
+    if not fresh:
+        return
     segments = [
         Segment(
             torch.tensor(r.prompt, device=runner.device),
@@ -155,12 +210,14 @@ def _prefill(runner: Runner, admitted: list[_Request], extra_rows) -> None:
             r.cache,
             last_only=True,
         )
-        for r in admitted
+        for r in fresh
     ]
-    for request, out in zip(admitted, runner.forward_batch(segments, extra_rows=extra_rows)):
+    for request, out in zip(fresh, runner.forward_batch(segments, extra_rows=extra_rows)):
         request.result.tokens.append(int(out.logits[-1].argmax()))
         request.hidden, request.committed_tokens = out.hidden, list(request.prompt)
         request.extra = _extra_at(out, 0, 1)
+        if reuse is not None:
+            reuse.keep(request.prompt, request)
 
 
 def _propose(runner: Runner, request: _Request, max_new_tokens: int, generator):

@@ -70,6 +70,26 @@ class KVCache:
             grown[:, :, : self.lengths[layer]] = old[:, :, : self.lengths[layer]]
             store[layer] = grown
 
+    def copy(self, capacity: int) -> KVCache:
+        """A cache holding the same entries, with room for ``capacity`` tokens."""
+        out = KVCache.__new__(KVCache)
+        out.keys, out.values = [], []
+        for store, target in ((self.keys, out.keys), (self.values, out.values)):
+            for layer, tensor in enumerate(store):
+                n = self.lengths[layer]
+                grown = tensor.new_empty((*tensor.shape[:2], max(capacity, n), tensor.shape[3]))
+                grown[:, :, :n] = tensor[:, :, :n]
+                target.append(grown)
+        out.lengths = list(self.lengths)
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes its entries take (not its spare room)."""
+        return sum(
+            2 * n * t[:, :, :1].numel() * t.element_size() for n, t in zip(self.lengths, self.keys)
+        )
+
     def crop(self, length: int) -> None:
         """Forget everything at or after ``length`` in every layer."""
         self.lengths = [min(n, length) for n in self.lengths]

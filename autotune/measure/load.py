@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from autotune.engine.batched import BatchRun, decode_batch
+from autotune.engine.batched import BatchRun, Prefills, decode_batch
 from autotune.engine.proposal import Drafter
 from autotune.engine.runner import Runner
 from autotune.measure.stats import Interval, Pairs, bootstrap_interval
@@ -125,11 +125,16 @@ def in_engine(
     runner: Runner, max_new_tokens: int, makers: Mapping[str, Callable[[], Drafter]]
 ) -> RunRound:
     """Rounds decoded by autotune's engine (``engine.batched``): OFF plain, each setting
-    with its own drafter per request."""
+    with its own drafter per request; a round's prefills made once, for all of them."""
+    prefills = Prefills()
+    last: list[list[int]] = []
 
     def run(name: str, batch: list[list[int]], concurrency: int) -> BatchRun:
+        if batch != last:  # a new round: its prompts' prefills, not the last round's
+            prefills.clear()
+            last[:] = batch
         make = None if name == OFF else makers[name]
-        return decode_batch(runner, batch, max_new_tokens, concurrency, make)
+        return decode_batch(runner, batch, max_new_tokens, concurrency, make, prefills)
 
     return run
 
