@@ -1295,15 +1295,19 @@ def load_lines(name: str, load: Load | None) -> list[str]:
         )
         tuned = f"{level.tuned_speedup:.3f}x" if level.tuned_speedup is not None else "-"
         lines.append(
-            f"{name} with {level.concurrency} requests in flight: {chosen} "
+            f"{name} with {_requests(level.concurrency)} in flight: {chosen} "
             f"({level.tokens_per_s:.1f} vs {level.baseline_tokens_per_s:.1f} tokens/s; the "
             f"tuned setting {tuned}; {level.rounds} rounds held back)"
         )
     if load.crossover:
-        lines.append(f"{name}: speculation off from {load.crossover} requests in flight")
+        lines.append(f"{name}: speculation off from {_requests(load.crossover)} in flight")
     elif load.levels:
         lines.append(f"{name}: speculation pays at every concurrency measured")
     return lines
+
+
+def _requests(count: int) -> str:
+    return f"{count} request{'s' if count != 1 else ''}"
 
 
 def engine_lines(name: str, method: MethodSettings) -> list[str]:

@@ -92,3 +92,26 @@ def test_kept_prefills_are_copied_and_decode_the_same(tiny_llama):
     small = Prefills(max_bytes=1)  # nothing fits: every prompt prefilled afresh
     decode_batch(runner, PROMPTS, 4, 2, prefills=small)
     assert small.get(PROMPTS[0]) is None
+
+
+def test_layer_skip_drafts_of_several_requests_share_each_draft_forward(tiny_llama):
+    from autotune.drafters.self_spec import DraftExitPolicy, LayerSkipDrafter
+    from autotune.engine.skip import NO_SKIP, SkipMask
+
+    runner = Runner(tiny_llama)
+    runner.eos_token_ids = frozenset()
+    skip = SkipMask(attention=frozenset({1}), mlp=frozenset({2}))
+    policy = DraftExitPolicy(max_tokens=4, exit_threshold=0.0, adaptive=None)
+    sizes = []
+    forward_batch = runner.forward_batch
+
+    def recording(segments, *, skip=NO_SKIP, **kwargs):
+        if skip.size:
+            sizes.append(len(segments))
+        return forward_batch(segments, skip=skip, **kwargs)
+
+    runner.forward_batch = recording  # type: ignore[method-assign]
+    run = decode_batch(runner, PROMPTS, 16, 4, lambda: LayerSkipDrafter(skip, policy))
+    runner.forward_batch = forward_batch  # type: ignore[method-assign]
+    assert [r.tokens for r in run.results] == [decode_plain(runner, p, 16).tokens for p in PROMPTS]
+    assert max(sizes) == 4  # one draft forward a step for the four requests in flight

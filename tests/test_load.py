@@ -157,7 +157,7 @@ def test_the_profile_measures_the_recommended_method_under_load_and_says_it(
     assert [lv.concurrency for lv in load.levels] == [1, 2] and not load.skipped
     assert load.max_new_tokens == 12 and all(lv.lossless for lv in load.levels)
     lines = load_lines("ngram", load)
-    assert lines[0].startswith("ngram with 1 requests in flight: ") and len(lines) == 3
+    assert lines[0].startswith("ngram with 1 request in flight: ") and len(lines) == 3
     # no time left: every level is skipped and said, nothing measured
     ws.deadline = Budget(1)
     late = measure_load(ws, {"ngram": SETTING}, "ngram", held, request)["ngram"].load

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from autotune.engine.proposal import ChainDrafter, Draft, DraftContext, VerifyResult
+from autotune.engine.proposal import ChainDrafter, Draft, DraftContext, Drafter, VerifyResult
+from autotune.engine.runner import Segment
 from autotune.engine.sampling import probabilities, sample
 from autotune.engine.skip import SkipMask
 
@@ -81,9 +82,61 @@ class LayerSkipDrafter(ChainDrafter):
     def threshold(self) -> float:
         return self.exit.value
 
+    def limit(self, context: DraftContext) -> int:
+        return max(1, min(self.policy.max_tokens, context.max_tokens - 1))
+
+    @classmethod
+    def propose_all(cls, drafters: list[Drafter], contexts: list[DraftContext]) -> list[Draft]:
+        """Greedy drafts of several sequences with the same skip mask in one draft
+        forward a step (``Runner.forward_batch``), each sequence stopping by its own
+        exit threshold; otherwise one after another."""
+        skip_drafters = [d for d in drafters if isinstance(d, LayerSkipDrafter)]
+        if (
+            len(skip_drafters) < 2
+            or len(skip_drafters) != len(drafters)
+            or len({d.skip for d in skip_drafters}) > 1
+            or not all(c.sampling.greedy for c in contexts)
+        ):
+            return super().propose_all(drafters, contexts)
+        runner = contexts[0].runner
+        device = runner.device
+        limits = [d.limit(c) for d, c in zip(skip_drafters, contexts)]
+        last = [c.last_token for c in contexts]
+        tokens: list[list[int]] = [[] for _ in contexts]
+        dists: list[list[torch.Tensor]] = [[] for _ in contexts]
+        active = list(range(len(contexts)))
+        step = 0
+        while active:
+            segments = [
+                Segment(
+                    torch.tensor([last[j]], device=device),
+                    torch.tensor([contexts[j].position + step], device=device),
+                    contexts[j].cache,
+                )
+                for j in active
+            ]
+            outputs = runner.forward_batch(segments, skip=skip_drafters[0].skip)
+            still = []
+            for j, out in zip(active, outputs):
+                probs = torch.softmax(out.logits[-1], dim=-1)
+                top = probs.max(dim=-1)
+                if step > 0 and float(top.values) < skip_drafters[j].threshold:
+                    continue
+                last[j] = int(top.indices)
+                tokens[j].append(last[j])
+                dists[j].append(probs)
+                if len(tokens[j]) < limits[j]:
+                    still.append(j)
+            active = still
+            step += 1
+        return [
+            d._draft(t, p, limit, greedy=True)
+            for d, t, p, limit in zip(skip_drafters, tokens, dists, limits)
+        ]
+
     def propose(self, context: DraftContext) -> Draft:
         runner = context.runner
-        limit = max(1, min(self.policy.max_tokens, context.max_tokens - 1))
+        limit = self.limit(context)
         token, tokens, dists = context.last_token, [], []
         for i in range(limit):
             position = torch.tensor([context.position + i], device=runner.device)
@@ -102,9 +155,14 @@ class LayerSkipDrafter(ChainDrafter):
                 break
             tokens.append(token)
             dists.append(probs)
+        return self._draft(tokens, dists, limit, context.sampling.greedy)
+
+    def _draft(
+        self, tokens: list[int], dists: list[torch.Tensor], limit: int, greedy: bool
+    ) -> Draft:
+        """The proposal of ``tokens`` drafted from ``dists``, at most ``limit`` of them."""
         self._hit_max = len(tokens) == limit
-        draft_probs = None if context.sampling.greedy else torch.stack(dists)
-        draft = Draft(tokens=tokens, draft_probs=draft_probs)
+        draft = Draft(tokens=tokens, draft_probs=None if greedy else torch.stack(dists))
         if self.ranked_width:
             ranked = torch.stack(dists).topk(self.ranked_width, dim=-1)
             draft.ranked_tokens, draft.ranked_probs = ranked.indices, ranked.values

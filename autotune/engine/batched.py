@@ -163,10 +163,9 @@ def decode_batch(
             running += finish(admitted)
         if not running:
             continue
-        segments, drafts = [], []
-        for request in running:
-            draft = _propose(runner, request, max_new_tokens, generator)
-            drafts.append(draft)
+        drafts = _propose_all(runner, running, max_new_tokens, generator)
+        segments = []
+        for request, draft in zip(running, drafts):
             committed = len(request.prompt) + len(request.result.tokens) - 1
             request.cache.crop(committed)
             segments.append(
@@ -220,26 +219,38 @@ def _prefill(
             reuse.keep(request.prompt, request)
 
 
-def _propose(runner: Runner, request: _Request, max_new_tokens: int, generator):
-    """This request's draft for the coming forward: an empty one for plain decoding."""
+def _propose_all(
+    runner: Runner, requests: list[_Request], max_new_tokens: int, generator
+) -> list[Draft]:
+    """Each request's draft for the coming forward (an empty one for plain decoding),
+    drafters of one kind proposing together (``Drafter.propose_all``)."""
+    drafts: list[Draft] = [Draft(tokens=[]) for _ in requests]
+    kinds: dict[type[Drafter], list[int]] = {}
+    for index, request in enumerate(requests):
+        if request.drafter is not None:
+            kinds.setdefault(type(request.drafter), []).append(index)
+    for kind, indices in kinds.items():
+        drafters = [d for i in indices if (d := requests[i].drafter) is not None]
+        contexts = [_context(runner, requests[i], max_new_tokens, generator) for i in indices]
+        for i, draft in zip(indices, kind.propose_all(drafters, contexts)):
+            drafts[i] = draft
+    return drafts
+
+
+def _context(runner: Runner, request: _Request, max_new_tokens: int, generator) -> DraftContext:
     tokens = request.result.tokens
-    if request.drafter is None:
-        return Draft(tokens=[])
-    committed = len(request.prompt) + len(tokens) - 1
-    return request.drafter.propose(
-        DraftContext(
-            runner,
-            request.cache,
-            tokens[-1],
-            committed,
-            max_new_tokens - len(tokens),
-            GREEDY,
-            generator,
-            request.hidden,
-            request.extra,
-            request.committed_tokens,
-            [*request.prompt, *tokens],
-        )
+    return DraftContext(
+        runner,
+        request.cache,
+        tokens[-1],
+        len(request.prompt) + len(tokens) - 1,
+        max_new_tokens - len(tokens),
+        GREEDY,
+        generator,
+        request.hidden,
+        request.extra,
+        request.committed_tokens,
+        [*request.prompt, *tokens],
     )
 
 

@@ -98,6 +98,13 @@ class Drafter(ABC):
     def propose(self, context: DraftContext) -> Draft:
         """Propose at least one token (none only where ``may_skip``)."""
 
+    @classmethod
+    def propose_all(cls, drafters: list[Drafter], contexts: list[DraftContext]) -> list[Draft]:
+        """The proposals of several sequences decoded together (``engine.batched``), each
+        drafter of this class for its own context: a kind whose drafting runs forwards
+        may batch them here. By default one proposal after another."""
+        return [drafter.propose(context) for drafter, context in zip(drafters, contexts)]
+
     def reset(self) -> None:  # noqa: B027  (optional: most drafters keep no state)
         """Start a new sequence: drop adaptive state."""
 
