@@ -436,6 +436,7 @@ def bench(
 
 def bench_load_lines(load: dict) -> list[str]:
     """A line per level: the scheduled and the tuned setting against plain decoding."""
+    from autotune.measure.load import requests_text
     from autotune.measure.timing import interval_text
 
     lines = []
@@ -451,7 +452,7 @@ def bench_load_lines(load: dict) -> list[str]:
                 f"{figure['baseline_tokens_per_s']:.1f} tokens/s, lossless {figure['lossless']})"
             )
         lines.append(
-            f"{load['method']} with {row['concurrency']} requests in flight, {row['rounds']} "
+            f"{load['method']} with {requests_text(row['concurrency'])} in flight, {row['rounds']} "
             f"rounds: " + "; ".join(parts)
         )
     return lines

@@ -25,7 +25,7 @@ from autotune import plan
 from autotune.budget import Budget
 from autotune.engine.sampling import GREEDY
 from autotune.errors import AutotuneError
-from autotune.measure.load import LEVELS, TUNED, LevelResult
+from autotune.measure.load import LEVELS, TUNED, LevelResult, requests_text
 from autotune.measure.noise import NoiseRecord, fewer_threads, probe, settle
 from autotune.measure.stats import MIN_PROMPTS
 from autotune.measure.timing import (
@@ -1295,19 +1295,15 @@ def load_lines(name: str, load: Load | None) -> list[str]:
         )
         tuned = f"{level.tuned_speedup:.3f}x" if level.tuned_speedup is not None else "-"
         lines.append(
-            f"{name} with {_requests(level.concurrency)} in flight: {chosen} "
+            f"{name} with {requests_text(level.concurrency)} in flight: {chosen} "
             f"({level.tokens_per_s:.1f} vs {level.baseline_tokens_per_s:.1f} tokens/s; the "
             f"tuned setting {tuned}; {level.rounds} rounds held back)"
         )
     if load.crossover:
-        lines.append(f"{name}: speculation off from {_requests(load.crossover)} in flight")
+        lines.append(f"{name}: speculation off from {requests_text(load.crossover)} in flight")
     elif load.levels:
         lines.append(f"{name}: speculation pays at every concurrency measured")
     return lines
-
-
-def _requests(count: int) -> str:
-    return f"{count} request{'s' if count != 1 else ''}"
 
 
 def engine_lines(name: str, method: MethodSettings) -> list[str]:

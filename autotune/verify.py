@@ -296,7 +296,7 @@ def verify_load(
     level as many concurrent requests, against the same server without speculation,
     rounds alternating (``measure.load``); recorded under the block's ``load.engines``."""
     from autotune.export import export_profile
-    from autotune.measure.load import OFF, crossover, measure_level
+    from autotune.measure.load import OFF, crossover, measure_level, requests_text
     from autotune.profile.blocks import EngineLoadLevel, Load
     from autotune.profile.io import read_profile, write_profile
     from autotune.progress import step
@@ -322,7 +322,7 @@ def verify_load(
         run_round(OFF, ids[:1], 1)  # warm-up, not counted
         run_round(EXPORT, ids[:1], 1)
         for concurrency in levels:
-            label = f"verify in llama.cpp: {concurrency} requests in flight"
+            label = f"verify in llama.cpp: {requests_text(concurrency)} in flight"
             with step(label, rounds) as advance:
                 level = measure_level(
                     run_round, [EXPORT], ids, concurrency, rounds, on_round=lambda _: advance()
@@ -375,6 +375,7 @@ def _exported_flags(export, draft_gguf: Path | None) -> list[str]:
 
 def load_report_lines(method: str, load: EngineLoad) -> list[str]:
     """Per level, the export's throughput speedup in the engine; the crossover."""
+    from autotune.measure.load import requests_text
     from autotune.measure.timing import interval_text
 
     lines = [
@@ -384,12 +385,13 @@ def load_report_lines(method: str, load: EngineLoad) -> list[str]:
     ]
     for level in load.levels:
         lines.append(
-            f"  {level.concurrency:>3} requests in flight: {interval_text(level.model_dump())} "
+            f"  {requests_text(level.concurrency):>12} in flight: "
+            f"{interval_text(level.model_dump())} "
             f"({level.tokens_per_s:.1f} vs {level.baseline_tokens_per_s:.1f} tokens/s, "
             f"{level.rounds} rounds)  lossless {level.lossless}"
         )
     if load.crossover:
-        lines.append(f"speculation is no faster from {load.crossover} requests in flight")
+        lines.append(f"speculation is no faster from {requests_text(load.crossover)} in flight on")
     else:
         lines.append("speculation is clearly faster at every level measured")
     return lines

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from autotune.measure.load import requests_text
 from autotune.profile.blocks import Load
 
 
@@ -52,7 +53,7 @@ def load_note(load: Load | None, engine: str) -> str | None:
         return None
     parts = [f"{level.concurrency}: {level.setting} {level.speedup:.2f}x" for level in load.levels]
     crossing = (
-        f"; speculation off from {load.crossover} requests in flight"
+        f"; speculation off from {requests_text(load.crossover)} in flight"
         if load.crossover
         else "; speculation paid at every level measured"
     )
@@ -70,6 +71,6 @@ def unmeasured_above_warning(load: Load | None, title: str) -> list[str]:
         return []
     top = max(level.concurrency for level in load.levels)
     return [
-        f"{title} keeps the schedule's last setting above {top} requests in flight, where "
+        f"{title} keeps the schedule's last setting above {requests_text(top)} in flight, where "
         f"nothing was measured: profile with a higher --concurrency if you serve more"
     ]

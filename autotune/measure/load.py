@@ -51,6 +51,11 @@ def parse_levels(text: str) -> tuple[int, ...]:
     return tuple(levels)
 
 
+def requests_text(count: int) -> str:
+    """``1 request``, ``4 requests``."""
+    return f"{count} request{'s' if count != 1 else ''}"
+
+
 def label_of(cap: int | None) -> str:
     """A setting's name among its variants under load: the tuned one, or it capped."""
     return TUNED if cap is None else f"<= {cap} tokens"

@@ -45,6 +45,7 @@ from autotune.export.base import (
     json_text,
     speculative_config,
 )
+from autotune.measure.load import requests_text
 from autotune.methods.ngram.settings import Config, NgramSettings, describe
 
 
@@ -241,7 +242,8 @@ def render_sglang(d: Deployment) -> Rendered:
             "SGLang's adaptive schedule (--speculative-adaptive) serves EAGLE with topk 1 "
             "only: the schedule under load is not written for NGRAM"
             + (
-                f"; speculation measured no faster from {spec.load.crossover} requests in flight"
+                f"; speculation measured no faster from {requests_text(spec.load.crossover)} in "
+                "flight"
                 if spec.load.crossover
                 else ""
             )
