@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from autotune.engine.proposal import Draft, DraftContext, Drafter
 from autotune.errors import AutotuneError
 from autotune.measure.load import (
     OFF,
@@ -39,6 +40,16 @@ SETTING = NgramSettings(
         prefer="recent",
     )
 )
+
+
+class _Never(Drafter):
+    """A drafter whose drafts are never accepted: no level can choose it."""
+
+    max_draft_tokens = 4
+
+    def propose(self, context: DraftContext) -> Draft:
+        vocab = context.runner.config.vocab_size
+        return Draft(tokens=[(context.last_token + 7) % vocab] * 4)
 
 
 def figure(speedup: float, low: float, high: float, lossless: bool = True) -> LevelFigure:
@@ -122,6 +133,10 @@ def test_a_schedule_holds_whole_levels_and_skips_what_the_time_left_cannot_fit(e
         assert level.cap == (0 if level.pick == OFF else caps[level.pick])
         assert (level.pick == OFF) == (level.pick not in level.held.figures)
     assert fitted.crossover in (None, 1, 2)
+    # where the verdict proved the tuned setting, the level keeps it rather than off
+    never = {name: (lambda: _Never()) for name in makers}
+    kept = fit_schedule(env.runner, never, caps, PROMPTS, PROMPTS, 8, [1, 2], 3, proven={1})
+    assert [lv.pick for lv in kept.levels] == [TUNED, OFF]
 
 
 def test_the_profile_measures_the_recommended_method_under_load_and_says_it(

@@ -55,11 +55,15 @@ def fit_schedule(
     seconds_left: Callable[[], float | None] = lambda: None,
     first_level_s: float | None = None,
     on_level: Callable[[str], None] | None = None,
+    proven: frozenset[int] = frozenset(),
 ) -> FittedSchedule:
     """The schedule over ``levels`` (ascending) among the settings ``makers`` holds
     (``TUNED`` among them; ``caps``: each one's draft-token cap); ``seconds_left``: the
     time the caller has left (None: no deadline); ``first_level_s``: the caller's estimate
-    of the first level's cost (None: the first level runs if any time is left)."""
+    of the first level's cost (None: the first level runs if any time is left);
+    ``proven``: levels where the tuned setting was already shown clearly faster (a
+    profile's verdict, one request at a time, on more and longer prompts than a level's
+    rounds): there it stays where no candidate clears 1.0 on the rounds."""
     run_round = in_engine(runner, max_new_tokens, makers)
     fitted = FittedSchedule()
     estimate = first_level_s
@@ -75,6 +79,8 @@ def fit_schedule(
             run_round, list(makers), search, concurrency, rounds, _deadline(seconds_left)
         )
         pick = chosen_on.chosen()
+        if pick == OFF and concurrency in proven:
+            pick = TUNED
         if on_level is not None:
             on_level(f"concurrency {concurrency}: {pick} chosen; measuring it held back")
         names = sorted({pick, TUNED} - {OFF})
