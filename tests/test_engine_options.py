@@ -35,6 +35,8 @@ def profiles():
     from test_ngram_export import CHAIN, PAYING, SHRINKING, SUFFIX, TREE, ngram_profile, with_load
 
     yield "eagle", fixture("eagle")
+    yield "eagle", with_load(fixture("eagle"), SHRINKING, "eagle")  # per-batch keys
+    yield "medusa", with_load(fixture("medusa"), SHRINKING, "medusa")
     yield "eagle", branching_eagle()
     yield "eagle", eagle2_default()
     yield "medusa", fixture("medusa")

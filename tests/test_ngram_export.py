@@ -304,9 +304,11 @@ def test_a_setting_tuned_for_one_engine_warns_in_another():
     assert json.loads(hf.text) == {"prompt_lookup_num_tokens": 6, "max_matching_ngram_size": 3}
 
 
-def with_load(profile: ProfileBase, settings: list[tuple[int, str, int | None]]) -> ProfileBase:
-    """The profile's n-gram block with a schedule under load: (concurrency, setting, cap)
-    per level; the crossover where every level from one on is off."""
+def with_load(
+    profile: ProfileBase, settings: list[tuple[int, str, int | None]], method: str = "ngram"
+) -> ProfileBase:
+    """The profile's ``method`` block with a schedule under load: (concurrency, setting,
+    cap) per level; the crossover where every level from one on is off."""
     from autotune.measure.load import crossover
     from autotune.profile.blocks import Load, LoadLevel
 
@@ -330,8 +332,9 @@ def with_load(profile: ProfileBase, settings: list[tuple[int, str, int | None]])
         crossover=crossover({c: s for c, s, _ in settings}),
         max_new_tokens=64,
     )
-    block = profile.methods.ngram.model_copy(update={"load": load})
-    return profile.model_copy(update={"methods": methods_block(ngram=block)})
+    blocks = profile.method_blocks()
+    blocks[method] = blocks[method].model_copy(update={"load": load})
+    return profile.model_copy(update={"methods": methods_block(**blocks)})
 
 
 SHRINKING = [(1, "tuned", None), (2, "<= 4 tokens", 4), (4, "off", 0), (8, "off", 0)]
@@ -376,3 +379,23 @@ def test_engines_without_a_batch_gate_are_told_the_crossover():
     assert "-np 4 or more" in llamacpp and "1: tuned 1.20x" in llamacpp
     sglang = export_profile(profile, "sglang")
     assert any("EAGLE with topk 1" in w and "from 4 requests" in w for w in sglang.warnings)
+
+
+OFF_FROM_4 = [(1, "tuned", None), (2, "tuned", None), (4, "off", 0)]
+
+
+@pytest.mark.parametrize("method", ["eagle", "medusa"])
+def test_head_methods_get_the_per_batch_schedule_in_vllm_and_the_cutoff_in_trtllm(method):
+    from test_export import fixture
+
+    profile = with_load(fixture(method), OFF_FROM_4, method)
+    config = speculative_config(export_profile(profile, "vllm", method, force=True).text)
+    tokens = config["num_speculative_tokens"]
+    assert config["num_speculative_tokens_per_batch_size"] == [
+        [1, 1, tokens],
+        [2, 3, tokens],
+        [4, 4, 0],
+    ]
+    if "trtllm" in registry.method(method).exporters:
+        trtllm = speculative_config(export_profile(profile, "trtllm", method, force=True).text)
+        assert trtllm["max_concurrency"] == 3

@@ -74,3 +74,61 @@ def unmeasured_above_warning(load: Load | None, title: str) -> list[str]:
         f"{title} keeps the schedule's last setting above {requests_text(top)} in flight, where "
         f"nothing was measured: profile with a higher --concurrency if you serve more"
     ]
+
+
+def add_vllm_schedule(
+    config: dict, load: Load | None, warnings: list[str], notes: list[str], method: str
+) -> None:
+    """``num_speculative_tokens_per_batch_size`` into a vLLM ``speculative_config`` whose
+    method's schedule under load was measured, with what it leaves unmeasured."""
+    schedule = vllm_schedule(load, config["num_speculative_tokens"])
+    if schedule is not None:
+        config["num_speculative_tokens_per_batch_size"] = schedule
+        warnings += unmeasured_above_warning(load, "vLLM")
+        notes.append(
+            "num_speculative_tokens_per_batch_size: [first, last batch size, tokens] per "
+            "level measured under load (0: speculation off)"
+            + (
+                ""
+                if method in ("eagle", "medusa")
+                else "; vLLM documents it as tested with EAGLE, EAGLE-3 and DFlash: check "
+                f"that your release's {method} proposer honours it"
+            )
+        )
+    notes += [n for n in [load_note(load, "vLLM")] if n]
+
+
+def add_trtllm_cutoff(
+    config: dict, load: Load | None, warnings: list[str], notes: list[str], length: int
+) -> None:
+    """``max_concurrency`` into a TensorRT-LLM ``speculative_config`` where a crossover
+    was found; the schedule's shorter drafts (not written: ``draft_len_schedule`` excludes
+    ``max_concurrency``) said in a warning."""
+    if load is None or not load.levels:
+        return
+    cutoff = speculation_cutoff(load)
+    if cutoff is not None:
+        config["max_concurrency"] = cutoff
+        notes.append(
+            f"max_concurrency {cutoff}: speculation off above {requests_text(cutoff)} in a "
+            "batch, where it measured no faster under load"
+        )
+    shorter = {
+        lv.concurrency: lv.max_draft_tokens
+        for lv in load.levels
+        if lv.max_draft_tokens and lv.max_draft_tokens < length
+    }
+    warnings += unmeasured_above_warning(load, "TensorRT-LLM")
+    if shorter:
+        warnings.append(
+            "TensorRT-LLM takes either max_concurrency or a per-batch draft length "
+            "(draft_len_schedule, for its one-model drafters): the schedule's shorter drafts "
+            "at "
+            + ", ".join(f"{requests_text(c)} ({t} tokens)" for c, t in shorter.items())
+            + " are not written"
+        )
+    if load.crossover == 1:
+        warnings.append(
+            "speculation measured no faster at any concurrency under load: serve without it"
+        )
+    notes += [n for n in [load_note(load, "TensorRT-LLM")] if n]

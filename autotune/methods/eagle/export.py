@@ -39,11 +39,13 @@ from autotune.export.choices import (
     max_branching,
     tree_depth,
 )
+from autotune.export.load import add_trtllm_cutoff, add_vllm_schedule
 from autotune.methods.eagle.settings import DynamicEagleTree, EagleSettings
 
 
 def render_vllm(d: Deployment) -> Rendered:
     config, warnings, notes = _vllm_config(d.settings)
+    add_vllm_schedule(config, d.settings.load, warnings, notes, "eagle")
     return speculative_config(VLLM, d, config, warnings, notes, command_line=True)
 
 
@@ -155,6 +157,8 @@ def _quote(value) -> str:
 
 def render_trtllm(d: Deployment) -> Rendered:
     config, warnings, notes = _trtllm_config(d.settings)
+    length = int(config.get("max_total_draft_tokens") or config.get("max_draft_len") or 1)
+    add_trtllm_cutoff(config, d.settings.load, warnings, notes, length)
     return speculative_config(TRTLLM, d, config, warnings, notes)
 
 

@@ -18,11 +18,13 @@ from autotune.export.base import (
     speculative_config,
 )
 from autotune.export.choices import is_chain
+from autotune.export.load import add_vllm_schedule
 from autotune.methods.medusa.settings import MedusaSettings
 
 
 def render_vllm(d: Deployment) -> Rendered:
     config, warnings, notes = _vllm_config(d.settings)
+    add_vllm_schedule(config, d.settings.load, warnings, notes, "medusa")
     return speculative_config(VLLM, d, config, warnings, notes, command_line=True)
 
 

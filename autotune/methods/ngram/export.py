@@ -121,17 +121,7 @@ def render_vllm(d: Deployment) -> Rendered:
         body, warnings, notes = _vllm_ngram(config, d)
     warnings += per_category_warning("vLLM", spec)
     warnings += rule_warning("vLLM", "vllm", config)
-    schedule = load.vllm_schedule(spec.load, body["num_speculative_tokens"])
-    if schedule is not None:
-        body["num_speculative_tokens_per_batch_size"] = schedule
-        warnings += load.unmeasured_above_warning(spec.load, "vLLM")
-        notes.append(
-            "num_speculative_tokens_per_batch_size: [first, last batch size, tokens] per "
-            "level measured under load (0: speculation off); vLLM documents it as tested "
-            "with EAGLE, EAGLE-3 and DFlash: check that your release's n-gram proposer "
-            "honours it"
-        )
-    notes += [n for n in [load.load_note(spec.load, "vLLM")] if n]
+    load.add_vllm_schedule(body, spec.load, warnings, notes, "n-gram")
     return speculative_config(VLLM, d, body, warnings, notes, command_line=True)
 
 
@@ -391,40 +381,8 @@ def render_trtllm(d: Deployment) -> Rendered:
         "the PyTorch backend serves NGram; pass this file with --extra_llm_api_options",
         _rule_note("TensorRT-LLM", "trtllm", config, d),
     ]
-    cutoff = load.speculation_cutoff(spec.load)
-    if cutoff is not None:
-        body["max_concurrency"] = cutoff
-        notes.append(
-            f"max_concurrency {cutoff}: speculation off above {cutoff} requests in a batch, "
-            "where it measured no faster under load"
-        )
-    warnings += _trtllm_load_warning(spec, length)
-    notes += [n for n in [load.load_note(spec.load, "TensorRT-LLM")] if n]
+    load.add_trtllm_cutoff(body, spec.load, warnings, notes, length)
     return speculative_config(TRTLLM, d, body, warnings, notes)
-
-
-def _trtllm_load_warning(spec: NgramSettings, length: int) -> list[str]:
-    """What of the schedule under load TensorRT-LLM's NGram drafter cannot take."""
-    if spec.load is None:
-        return []
-    shorter = {
-        lv.concurrency: lv.max_draft_tokens
-        for lv in spec.load.levels
-        if lv.max_draft_tokens and lv.max_draft_tokens < length
-    }
-    warnings = load.unmeasured_above_warning(spec.load, "TensorRT-LLM")
-    if shorter:
-        warnings.append(
-            "TensorRT-LLM's NGram drafter has no per-batch draft length (draft_len_schedule "
-            "serves the one-model drafters): the schedule's shorter drafts at "
-            + ", ".join(f"{c} requests ({t} tokens)" for c, t in shorter.items())
-            + " are not written"
-        )
-    if spec.load.crossover == 1:
-        warnings.append(
-            "speculation measured no faster at any concurrency under load: serve without it"
-        )
-    return warnings
 
 
 VLLM = Exporter(
