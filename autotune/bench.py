@@ -131,16 +131,7 @@ def bench_load(
                 on_round=lambda _: advance(),
             )
         row: dict = {"concurrency": concurrency, "scheduled": pick, "rounds": level.rounds}
-        for n, figure in level.figures.items():
-            row[n] = {
-                "speedup": round(figure.speedup, 4),
-                "speedup_interval": figure.interval.as_list(),
-                "tokens_per_s": round(figure.tokens_per_s, 2),
-                "baseline_tokens_per_s": round(figure.plain_tokens_per_s, 2),
-                "latency_s": round(figure.latency_s, 3),
-                "baseline_latency_s": round(figure.plain_latency_s, 3),
-                "lossless": figure.lossless,
-            }
+        row.update({n: figure.summary() for n, figure in level.figures.items()})
         rows.append(row)
     return {"method": name, "max_new_tokens": max_new_tokens, "levels": rows}
 

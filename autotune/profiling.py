@@ -157,7 +157,7 @@ def run_profile(request: ProfileRequest) -> tuple[ProfileBase, Path]:
         )
         run.end(f"{verdict.recommended} as each engine serves it")
     if request.concurrency and verdict.recommended in tuned:
-        run.begin("under load (held back)")  # the time the run has left, unplanned
+        run.begin("under load (held back)")  # planned; it takes what the run has left
         tuned = measure_load(ws, tuned, verdict.recommended, held, request)
         run.end(load_summary(tuned[verdict.recommended].load))
     verdict.time = run.ledger
@@ -1008,30 +1008,24 @@ def measure_load(
 def load_level(held: LevelResult, pick: str, cap: int | None) -> LoadLevel:
     """One level's profile block: the pick's held-back figures (off: plain decoding's
     own, a speedup of exactly 1) beside the tuned setting's."""
-    tuned = held.figures[TUNED]
+    tuned = held.figures[TUNED].summary()
     figure = held.figures.get(pick)
-    chosen: dict[str, Any] = {
-        "speedup": 1.0,
-        "tokens_per_s": round(tuned.plain_tokens_per_s, 2),
-        "latency_s": round(tuned.plain_latency_s, 3),
-        "lossless": tuned.lossless,
-    }
-    if figure is not None:
+    if figure is None:  # off: plain decoding's own figures
         chosen = {
-            "speedup": round(figure.speedup, 4),
-            "speedup_interval": figure.interval.as_list(),
-            "tokens_per_s": round(figure.tokens_per_s, 2),
-            "latency_s": round(figure.latency_s, 3),
-            "lossless": figure.lossless and tuned.lossless,
+            **tuned,
+            "speedup": 1.0,
+            "speedup_interval": None,
+            "tokens_per_s": tuned["baseline_tokens_per_s"],
+            "latency_s": tuned["baseline_latency_s"],
         }
+    else:
+        chosen = {**figure.summary(), "lossless": figure.lossless and tuned["lossless"]}
     return LoadLevel(
         concurrency=held.concurrency,
         setting=pick,
         max_draft_tokens=cap,
-        baseline_tokens_per_s=round(tuned.plain_tokens_per_s, 2),
-        baseline_latency_s=round(tuned.plain_latency_s, 3),
-        tuned_speedup=round(tuned.speedup, 4),
-        tuned_interval=tuned.interval.as_list(),
+        tuned_speedup=tuned["speedup"],
+        tuned_interval=tuned["speedup_interval"],
         rounds=held.rounds,
         **chosen,
     )

@@ -327,18 +327,11 @@ def verify_load(
                 level = measure_level(
                     run_round, [EXPORT], ids, concurrency, rounds, on_round=lambda _: advance()
                 )
-            figure = level.figures[EXPORT]
             measured.append(
                 EngineLoadLevel(
                     concurrency=concurrency,
-                    speedup=round(figure.speedup, 4),
-                    speedup_interval=figure.interval.as_list(),
-                    tokens_per_s=round(figure.tokens_per_s, 2),
-                    baseline_tokens_per_s=round(figure.plain_tokens_per_s, 2),
-                    latency_s=round(figure.latency_s, 3),
-                    baseline_latency_s=round(figure.plain_latency_s, 3),
                     rounds=level.rounds,
-                    lossless=figure.lossless,
+                    **level.figures[EXPORT].summary(),
                 )
             )
     schedule = {lv.concurrency: EXPORT if lv.speedup_interval[0] > 1.0 else OFF for lv in measured}

@@ -87,21 +87,17 @@ def main() -> int:
     started = time.monotonic()
     run_round = in_engine(ws.runner, args.max_new_tokens, candidates)
 
-    watch_machine(ws.runner)
-    chosen_on: list[LevelResult] = []
-    for level in levels:
-        label = f"search split, concurrency {level}: plain and {len(candidates)} settings"
+    def level_of(split: str, prompts: list[list[int]], level: int, names: list[str]):
+        label = f"{split} split, concurrency {level}: plain, {', '.join(names)}"
         with step(label, args.rounds) as advance:
-            chosen_on.append(
-                measure_level(
-                    run_round,
-                    list(candidates),
-                    search,
-                    level,
-                    args.rounds,
-                    on_round=lambda _: advance(),
-                )
+            return measure_level(
+                run_round, names, prompts, level, args.rounds, on_round=lambda _: advance()
             )
+
+    watch_machine(ws.runner)
+    chosen_on: list[LevelResult] = [
+        level_of("search", search, level, list(candidates)) for level in levels
+    ]
     schedule = schedule_of(chosen_on)
     fixed = best_fixed(chosen_on)
     watch_machine(ws.runner)
@@ -109,18 +105,7 @@ def main() -> int:
     measured: list[LevelResult] = []
     for level in levels:
         names = {n for n in (schedule[level], fixed) if n is not None and n != OFF}
-        label = f"held-back split, concurrency {level}: plain, {', '.join(sorted(names))}"
-        with step(label, args.rounds) as advance:
-            measured.append(
-                measure_level(
-                    run_round,
-                    sorted(names),
-                    heldback,
-                    level,
-                    args.rounds,
-                    on_round=lambda _: advance(),
-                )
-            )
+        measured.append(level_of("held-back", heldback, level, sorted(names)))
     watch_machine(ws.runner)
     report = summary(name, variants, chosen_on, measured, schedule, fixed, args)
     if not args.skip_llamacpp:

@@ -27,10 +27,12 @@ from autotune.engine.decoding import (
     _finished,
     _truncate,
     accept,
+    cache_capacity,
+    record_step,
     verify_segment,
 )
 from autotune.engine.kvcache import KVCache
-from autotune.engine.proposal import Draft, DraftContext, Drafter, VerifyResult
+from autotune.engine.proposal import Draft, DraftContext, Drafter
 from autotune.engine.runner import Runner, Segment
 from autotune.engine.sampling import GREEDY
 
@@ -154,7 +156,7 @@ def decode_batch(
                 if extra_rows is None:
                     extra_rows = drafter.extra_rows(runner)
             prompt = prompts[index]
-            cache = runner.new_cache(capacity=len(prompt) + max_new_tokens + 64)
+            cache = runner.new_cache(capacity=cache_capacity(prompt, max_new_tokens))
             admitted.append(_Request(index, prompt, cache, time.perf_counter(), drafter))
         if admitted:
             began = time.perf_counter()
@@ -197,7 +199,7 @@ def _prefill(
         if kept is None:
             fresh.append(request)
             continue
-        request.cache = kept.cache.copy(len(request.prompt) + max_new_tokens + 64)
+        request.cache = kept.cache.copy(cache_capacity(request.prompt, max_new_tokens))
         request.result.tokens.append(kept.first_token)
         request.hidden, request.committed_tokens = kept.hidden, list(request.prompt)
     if not fresh:
@@ -256,18 +258,9 @@ def _context(runner: Runner, request: _Request, max_new_tokens: int, generator) 
 
 def _commit(request: _Request, draft, out, eos: frozenset[int]) -> None:
     """Keep what the target accepted of this request's draft, and its bonus token."""
-    tokens = request.result.tokens
-    committed = len(request.prompt) + len(tokens) - 1
+    committed = len(request.prompt) + len(request.result.tokens) - 1
     path, bonus, hidden, _, extra = accept(out, request.cache, committed, draft, GREEDY, None, None)
-    accepted = [draft.tokens[node] for node in path]
-    request.committed_tokens = [tokens[-1], *accepted]
     request.hidden, request.extra = hidden, extra
-    tokens.extend([*accepted, bonus])
-    request.ended = not eos.isdisjoint([*accepted, bonus])
-    result = request.result
-    result.steps += 1
-    if request.drafter is not None:
-        request.drafter.observe(VerifyResult(len(draft.tokens), len(path), tuple(path)))
-        result.drafted += len(draft.tokens)
-        result.accepted += len(path)
-        result.draft_lengths.append(len(draft.tokens))
+    request.committed_tokens, request.ended = record_step(
+        request.result, request.drafter, draft, path, bonus, eos
+    )

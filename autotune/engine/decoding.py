@@ -56,10 +56,15 @@ def _pick(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Gener
     return sample(probabilities(logits, sampling), generator)
 
 
+def cache_capacity(prompt: list[int], max_new_tokens: int) -> int:
+    """Room for the prompt, its answer and a draft beyond it (the cache grows past it)."""
+    return len(prompt) + max_new_tokens + 64
+
+
 def _prefill(
     runner: Runner, prompt: list[int], max_new_tokens: int, extra_rows: ExtraRows | None = None
 ):
-    cache = runner.new_cache(capacity=len(prompt) + max_new_tokens + 64)
+    cache = runner.new_cache(capacity=cache_capacity(prompt, max_new_tokens))
     ids = torch.tensor(prompt, device=runner.device)
     out = runner.forward(
         ids,
@@ -154,17 +159,34 @@ def decode_speculative(
         )
         if on_verify is not None:
             on_verify(draft, path, logits)
-        committed_tokens = [tokens[-1], *(draft.tokens[node] for node in path)]
-        tokens.extend(committed_tokens[1:])
-        tokens.append(bonus)
-        ended = not runner.eos_token_ids.isdisjoint(committed_tokens[1:] + [bonus])
+        committed_tokens, ended = record_step(
+            result, drafter, draft, path, bonus, runner.eos_token_ids
+        )
+    result.tokens = _truncate(tokens, max_new_tokens, runner.eos_token_ids)
+    return result
+
+
+def record_step(
+    result: DecodeResult,
+    drafter: Drafter | None,
+    draft,
+    path: list[int],
+    bonus: int,
+    eos: frozenset[int],
+) -> tuple[list[int], bool]:
+    """One verification into ``result``: the accepted path and the bonus token appended,
+    the drafter (None: plain decoding) told how far its draft held. Returns the tokens it
+    committed, root first, and whether an end-of-sequence token was among them."""
+    tokens = result.tokens
+    committed_tokens = [tokens[-1], *(draft.tokens[node] for node in path)]
+    tokens.extend([*committed_tokens[1:], bonus])
+    result.steps += 1
+    if drafter is not None:
         drafter.observe(VerifyResult(len(draft.tokens), len(path), tuple(path)))
-        result.steps += 1
         result.drafted += len(draft.tokens)
         result.accepted += len(path)
         result.draft_lengths.append(len(draft.tokens))
-    result.tokens = _truncate(tokens, max_new_tokens, runner.eos_token_ids)
-    return result
+    return committed_tokens, not eos.isdisjoint([*committed_tokens[1:], bonus])
 
 
 def _verify(

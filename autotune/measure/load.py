@@ -76,6 +76,18 @@ class LevelFigure:
     def clearly_faster(self) -> bool:
         return self.lossless and self.interval.above(1.0)
 
+    def summary(self) -> dict:
+        """The figures as the profile and ``bench`` report them (plain's as baseline)."""
+        return {
+            "speedup": round(self.speedup, 4),
+            "speedup_interval": self.interval.as_list(),
+            "tokens_per_s": round(self.tokens_per_s, 2),
+            "baseline_tokens_per_s": round(self.plain_tokens_per_s, 2),
+            "latency_s": round(self.latency_s, 3),
+            "baseline_latency_s": round(self.plain_latency_s, 3),
+            "lossless": self.lossless,
+        }
+
 
 @dataclass
 class LevelResult:
