@@ -47,6 +47,7 @@ class BatchRun:
     forwards: int  # decoding forwards, each over every sequence in flight
     concurrency: int
     prefill_seconds: float = 0.0  # of ``seconds``: the prompts' prefills
+    prefilled: int = 0  # prompts prefilled afresh (the others copied from ``Prefills``)
 
     @property
     def tokens(self) -> int:
@@ -132,7 +133,7 @@ def decode_batch(
     latencies = [0.0] * len(prompts)
     # heads that share the target's lm_head (Medusa) ask for the same rows in every request
     extra_rows = None
-    forwards, prefill_seconds = 0, 0.0
+    forwards, prefill_seconds, prefilled = 0, 0.0, 0
     start = time.perf_counter()
 
     def finish(requests: list[_Request]) -> list[_Request]:
@@ -160,7 +161,7 @@ def decode_batch(
             admitted.append(_Request(index, prompt, cache, time.perf_counter(), drafter))
         if admitted:
             began = time.perf_counter()
-            _prefill(runner, admitted, extra_rows, max_new_tokens, prefills)
+            prefilled += _prefill(runner, admitted, extra_rows, max_new_tokens, prefills)
             prefill_seconds += time.perf_counter() - began
             running += finish(admitted)
         if not running:
@@ -180,7 +181,7 @@ def decode_batch(
         running = finish(running)
     seconds = time.perf_counter() - start
     done = [r for r in results if r is not None]
-    return BatchRun(done, latencies, seconds, forwards, concurrency, prefill_seconds)
+    return BatchRun(done, latencies, seconds, forwards, concurrency, prefill_seconds, prefilled)
 
 
 def _prefill(
@@ -189,9 +190,9 @@ def _prefill(
     extra_rows,
     max_new_tokens: int,
     prefills: Prefills | None,
-) -> None:
+) -> int:
     """The new requests' prompts in one forward of their own (or copied from
-    ``prefills``): each gets its first token."""
+    ``prefills``): each gets its first token. Returns how many were prefilled afresh."""
     reuse = prefills if extra_rows is None else None
     fresh = []
     for request in admitted:
@@ -203,7 +204,7 @@ def _prefill(
         request.result.tokens.append(kept.first_token)
         request.hidden, request.committed_tokens = kept.hidden, list(request.prompt)
     if not fresh:
-        return
+        return 0
     segments = [
         Segment(
             torch.tensor(r.prompt, device=runner.device),
@@ -219,6 +220,7 @@ def _prefill(
         request.extra = _extra_at(out, 0, 1)
         if reuse is not None:
             reuse.keep(request.prompt, request)
+    return len(fresh)
 
 
 def _propose_all(
