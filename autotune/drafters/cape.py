@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import cast
 
 from autotune.engine.proposal import ChainDrafter, Draft, DraftContext, Drafter, VerifyResult
 from autotune.engine.tree import ROOT, TreeShape
@@ -67,7 +68,27 @@ class CapeDrafter(Drafter):
         self.base.reset()
 
     def propose(self, context: DraftContext) -> Draft:
-        draft = self.base.propose(context)
+        return self._expand(self.base.propose(context))
+
+    @classmethod
+    def propose_all(cls, drafters: list[Drafter], contexts: list[DraftContext]) -> list[Draft]:
+        """The base drafters propose together, as their kind batches it; each chain is
+        then expanded by its own policy."""
+        capes = cast(list[CapeDrafter], drafters)  # ``propose_all`` is called per kind
+        drafts: list[Draft | None] = [None] * len(capes)
+        kinds: dict[type[Drafter], list[int]] = {}
+        for index, cape in enumerate(capes):
+            kinds.setdefault(type(cape.base), []).append(index)
+        for kind, indices in kinds.items():
+            chains = kind.propose_all(
+                [capes[i].base for i in indices], [contexts[i] for i in indices]
+            )
+            for index, chain in zip(indices, chains):
+                drafts[index] = capes[index]._expand(chain)
+        return cast(list[Draft], drafts)
+
+    def _expand(self, draft: Draft) -> Draft:
+        """The chain with each step's alternatives as siblings, as many as its bin asks."""
         ranked_tokens, ranked_probs = draft.ranked_tokens, draft.ranked_probs
         if ranked_tokens is None or ranked_probs is None or not draft.shape.is_chain:
             raise ValueError("CAPE expands a chain drafter that reports its ranked tokens")

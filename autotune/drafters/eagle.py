@@ -9,18 +9,26 @@ committed token at position p): a node at depth d holds a guess of x_{p+d}; expa
 runs the head on (its parent's output, its token) at position p + d - 1, attending to
 the committed pairs and its own ancestors. Draft entries are dropped from the head's
 cache at the next proposal.
+
+Drafting is written as a generator that yields each head forward it needs (its rows) and
+is sent that forward's output: one proposal runs one generator, and sequences decoded
+together run theirs in step, each round of head forwards as one (``propose_all``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
+from typing import TypeVar, cast
 
 import torch
 
 from autotune.engine.kvcache import KVCache
-from autotune.engine.proposal import ChainDrafter, Draft, DraftContext
+from autotune.engine.proposal import ChainDrafter, Draft, DraftContext, Drafter
 from autotune.engine.tree import ROOT, TreeShape, check_tree
-from autotune.heads.eagle import DraftProjection, EagleHead
+from autotune.heads.eagle import DraftProjection, EagleHead, HeadRows
+
+T = TypeVar("T")
 
 # EAGLE-1's published 25-node static tree (SafeAILab/EAGLE, eagle/model/choices.py).
 EAGLE1_TREE: tuple[tuple[int, ...], ...] = (
@@ -82,6 +90,41 @@ class DynamicTree:
 
 
 @dataclass
+class _HeadCall:
+    """Rows a drafting step needs the head to run, the last ``projected`` of them also
+    through the draft projection."""
+
+    rows: HeadRows
+    projected: int
+
+
+@dataclass
+class _HeadOut:
+    features: torch.Tensor  # [S, H]: the head's output at each row
+    logits: torch.Tensor  # [projected, V']: the draft logits of the last rows
+
+
+def _run_together(
+    head: EagleHead, projection: DraftProjection, calls: list[_HeadCall]
+) -> list[_HeadOut]:
+    """Several sequences' head calls as one head forward and one projection."""
+    features = head.forward_rows([call.rows for call in calls])
+    sizes = [call.rows.positions.shape[0] for call in calls]
+    ends = [sum(sizes[: i + 1]) for i in range(len(sizes))]
+    projected = [row for call, end in zip(calls, ends) for row in range(end - call.projected, end)]
+    logits = projection(features[projected])
+    outs, logit = [], 0
+    for call, size, end in zip(calls, sizes, ends):
+        outs.append(_HeadOut(features[end - size : end], logits[logit : logit + call.projected]))
+        logit += call.projected
+    return outs
+
+
+# A drafting step: yields each head call it needs, is sent its output, returns T.
+_Drafting = Generator[_HeadCall, _HeadOut, T]
+
+
+@dataclass
 class _Nodes:
     """A growing draft tree; ``scores``: cumulative draft log-probabilities."""
 
@@ -126,16 +169,51 @@ class EagleDrafter(ChainDrafter):
         self.cache, self.committed = None, 0
 
     def propose(self, context: DraftContext) -> Draft:
-        tree = self.tree
+        return self.propose_all([self], [context])[0]
+
+    @classmethod
+    def propose_all(cls, drafters: list[Drafter], contexts: list[DraftContext]) -> list[Draft]:
+        """Every drafter's proposal, their head forwards run together round by round
+        (drafters with one head share each forward)."""
+        eagles = cast(list[EagleDrafter], drafters)  # ``propose_all`` is called per kind
+        drafts: list[Draft | None] = [None] * len(eagles)
+        waiting: dict[int, _HeadCall] = {}
+
+        def advance(index: int, output: _HeadOut | None) -> None:
+            try:
+                waiting[index] = steps[index].send(output)  # type: ignore[arg-type]
+            except StopIteration as done:
+                drafts[index] = done.value
+
         with torch.inference_mode():
-            root = self._commit(context)
-            if isinstance(tree, StaticTree):
-                tokens, ranked = self._static(context, root)
-                draft = Draft(tokens, tree=self._static_shape)
-                if ranked is not None and self._static_shape.is_chain:
-                    draft.ranked_tokens, draft.ranked_probs = ranked
-                return draft
-            nodes = self._dynamic(context, root, tree)
+            steps = [d._drafting(c) for d, c in zip(eagles, contexts)]
+            projections = [d._project(c.runner) for d, c in zip(eagles, contexts)]
+            for index in range(len(steps)):
+                advance(index, None)
+            while waiting:
+                current, together = dict(waiting), dict[tuple[int, int], list[int]]()
+                waiting.clear()
+                for index in current:
+                    key = (id(eagles[index].head), id(projections[index].linear))
+                    together.setdefault(key, []).append(index)
+                for indices in together.values():
+                    calls = [current[i] for i in indices]
+                    first = indices[0]
+                    outs = _run_together(eagles[first].head, projections[first], calls)
+                    for index, out in zip(indices, outs):
+                        advance(index, out)
+        return cast(list[Draft], drafts)
+
+    def _drafting(self, context: DraftContext) -> _Drafting[Draft]:
+        tree = self.tree
+        root = yield from self._commit(context)
+        if isinstance(tree, StaticTree):
+            tokens, ranked = yield from self._static(context, root)
+            draft = Draft(tokens, tree=self._static_shape)
+            if ranked is not None and self._static_shape.is_chain:
+                draft.ranked_tokens, draft.ranked_probs = ranked
+            return draft
+        nodes = yield from self._dynamic(context, root, tree)
         return Draft(*self._keep_best(nodes, tree.total_tokens - 1))
 
     def _project(self, runner) -> DraftProjection:
@@ -150,7 +228,7 @@ class EagleDrafter(ChainDrafter):
 
     # --- the head's cache --------------------------------------------------------------
 
-    def _commit(self, context: DraftContext) -> torch.Tensor:
+    def _commit(self, context: DraftContext) -> _Drafting[_HeadOut]:
         """Append the newly committed pairs; return the head's output at the root's pair."""
         runner = context.runner
         hidden, tokens = context.hidden, context.tokens
@@ -168,17 +246,16 @@ class EagleDrafter(ChainDrafter):
             )
         next_tokens = torch.tensor([*tokens[1:], context.last_token], device=runner.device)
         positions = torch.arange(self.committed, context.position, device=runner.device)
-        out = self.head(
-            runner.norm(hidden)[None], runner.embed(next_tokens)[None], positions[None], cache
-        )[0]
+        rows = HeadRows(runner.norm(hidden), runner.embed(next_tokens), positions, cache)
+        out = yield _HeadCall(rows, projected=1)
         self.committed = context.position
         self._column: dict[int, int] = {}  # node -> its head-cache column
         self._columns: dict[int, list[int]] = {ROOT: []}  # node -> its ancestors' columns
-        return out[-1:]
+        return _HeadOut(out.features[-1:], out.logits)
 
     def _expand(
         self, context: DraftContext, nodes: _Nodes, chosen: list[int], features: torch.Tensor
-    ) -> torch.Tensor:
+    ) -> _Drafting[_HeadOut]:
         """Run the head on nodes ``chosen`` (features [S, H]: their parents' outputs);
         return their outputs [S, H]."""
         runner, cache = context.runner, self._cache()
@@ -196,9 +273,8 @@ class EagleDrafter(ChainDrafter):
         positions = torch.tensor(
             [context.position + nodes.depths[n] - 1 for n in chosen], device=runner.device
         )
-        return self.head(
-            features[None], runner.embed(ids)[None], positions[None], cache, mask.to(runner.device)
-        )[0]
+        rows = HeadRows(features, runner.embed(ids), positions, cache, mask.to(runner.device))
+        return (yield _HeadCall(rows, projected=len(chosen)))
 
     # --- static trees ------------------------------------------------------------------
 
@@ -220,13 +296,13 @@ class EagleDrafter(ChainDrafter):
             if children
         }
 
-    def _static(self, context: DraftContext, root: torch.Tensor):
+    def _static(self, context: DraftContext, root: _HeadOut) -> _Drafting[tuple]:
         """The tree's tokens, and (with ``ranked_width``) each expanded node's top tokens
         and probabilities, in expansion order."""
         parents, project = self._static_shape.parents, self._project(context.runner)
         nodes = _Nodes([], [], [], [])
-        outputs = {ROOT: root[0]}
-        logits = {ROOT: project(root)[0]}
+        outputs = {ROOT: root.features[0]}
+        logits = {ROOT: root.logits[0]}
         picked: dict[int, list[int]] = {}  # parent -> its top tokens, best first
         ranked = []
         for level, expanded in zip(self._levels, self._expanded):
@@ -240,9 +316,9 @@ class EagleDrafter(ChainDrafter):
                 nodes.add(picked[parent][self._ranks[node]], parent, 0.0)
             if expanded:
                 features = torch.stack([outputs[parents[n]] for n in expanded])
-                out = self._expand(context, nodes, expanded, features)
-                for row, (node, row_logits) in enumerate(zip(expanded, project(out))):
-                    outputs[node], logits[node] = out[row], row_logits
+                out = yield from self._expand(context, nodes, expanded, features)
+                for row, (node, row_logits) in enumerate(zip(expanded, out.logits)):
+                    outputs[node], logits[node] = out.features[row], row_logits
         if not ranked:
             return nodes.tokens, None
         return nodes.tokens, (
@@ -252,16 +328,18 @@ class EagleDrafter(ChainDrafter):
 
     # --- EAGLE-2 dynamic trees ---------------------------------------------------------
 
-    def _dynamic(self, context: DraftContext, root: torch.Tensor, tree: DynamicTree) -> _Nodes:
+    def _dynamic(
+        self, context: DraftContext, root: _HeadOut, tree: DynamicTree
+    ) -> _Drafting[_Nodes]:
         project = self._project(context.runner)
         nodes = _Nodes([], [], [], [])
-        scores, best = project(root).float().log_softmax(-1)[0].topk(tree.top_k)
+        scores, best = root.logits.float().log_softmax(-1)[0].topk(tree.top_k)
         tokens = project.tokens(best)
         frontier = [nodes.add(t, ROOT, s) for t, s in zip(tokens.tolist(), scores.tolist())]
-        features = root.expand(len(frontier), -1)
+        features = root.features.expand(len(frontier), -1)
         for _ in range(tree.depth):
-            out = self._expand(context, nodes, frontier, features)
-            logp = project(out).float().log_softmax(-1)
+            out = yield from self._expand(context, nodes, frontier, features)
+            logp = out.logits.float().log_softmax(-1)
             child_logp, child_best = logp.topk(tree.top_k, dim=-1)  # [F, k]
             child_tokens = project.tokens(child_best)
             total = torch.tensor([nodes.scores[n] for n in frontier])[:, None] + child_logp.cpu()
@@ -272,7 +350,7 @@ class EagleDrafter(ChainDrafter):
             flat = [c for row in children for c in row]
             kept = sorted(range(len(flat)), key=lambda i: -nodes.scores[flat[i]])[: tree.top_k]
             frontier = [flat[i] for i in kept]
-            features = out[[i // tree.top_k for i in kept]]
+            features = out.features[[i // tree.top_k for i in kept]]
         return nodes
 
     @staticmethod

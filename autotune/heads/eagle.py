@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,20 +81,54 @@ class EagleHead(nn.Module):
         as ``Runner.forward`` takes it ([S, S] or [S, P + S], None = causal). Without it,
         ``mask`` is a bool or additive float mask [B, 1, S, S] (None = causal).
         """
+        if cache is not None:
+            rows = HeadRows(features[0], embeds[0], positions.reshape(-1), cache, mask)
+            return self.forward_rows([rows])[None]
         hidden = layers.linear(torch.cat([embeds, features], dim=-1), self.fc)
         rope = self.rotary(hidden, positions.expand(hidden.shape[0], -1))
         seq = hidden.shape[1]
-        if cache is not None:
-            mask = visibility(mask, cache.length(0), seq, hidden.device)
-        elif mask is None and seq > 1:
+        if mask is None and seq > 1:
             mask = torch.ones(seq, seq, dtype=torch.bool, device=hidden.device).tril()
+        segment = layers.AttentionSegment(seq, rope, mask)
+        return self._layers(hidden, [segment])
+
+    def forward_rows(self, sequences: list[HeadRows]) -> torch.Tensor:
+        """The predicted next features [N, H] of several sequences' rows, one after
+        another: each sequence's keys and values go to its own cache and its rows see
+        only that cache, as its mask allows; the products run once over all N rows."""
+        features = torch.cat([s.features for s in sequences])
+        embeds = torch.cat([s.embeds for s in sequences])
+        hidden = layers.linear(torch.cat([embeds, features], dim=-1), self.fc)[None]
+        cos, sin = self.rotary(hidden, torch.cat([s.positions for s in sequences])[None])
+        segments, start = [], 0
+        for s in sequences:
+            count = s.positions.shape[0]
+            rope = (cos[:, start : start + count], sin[:, start : start + count])
+            mask = visibility(s.mask, s.cache.length(0), count, hidden.device)
+            segments.append(layers.AttentionSegment(count, rope, mask, s.cache))
+            start += count
+        return self._layers(hidden, segments)[0]
+
+    def _layers(self, hidden: torch.Tensor, segments: list[layers.AttentionSegment]):
         for index in range(len(self.layers)):
             layer: Any = self.layers[index]  # a transformers decoder layer
-            hidden = hidden + layers.self_attention(
-                layer.self_attn, layer.input_layernorm(hidden), rope, mask, cache, index
+            hidden = hidden + layers.segmented_attention(
+                layer.self_attn, layer.input_layernorm(hidden), segments, index
             )
             hidden = hidden + layers.mlp(layer.mlp, layer.post_attention_layernorm(hidden))
         return hidden
+
+
+@dataclass
+class HeadRows:
+    """One sequence's pairs for the head: features and token embeddings [S, H] at
+    ``positions`` [S], appended to ``cache``; ``mask`` as ``Runner.forward`` takes it."""
+
+    features: torch.Tensor
+    embeds: torch.Tensor
+    positions: torch.Tensor
+    cache: KVCache
+    mask: torch.Tensor | None = None
 
 
 def head_config(target_config):
