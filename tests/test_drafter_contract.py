@@ -198,3 +198,29 @@ def test_batched_greedy_output_is_each_prompts_plain_greedy(env, tmp_path, name,
             assert [r.tokens for r in run.results] == ended, label
         finally:
             runner.eos_token_ids = frozenset()
+
+
+@pytest.mark.parametrize("name,cape", cases())
+def test_load_candidates_draft_within_their_cap_and_stay_lossless(env, tmp_path, name, cape):
+    """The smaller settings a level under load may choose (``Method.load_settings``):
+    each drafts no more than its cap, and decodes batched to plain greedy output."""
+    method = registry.get(name)
+    runner = env.runner
+    plain = [decode_plain(runner, p, TOKENS).tokens for p in PROMPTS]
+    for label, settings in method.examples(runner.model, tmp_path).items():
+        if cape:
+            settings = settings.model_copy(
+                update={"cape": CAPE.model_copy(update={"chain_depth": 3})}
+            )
+        size = method.draft_size(settings)
+        for candidate, (cap, smaller) in method.load_settings(settings).items():
+            if cap is None:
+                continue
+            assert size is not None and cap < size, (label, candidate)
+            assert method.draft_size(smaller) <= cap, (label, candidate)
+            make = method.deployed_drafter(smaller, env)
+            drafts = Recorder(make())
+            decode_speculative(runner, drafts, PROMPTS[1], TOKENS)
+            assert max(len(d.tokens) for d in drafts.drafts) <= cap, (label, candidate)
+            run = decode_batch(runner, PROMPTS, TOKENS, 2, make)
+            assert [r.tokens for r in run.results] == plain, (label, candidate)

@@ -93,6 +93,18 @@ def test_candidates_halve_the_draft_down_to_one_token():
     assert small.max_tree_tokens == 2 and small.draft_tokens == 2 and small.branch_tokens == 2
 
 
+def test_a_smaller_tree_keeps_the_top1_chain_first_and_stays_a_tree():
+    from autotune.drafters.eagle import EAGLE1_TREE
+    from autotune.engine.tree import check_tree, smaller_tree
+
+    assert smaller_tree(EAGLE1_TREE, 3) == [(0,), (0, 0), (0, 0, 0)]
+    assert smaller_tree(EAGLE1_TREE, 6) == [(0,), (1,), (0, 0), (0, 0, 0), (0, 0, 0, 0), (0,) * 5]
+    for size in range(1, len(EAGLE1_TREE) + 1):
+        kept = smaller_tree(EAGLE1_TREE, size)
+        assert len(kept) == size and check_tree(kept) == kept
+    assert smaller_tree(EAGLE1_TREE, 99) == check_tree(EAGLE1_TREE)
+
+
 @pytest.fixture
 def env(tiny_llama_dir):
     ref = TargetRef.for_user(str(tiny_llama_dir))

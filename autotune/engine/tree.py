@@ -102,6 +102,15 @@ def canonical_order(choices) -> list[tuple[int, ...]]:
     return sorted((tuple(path) for path in choices), key=lambda path: (len(path), path))
 
 
+def smaller_tree(choices, size: int) -> list[tuple[int, ...]]:
+    """The ``size`` paths of ``choices`` a likelier draft keeps first, in canonical order:
+    fewest runner-up ranks along the path (the top-1 chain first, then the first
+    alternatives), shallower first among equals. A parent never sorts after its child,
+    so the kept paths are a tree."""
+    paths = sorted((tuple(p) for p in choices), key=lambda path: (sum(path), len(path), path))
+    return canonical_order(paths[:size])
+
+
 def check_tree(choices, num_heads: int | None = None) -> list[tuple[int, ...]]:
     """The tree in canonical order, or a ValueError that says what is wrong with it."""
     if len(choices) == 0:

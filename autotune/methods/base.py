@@ -188,14 +188,18 @@ class Method(Entry):
         return []
 
     def draft_size(self, settings: Any) -> int | None:
-        """The most tokens one draft of these settings holds (None: not known)."""
-        return None
+        """The most tokens one draft of these settings holds (None: not known); by
+        default the settings' own ``draft_size()`` where they have one."""
+        size = getattr(settings, "draft_size", None)
+        return size() if callable(size) else None
 
     def capped(self, settings: Any, tokens: int) -> Any:
         """The settings with at most ``tokens`` draft tokens (a shorter chain, a smaller
         tree): what a larger batch may want, as verifying a draft costs more when a batch
-        already fills the products (``measure.load``). None where the method cannot say."""
-        return None
+        already fills the products (``measure.load``). None where the method cannot say;
+        by default the settings' own ``capped(tokens)`` where they have one."""
+        capped = getattr(settings, "capped", None)
+        return capped(tokens) if callable(capped) else None
 
     def load_settings(self, settings: Any) -> dict[str, tuple[int | None, Any]]:
         """The candidates of each concurrency level, by label, with their draft-token cap:

@@ -3,6 +3,8 @@ drafter's policy."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, model_validator
 
 from autotune.drafters.cape import CapePolicy
@@ -30,6 +32,17 @@ class CapeSettings(Block):
         self.policy()
         return self
 
+    def capped(self, tokens: int) -> CapeSettings:
+        """At most ``tokens`` draft tokens a step: a smaller verified tree, and a chain no
+        longer than that (``measure.load``)."""
+        depth = self.chain_depth
+        return self.model_copy(
+            update={
+                "max_verify_tokens": min(self.max_verify_tokens, tokens + 1),
+                "chain_depth": None if depth is None else min(depth, tokens),
+            }
+        )
+
     def policy(self) -> CapePolicy:
         return CapePolicy(tuple(self.bins), tuple(self.expansion), self.max_verify_tokens)
 
@@ -41,3 +54,21 @@ class CapeSettings(Block):
             max_verify_tokens=policy.max_verify_tokens,
             **rest,
         )
+
+
+class ChainCaps:
+    """Draft size and caps of a chain method's settings: a ``draft`` block with
+    ``max_tokens`` and an optional ``cape`` block (self-speculation, GLIDE)."""
+
+    draft: Any
+    cape: CapeSettings | None
+
+    def draft_size(self) -> int:
+        if self.cape is not None and self.cape.enabled:
+            return self.cape.max_verify_tokens - 1
+        return self.draft.max_tokens
+
+    def capped(self, tokens: int) -> Any:
+        draft = self.draft.model_copy(update={"max_tokens": min(self.draft.max_tokens, tokens)})
+        cape = None if self.cape is None else self.cape.capped(tokens)
+        return self.model_copy(update={"draft": draft, "cape": cape})  # type: ignore[attr-defined]

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from autotune.drafters.eagle import DynamicTree, StaticTree
+from autotune.engine.tree import smaller_tree
 from autotune.methods.cape.settings import CapeSettings
 from autotune.profile.blocks import Block, MethodSettings, canonical_tree
 
@@ -56,3 +57,28 @@ class EagleSettings(MethodSettings):
 
     def drafting_tree(self) -> StaticTree | DynamicTree:
         return drafting_tree(self.tree)
+
+    def draft_size(self) -> int:
+        """The most tokens one draft holds."""
+        if self.cape is not None and self.cape.enabled:
+            return self.cape.max_verify_tokens - 1
+        if isinstance(self.tree, StaticEagleTree):
+            return len(self.tree.choices)
+        return self.tree.total_tokens - 1
+
+    def capped(self, tokens: int) -> EagleSettings:
+        """At most ``tokens`` draft tokens: the likeliest paths of a static tree, a smaller
+        dynamic one, a smaller CAPE expansion."""
+        tree = self.tree
+        if isinstance(tree, StaticEagleTree):
+            smaller: TreeBlock = StaticEagleTree(
+                choices=[list(p) for p in smaller_tree(tree.choices, tokens)]
+            )
+        else:
+            smaller = DynamicEagleTree(
+                total_tokens=min(tree.total_tokens, tokens + 1),
+                depth=min(tree.depth, tokens - 1),
+                top_k=min(tree.top_k, tokens),
+            )
+        cape = None if self.cape is None else self.cape.capped(tokens)
+        return self.model_copy(update={"tree": smaller, "cape": cape})

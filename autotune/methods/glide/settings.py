@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from autotune.drafters.self_spec import DraftExitPolicy
-from autotune.methods.cape.settings import CapeSettings
+from autotune.methods.cape.settings import CapeSettings, ChainCaps
 from autotune.profile.blocks import Block, MethodSettings
 
 
@@ -17,7 +17,7 @@ class GlideDraftExit(Block):
     exit_threshold: float = Field(ge=0.0, le=1.0)
 
 
-class GlideSettings(MethodSettings):
+class GlideSettings(ChainCaps, MethodSettings):
     head: str  # the draft's folder (our layout or the reference's)
     draft: GlideDraftExit
     # the draft's lm_head covers the folder's N most frequent tokens (0: all of them)

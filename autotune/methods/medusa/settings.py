@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from autotune.engine.tree import smaller_tree
 from autotune.profile.blocks import Block, MethodSettings, canonical_tree
 
 
@@ -44,3 +45,13 @@ class MedusaSettings(MethodSettings):
 
     def choices(self) -> list[tuple[int, ...]]:
         return [tuple(p) for p in self.tree]
+
+    def draft_size(self) -> int:
+        return len(self.tree)
+
+    def capped(self, tokens: int) -> MedusaSettings:
+        """The tree's ``tokens`` likeliest paths, and only the heads they reach."""
+        tree = smaller_tree(self.tree, tokens)
+        return self.model_copy(
+            update={"tree": [list(p) for p in tree], "num_heads": max(len(p) for p in tree)}
+        )

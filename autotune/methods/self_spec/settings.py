@@ -7,7 +7,7 @@ from pydantic import Field
 
 from autotune.drafters.self_spec import AdaptiveExit, DraftExitPolicy
 from autotune.engine.skip import SkipMask
-from autotune.methods.cape.settings import CapeSettings
+from autotune.methods.cape.settings import CapeSettings, ChainCaps
 from autotune.profile.blocks import Block, MethodSettings
 
 
@@ -29,7 +29,7 @@ class DraftSettings(Block):
     adaptive: Adaptive | None = None
 
 
-class SelfSpecSettings(MethodSettings):
+class SelfSpecSettings(ChainCaps, MethodSettings):
     skip: SkipLayers
     draft: DraftSettings
     cape: CapeSettings | None = None
