@@ -516,18 +516,33 @@ def export(
         typer.secho(f"warning: {warning}", fg="yellow", err=True)
     if out is None:
         typer.echo(result.text, nl=False)
+        if result.companion is not None:
+            typer.secho(
+                f"warning: these flags point to {result.companion.name}, a second file "
+                f"(its content is in the comments above): pass --out to write both",
+                fg="yellow",
+                err=True,
+            )
         return
-    write_atomic(out, result.text)
+    # the engine reads every key of a JSON file: where it came from is said beside it;
+    # a companion file is what the export points to; all are written or none
+    files = [(out, result.text_for(out))]
     about = about_path(out) if result.about is not None else None
     if about is not None and result.about is not None:
-        # the engine reads every key of the file: where it came from is said beside it;
-        # the two are written together or not at all
-        try:
-            write_atomic(about, result.about)
-        except BaseException:
-            out.unlink(missing_ok=True)
-            raise
-    also = f" and {about}" if about is not None else ""
+        files.append((about, result.about))
+    companion = result.companion_path(out)
+    if companion is not None and result.companion is not None:
+        files.append((companion, result.companion.text))
+    written: list[Path] = []
+    try:
+        for path, text in files:
+            write_atomic(path, text)
+            written.append(path)
+    except BaseException:
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise
+    also = "".join(f" and {path}" for path, _ in files[1:])
     typer.echo(
         f"wrote {out}{also} ({result.engine}, {result.method}; targets {result.engine_version})"
     )

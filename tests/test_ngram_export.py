@@ -11,6 +11,7 @@ import shlex
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
 from autotune.drafters.ngram import LookupConfig
 from autotune.drafters.suffix import SuffixConfig
@@ -399,3 +400,43 @@ def test_head_methods_get_the_per_batch_schedule_in_vllm_and_the_cutoff_in_trtll
     if "trtllm" in registry.method(method).exporters:
         trtllm = speculative_config(export_profile(profile, "trtllm", method, force=True).text)
         assert trtllm["max_concurrency"] == 3
+
+
+def flags(text: str) -> list[str]:
+    return shlex.split(" ".join(x.rstrip("\\") for x in text.splitlines() if x[:1] != "#"))
+
+
+def test_an_eagle_chain_gets_its_schedule_as_sglangs_adaptive_config(tmp_path):
+    """Topk 1: one slot per level keyed by its batch size, the level's steps its only
+    candidate (0 off); the flags point to the file the export writes beside itself."""
+    from test_export import branching_eagle, fixture
+
+    from autotune.cli import app
+    from autotune.profile.io import write_profile
+
+    profile = with_load(fixture("eagle"), OFF_FROM_4, "eagle")
+    export = export_profile(profile, "sglang", force=True)
+    assert export.companion is not None
+    assert json.loads(export.companion.text) == {
+        "1": {"candidate_steps": [1]},
+        "2": {"candidate_steps": [1]},
+        "4": {"candidate_steps": [0]},
+    }
+    words = flags(export.text)
+    assert "--speculative-adaptive" in words
+    assert words[words.index("--speculative-adaptive-config") + 1] == export.companion.name
+    # a branching tree (topk > 1) is not served by the adaptive schedule: said, not written
+    branching = export_profile(with_load(branching_eagle(), OFF_FROM_4, "eagle"), "sglang")
+    assert branching.companion is None and "--speculative-adaptive" not in flags(branching.text)
+    assert any("topk 1" in w for w in branching.warnings)
+    # on the command line both files are written, the flags naming the second
+    path, out = tmp_path / "p.yaml", tmp_path / "deploy" / "flags.txt"
+    write_profile(profile, path)
+    args = ["export", str(path), "--engine", "sglang", "--force", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    schedule = tmp_path / "deploy" / "flags.adaptive.json"
+    assert f"--speculative-adaptive-config {schedule}" in out.read_text()
+    assert json.loads(schedule.read_text()) == json.loads(export.companion.text)
+    printed = CliRunner().invoke(app, args[:-2])
+    assert printed.exit_code == 0 and "pass --out to write both" in printed.stderr

@@ -65,6 +65,7 @@ def export_profile(
         filename=exporter.filename,
         warnings=warnings,
         about=rendered.about,
+        companion=rendered.companion,
     )
 
 

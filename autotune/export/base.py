@@ -56,6 +56,32 @@ class Export:
     # provenance, warnings and notes of a file that cannot hold them (a JSON file the
     # engine reads key by key): written beside it (``about_path``)
     about: str | None = None
+    companion: Companion | None = None
+
+    def companion_path(self, out: Path | None) -> Path | None:
+        """Where the companion goes: beside ``out``, or its own name when printed."""
+        if self.companion is None:
+            return None
+        if out is None:
+            return Path(self.companion.name)
+        return out.with_name(out.stem + self.companion.suffix)
+
+    def text_for(self, out: Path | None) -> str:
+        """The text to write to ``out``, naming the companion where it is written."""
+        path = self.companion_path(out)
+        if self.companion is None or path is None:
+            return self.text
+        return self.text.replace(self.companion.name, str(path))
+
+
+@dataclass(frozen=True)
+class Companion:
+    """A second file an export's text points to (SGLang's adaptive schedule): written
+    beside the export as ``<its stem><suffix>``; the text names it ``name`` until then."""
+
+    name: str
+    suffix: str
+    text: str
 
 
 def about_path(out: Path) -> Path:
@@ -70,6 +96,7 @@ class Rendered:
     text: str
     warnings: list[str] = field(default_factory=list)
     about: str | None = None  # see ``Export.about``
+    companion: Companion | None = None  # see ``Export.companion``
 
 
 @dataclass(frozen=True)

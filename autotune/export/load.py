@@ -6,8 +6,10 @@
 - TensorRT-LLM: ``max_concurrency`` turns speculation off above a batch size; its
   ``draft_len_schedule`` (per-batch draft lengths) excludes it, and its NGram drafter has
   no dynamic draft length, so for n-gram only the cut-off is written.
-- SGLang: its adaptive schedule serves EAGLE with topk 1 only: for other methods the
-  schedule is said, not written.
+- SGLang: ``--speculative-adaptive-config``, a JSON file of slots keyed by batch size
+  (a batch takes the largest key at or below its size, after CUDA-graph padding), each
+  with the draft steps it may choose among (0: off); it serves EAGLE with topk 1 only:
+  for other methods the schedule is said, not written.
 - llama.cpp: no batch gate: the crossover is said in a comment.
 """
 
@@ -37,6 +39,18 @@ def draft_tokens_at(level, tokens: int) -> int:
     if level.max_draft_tokens is None:
         return tokens
     return min(tokens, level.max_draft_tokens)
+
+
+def sglang_adaptive_config(load: Load | None, steps: int) -> dict | None:
+    """SGLang's adaptive config holding the schedule for an EAGLE chain of ``steps``: a
+    slot per measured level, its one candidate the level's steps (0 off), so that SGLang
+    serves the measured schedule instead of adapting away from it. None without levels."""
+    if load is None or not load.levels:
+        return None
+    return {
+        str(level.concurrency): {"candidate_steps": [draft_tokens_at(level, steps)]}
+        for level in sorted(load.levels, key=lambda level: level.concurrency)
+    }
 
 
 def speculation_cutoff(load: Load | None) -> int | None:

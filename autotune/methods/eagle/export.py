@@ -11,7 +11,9 @@
   ``--speculative-eagle-topk`` (children kept per node and step) and
   ``--speculative-num-draft-tokens`` (tokens verified, the root included). SGLang grows
   its tree the EAGLE-2 way, so a dynamic profile maps onto it as it is; a static tree is
-  approximated by the dynamic tree of the same depth, branching and size.
+  approximated by the dynamic tree of the same depth, branching and size. A chain (topk
+  1) with a schedule under load adds ``--speculative-adaptive`` and its config file, the
+  export's companion (``export.load.sglang_adaptive_config``).
 - ``trtllm``: TensorRT-LLM's LLM-API ``speculative_config``. Static tree: ``decoding_type:
   Eagle``, ``eagle_choices``; ``max_draft_len`` is the tree's depth and
   ``max_total_draft_tokens`` its node count. Dynamic tree (EAGLE-2): ``use_dynamic_tree``,
@@ -22,15 +24,19 @@
 
 from __future__ import annotations
 
+import json
+
 from autotune.engine.tree import chain_tree, check_tree
 from autotune.export import releases
 from autotune.export.base import (
+    Companion,
     Deployment,
     Exporter,
     Flow,
     Rendered,
     cape_warning,
     comment_lines,
+    json_text,
     speculative_config,
 )
 from autotune.export.choices import (
@@ -39,7 +45,13 @@ from autotune.export.choices import (
     max_branching,
     tree_depth,
 )
-from autotune.export.load import add_trtllm_cutoff, add_vllm_schedule
+from autotune.export.load import (
+    add_trtllm_cutoff,
+    add_vllm_schedule,
+    load_note,
+    sglang_adaptive_config,
+    unmeasured_above_warning,
+)
 from autotune.methods.eagle.settings import DynamicEagleTree, EagleSettings
 
 
@@ -103,6 +115,7 @@ def _static_tree(eagle: EagleSettings, warnings: list[str]) -> list[tuple[int, .
 def render_sglang(d: Deployment) -> Rendered:
     eagle: EagleSettings = d.settings
     warnings: list[str] = []
+    notes = ["append these flags to: python -m sglang.launch_server --model-path MODEL"]
     steps, topk, draft_tokens = _tree_flags(eagle, warnings)
     if eagle.draft_vocab:
         warnings.append(
@@ -113,22 +126,48 @@ def render_sglang(d: Deployment) -> Rendered:
             f"slower drafting)"
         )
     warnings += cape_warning("SGLang", eagle.cape)
-    flags = [
+    flags: list[tuple[str, object]] = [
         ("--speculative-algorithm", "EAGLE"),
         ("--speculative-draft-model-path", eagle.head),
         ("--speculative-num-steps", steps),
         ("--speculative-eagle-topk", topk),
         ("--speculative-num-draft-tokens", draft_tokens),
     ]
-    lines = comment_lines(
-        SGLANG,
-        d,
-        warnings,
-        ["append these flags to: python -m sglang.launch_server --model-path MODEL"],
-    )
-    body = [f"{flag} {_quote(value)}" for flag, value in flags]
+    companion = _adaptive_schedule(eagle, steps, topk, warnings, notes)
+    if companion is not None:
+        flags += [("--speculative-adaptive", None), ("--speculative-adaptive-config", ADAPTIVE)]
+    lines = comment_lines(SGLANG, d, warnings, notes)
+    body = [flag if value is None else f"{flag} {_quote(value)}" for flag, value in flags]
     lines += [line + " \\" for line in body[:-1]] + body[-1:]
-    return Rendered("\n".join(lines) + "\n", warnings)
+    return Rendered("\n".join(lines) + "\n", warnings, companion=companion)
+
+
+# the adaptive schedule's file, as the flags name it until the export is written beside it
+ADAPTIVE = "sglang_adaptive_schedule.json"
+
+
+def _adaptive_schedule(
+    eagle: EagleSettings, steps: int, topk: int, warnings: list[str], notes: list[str]
+) -> Companion | None:
+    """The schedule under load as SGLang's adaptive config (EAGLE chains: topk 1)."""
+    config = sglang_adaptive_config(eagle.load, steps)
+    if config is None:
+        return None
+    notes += [n for n in [load_note(eagle.load, "SGLang")] if n]
+    if topk != 1:
+        warnings.append(
+            f"SGLang's adaptive schedule (--speculative-adaptive) serves EAGLE with topk 1 "
+            f"only; this tree drafts topk {topk}: the schedule under load is not written"
+        )
+        return None
+    warnings += unmeasured_above_warning(eagle.load, "SGLang")
+    notes.append(
+        f"{ADAPTIVE}: the draft steps per batch size measured under load (0: speculation "
+        f"off); a batch takes the largest key at or below its size, after CUDA-graph "
+        f"padding; one candidate a slot, so SGLang keeps the measured schedule: "
+        f"{json.dumps(config)}"
+    )
+    return Companion(ADAPTIVE, ".adaptive.json", json_text(config))
 
 
 def _tree_flags(eagle: EagleSettings, warnings: list[str]) -> tuple[int, int, int]:
