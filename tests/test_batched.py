@@ -118,40 +118,58 @@ def test_layer_skip_drafts_of_several_requests_share_each_draft_forward(tiny_lla
 
 
 @pytest.mark.skipif(not native.available(), reason="no C++ compiler for the engine's code")
-@pytest.mark.parametrize("kind", ["static tree", "dynamic tree", "chain with cape"])
-def test_eagle_drafts_of_several_requests_share_each_head_forward(
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "eagle static tree",
+        "eagle dynamic tree",
+        "eagle chain with cape",
+        "glide",
+        "glide with cape",
+    ],
+)
+def test_draft_forwards_of_several_requests_are_shared(
     tiny_llama, random_eagle_head, small_kernel_everywhere, kind
 ):
-    """Proposed together, each request drafts what it drafts alone (every product takes
-    the engine's own kernel, which gives a row the same bits in any batch), so each
-    accepts as much, and its output is its plain greedy output."""
+    """EAGLE's head and GLIDE's draft run once a drafting step for all requests in flight.
+    Proposed together, each request drafts what it drafts alone (every product takes the
+    engine's own kernel, which gives a row the same bits in any batch), so each accepts
+    as much, and its output is its plain greedy output."""
     from autotune.drafters.cape import CapeDrafter, CapePolicy
     from autotune.drafters.eagle import DynamicTree, EagleDrafter, StaticTree
+    from autotune.drafters.glide import GlideDrafter
+    from autotune.drafters.self_spec import DraftExitPolicy
     from autotune.engine.decoding import decode_speculative
+    from autotune.training.glide import new_draft
 
     runner = Runner(tiny_llama)
     runner.eos_token_ids = frozenset()
-    head = random_eagle_head(tiny_llama)
+    torch.manual_seed(0)
+    model = random_eagle_head(tiny_llama) if kind.startswith("eagle") else new_draft(tiny_llama, 2)
+    cape = CapePolicy(edges=(0.5, 1.0), expansion=(3, 1))
 
     def new_drafter():
-        if kind == "static tree":
-            return EagleDrafter(head, StaticTree(((0,), (1,), (0, 0), (0, 1), (1, 0))))
-        if kind == "dynamic tree":
-            return EagleDrafter(head, DynamicTree(total_tokens=8, depth=2, top_k=2))
-        chain = EagleDrafter(head, StaticTree(((0,), (0, 0), (0, 0, 0))), ranked_width=3)
-        return CapeDrafter(chain, CapePolicy(edges=(0.5, 1.0), expansion=(3, 1)))
+        if kind == "eagle static tree":
+            return EagleDrafter(model, StaticTree(((0,), (1,), (0, 0), (0, 1), (1, 0))))
+        if kind == "eagle dynamic tree":
+            return EagleDrafter(model, DynamicTree(total_tokens=8, depth=2, top_k=2))
+        if kind == "eagle chain with cape":
+            chain = EagleDrafter(model, StaticTree(((0,), (0, 0), (0, 0, 0))), ranked_width=3)
+            return CapeDrafter(chain, cape)
+        glide = GlideDrafter(model.eval(), DraftExitPolicy(4, 0.3, None), ranked_width=3)
+        return CapeDrafter(glide, cape) if kind.endswith("cape") else glide
 
     sizes = []
-    forward_rows = head.forward_rows
+    forward_rows = model.forward_rows
 
     def recording(sequences):
         sizes.append(len(sequences))
         return forward_rows(sequences)
 
-    head.forward_rows = recording  # type: ignore[method-assign]
+    model.forward_rows = recording  # type: ignore[method-assign]
     run = decode_batch(runner, PROMPTS, 16, 4, new_drafter)
-    head.forward_rows = forward_rows  # type: ignore[method-assign]
-    assert max(sizes) == 4  # one head forward a drafting step for the four requests
+    model.forward_rows = forward_rows  # type: ignore[method-assign]
+    assert max(sizes) == 4  # one draft forward a drafting step for the four requests
     for prompt, result in zip(PROMPTS, run.results):
         alone = decode_speculative(runner, new_drafter(), prompt, 16)
         assert result.tokens == alone.tokens == decode_plain(runner, prompt, 16).tokens

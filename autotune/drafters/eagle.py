@@ -10,19 +10,20 @@ runs the head on (its parent's output, its token) at position p + d - 1, attendi
 the committed pairs and its own ancestors. Draft entries are dropped from the head's
 cache at the next proposal.
 
-Drafting is written as a generator that yields each head forward it needs (its rows) and
-is sent that forward's output: one proposal runs one generator, and sequences decoded
-together run theirs in step, each round of head forwards as one (``propose_all``).
+Drafting is written as a generator of head calls (``drafters.in_step``): sequences decoded
+together share each round's head forward and draft projection (``propose_all``).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TypeVar, cast
 
 import torch
 
+from autotune.drafters.in_step import run_in_step
 from autotune.engine.kvcache import KVCache
 from autotune.engine.proposal import ChainDrafter, Draft, DraftContext, Drafter
 from autotune.engine.tree import ROOT, TreeShape, check_tree
@@ -110,7 +111,7 @@ def _run_together(
     """Several sequences' head calls as one head forward and one projection."""
     features = head.forward_rows([call.rows for call in calls])
     sizes = [call.rows.positions.shape[0] for call in calls]
-    ends = [sum(sizes[: i + 1]) for i in range(len(sizes))]
+    ends = list(itertools.accumulate(sizes))
     projected = [row for call, end in zip(calls, ends) for row in range(end - call.projected, end)]
     logits = projection(features[projected])
     outs, logit = [], 0
@@ -176,33 +177,15 @@ class EagleDrafter(ChainDrafter):
         """Every drafter's proposal, their head forwards run together round by round
         (drafters with one head share each forward)."""
         eagles = cast(list[EagleDrafter], drafters)  # ``propose_all`` is called per kind
-        drafts: list[Draft | None] = [None] * len(eagles)
-        waiting: dict[int, _HeadCall] = {}
-
-        def advance(index: int, output: _HeadOut | None) -> None:
-            try:
-                waiting[index] = steps[index].send(output)  # type: ignore[arg-type]
-            except StopIteration as done:
-                drafts[index] = done.value
-
         with torch.inference_mode():
-            steps = [d._drafting(c) for d, c in zip(eagles, contexts)]
             projections = [d._project(c.runner) for d, c in zip(eagles, contexts)]
-            for index in range(len(steps)):
-                advance(index, None)
-            while waiting:
-                current, together = dict(waiting), dict[tuple[int, int], list[int]]()
-                waiting.clear()
-                for index in current:
-                    key = (id(eagles[index].head), id(projections[index].linear))
-                    together.setdefault(key, []).append(index)
-                for indices in together.values():
-                    calls = [current[i] for i in indices]
-                    first = indices[0]
-                    outs = _run_together(eagles[first].head, projections[first], calls)
-                    for index, out in zip(indices, outs):
-                        advance(index, out)
-        return cast(list[Draft], drafts)
+            return run_in_step(
+                [d._drafting(c) for d, c in zip(eagles, contexts)],
+                key=lambda i: (id(eagles[i].head), id(projections[i].linear)),
+                run=lambda indices, calls: _run_together(
+                    eagles[indices[0]].head, projections[indices[0]], calls
+                ),
+            )
 
     def _drafting(self, context: DraftContext) -> _Drafting[Draft]:
         tree = self.tree

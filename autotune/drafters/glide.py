@@ -16,14 +16,19 @@ the committed tokens: row i sees the target's positions below min(i, p) for a ro
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Generator
+from typing import cast
+
 import torch
 
+from autotune.drafters.in_step import run_in_step
 from autotune.drafters.self_spec import DraftExitPolicy, ExitThreshold
 from autotune.engine.kvcache import KVCache
-from autotune.engine.proposal import ChainDrafter, Draft, DraftContext, VerifyResult
+from autotune.engine.proposal import ChainDrafter, Draft, DraftContext, Drafter, VerifyResult
 from autotune.engine.sampling import probabilities, sample
 from autotune.heads.eagle import DraftProjection
-from autotune.heads.glide import GlideDraft, stale_visibility
+from autotune.heads.glide import GlideDraft, GlideRows, stale_visibility
 
 
 class GlideDrafter(ChainDrafter):
@@ -50,35 +55,58 @@ class GlideDrafter(ChainDrafter):
         self._hit_max = False
 
     def propose(self, context: DraftContext) -> Draft:
-        runner = context.runner
-        embed, lm_head = self.draft.vocabulary(runner)
-        if self.projection is None:
-            self.projection = DraftProjection(lm_head)
-        limit = max(1, min(self.policy.max_tokens, context.max_tokens - 1))
+        return self.propose_all([self], [context])[0]
+
+    @classmethod
+    def propose_all(cls, drafters: list[Drafter], contexts: list[DraftContext]) -> list[Draft]:
+        """Every drafter's chain, their draft forwards and projections run together step
+        by step (drafters with one draft model and projection share each)."""
+        glides = cast(list[GlideDrafter], drafters)  # ``propose_all`` is called per kind
         with torch.inference_mode():
-            target_kv = self.draft.read_target(context.cache, context.position)
-            hidden = self._commit(context, embed, target_kv)
-            tokens: list[int] = []
-            dists: list[torch.Tensor] = []
-            for step in range(limit):
-                if step > 0:  # the previous token, one position on, same target cache
-                    position = torch.tensor([[context.position + step]], device=runner.device)
-                    ids = torch.tensor([[tokens[-1]]], device=runner.device)
-                    hidden = self.draft(embed(ids), position, target_kv, None, self.cache)[0]
-                token, probs = self._pick(hidden[-1], context)
-                if step > 0 and float(probs.max()) < self.exit.value:
-                    break
-                tokens.append(token)
-                dists.append(probs)
+            projections = [d._project(c.runner) for d, c in zip(glides, contexts)]
+            return run_in_step(
+                [d._drafting(c) for d, c in zip(glides, contexts)],
+                key=lambda i: (id(glides[i].draft), id(projections[i].linear)),
+                run=lambda indices, calls: _run_together(
+                    glides[indices[0]].draft, projections[indices[0]], calls
+                ),
+            )
+
+    def _project(self, runner) -> DraftProjection:
+        if self.projection is None:
+            self.projection = DraftProjection(self.draft.vocabulary(runner)[1])
+        return self.projection
+
+    def _drafting(self, context: DraftContext) -> Generator[GlideRows, torch.Tensor, Draft]:
+        """Yields the rows of each draft forward, is sent the draft logits of their last
+        row, returns the chain."""
+        runner = context.runner
+        embed, _ = self.draft.vocabulary(runner)
+        limit = max(1, min(self.policy.max_tokens, context.max_tokens - 1))
+        target_kv = self.draft.read_target(context.cache, context.position)
+        logits = yield self._commit(context, embed, target_kv)
+        tokens: list[int] = []
+        dists: list[torch.Tensor] = []
+        for step in range(limit):
+            if step > 0:  # the previous token, one position on, same target cache
+                position = torch.tensor([context.position + step], device=runner.device)
+                ids = torch.tensor([tokens[-1]], device=runner.device)
+                assert self.cache is not None
+                logits = yield GlideRows(embed(ids), position, target_kv, self.cache)
+            token, probs = self._pick(logits, context)
+            if step > 0 and float(probs.max()) < self.exit.value:
+                break
+            tokens.append(token)
+            dists.append(probs)
         self._hit_max = len(tokens) == limit
         return self._draft(tokens, dists, context)
 
     def observe(self, result: VerifyResult) -> None:
         self.exit.update(result.num_drafted, result.num_accepted, self._hit_max)
 
-    def _commit(self, context: DraftContext, embed, target_kv) -> torch.Tensor:
-        """Run the draft over the tokens committed since the last proposal, root last;
-        return its hidden states (the last row drafts the first token)."""
+    def _commit(self, context: DraftContext, embed, target_kv) -> GlideRows:
+        """The rows of the tokens committed since the last proposal, root last (the last
+        row drafts the first token)."""
         device, position = context.runner.device, context.position
         if self.cache is None or self.committed > position:
             self.cache = self.draft.new_cache(capacity=position + context.max_tokens + 64)
@@ -89,20 +117,16 @@ class GlideDrafter(ChainDrafter):
             raise RuntimeError("GLIDE drafting needs the whole token history")
         positions = torch.arange(self.committed, position + 1, device=device)
         cross = stale_visibility(positions.clamp(max=position), position)
-        hidden = self.draft(
-            embed(torch.tensor([new], device=device)),
-            positions[None],
-            target_kv,
-            cross[None, None],
-            self.cache,
-        )[0]
         self.committed = position + 1
-        return hidden
+        return GlideRows(
+            embed(torch.tensor(new, device=device)), positions, target_kv, self.cache, cross
+        )
 
-    def _pick(self, hidden: torch.Tensor, context: DraftContext) -> tuple[int, torch.Tensor]:
-        """The step's token and its distribution over the draft vocabulary."""
+    def _pick(self, logits: torch.Tensor, context: DraftContext) -> tuple[int, torch.Tensor]:
+        """The step's token and its distribution over the draft vocabulary, from the
+        draft logits [V'] of its last row."""
         assert self.projection is not None
-        logits = self.projection(hidden[None])[0].float()
+        logits = logits.float()
         if context.sampling.greedy:
             probs = logits.softmax(-1)
             index = int(probs.argmax())
@@ -131,3 +155,13 @@ class GlideDrafter(ChainDrafter):
         full = probs.new_zeros(len(probs), context.runner.config.vocab_size)
         full[:, self.projection.ids] = probs
         return full
+
+
+def _run_together(
+    draft: GlideDraft, projection: DraftProjection, calls: list[GlideRows]
+) -> list[torch.Tensor]:
+    """Several sequences' rows as one draft forward; the draft logits of each one's last
+    row through one projection."""
+    hidden = draft.forward_rows(calls)
+    ends = list(itertools.accumulate(call.positions.shape[0] for call in calls))
+    return list(projection(hidden[[end - 1 for end in ends]]))

@@ -105,9 +105,38 @@ def cross_attention(
     """x [B, S, H] (already normed, if the layer norms it) attends to the target's cached
     keys/values [B, kv_heads, T, D] (keys rotated at their positions); the query is
     rotated at its own position by ``rope``, the target's rotary embedding."""
+    return segmented_cross_attention(
+        attention, x, [CrossSegment(x.shape[1], rope, keys, values, mask)]
+    )
+
+
+@dataclass
+class CrossSegment:
+    """One sequence's rows in a cross-attention over a batch: their rotation and the
+    target cache (and its visibility) they read."""
+
+    rows: int
+    rope: tuple[torch.Tensor, torch.Tensor]
+    keys: torch.Tensor
+    values: torch.Tensor
+    mask: torch.Tensor | None
+
+
+def segmented_cross_attention(
+    attention: CrossAttention, x: torch.Tensor, segments: list[CrossSegment]
+) -> torch.Tensor:
+    """``cross_attention`` over x [B, S, H] holding several sequences' rows, one segment
+    after another: the projections run once over all of them, each segment attends to
+    its own target cache."""
     dim = attention.head_dim
-    query = layers.Rotation(rope)(layers.heads_of(layers.linear(x, attention.q_proj), dim))
-    out = layers.attend(query, keys, values, mask, dim**-0.5)
+    queries = layers.heads_of(layers.linear(x, attention.q_proj), dim)
+    parts, start = [], 0
+    for segment in segments:
+        end = start + segment.rows
+        query = layers.Rotation(segment.rope)(queries[:, :, start:end])
+        parts.append(layers.attend(query, segment.keys, segment.values, segment.mask, dim**-0.5))
+        start = end
+    out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
     return layers.linear(out, attention.o_proj)
 
 
@@ -198,25 +227,74 @@ class GlideDraft(nn.Module):
         takes it ([S, S] or [S, P + S], None = causal); without it, ``mask`` is a bool
         mask [B, 1, S, S] (None = causal).
         """
-        hidden = embeds
-        seq = hidden.shape[1]
-        positions = positions.expand(hidden.shape[0], -1)
-        rope = self.rotary(hidden, positions)
-        cross_rope = self.cross_rotary(hidden, positions)
         if cache is not None:
-            mask = visibility(mask, cache.length(0), seq, hidden.device)
-        elif mask is None and seq > 1:
-            mask = torch.ones(seq, seq, dtype=torch.bool, device=hidden.device).tril()
-        for index, (keys, values) in enumerate(target_kv):
+            rows = GlideRows(embeds[0], positions.reshape(-1), target_kv, cache, cross_mask, mask)
+            return self.forward_rows([rows])[None]
+        seq = embeds.shape[1]
+        positions = positions.expand(embeds.shape[0], -1)
+        rope = self.rotary(embeds, positions)
+        cross_rope = self.cross_rotary(embeds, positions)
+        if mask is None and seq > 1:
+            mask = torch.ones(seq, seq, dtype=torch.bool, device=embeds.device).tril()
+        own = [layers.AttentionSegment(seq, rope, mask)]
+        cross = [
+            [CrossSegment(seq, cross_rope, keys, values, cross_mask)] for keys, values in target_kv
+        ]
+        return self._layers(embeds, own, cross)
+
+    def forward_rows(self, sequences: list[GlideRows]) -> torch.Tensor:
+        """The final-normed hidden states [N, H] of several sequences' rows, one after
+        another: each reads its own target cache and its own draft cache (appended to);
+        the products run once over all N rows."""
+        hidden = torch.cat([s.embeds for s in sequences])[None]
+        positions = torch.cat([s.positions for s in sequences])[None]
+        cos, sin = self.rotary(hidden, positions)
+        cross_cos, cross_sin = self.cross_rotary(hidden, positions)
+        own: list[layers.AttentionSegment] = []
+        cross: list[list[CrossSegment]] = [[] for _ in self.layers]
+        start = 0
+        for s in sequences:
+            count, end = s.positions.shape[0], start + s.positions.shape[0]
+            rope = (cos[:, start:end], sin[:, start:end])
+            mask = visibility(s.mask, s.cache.length(0), count, hidden.device)
+            own.append(layers.AttentionSegment(count, rope, mask, s.cache))
+            cross_rope = (cross_cos[:, start:end], cross_sin[:, start:end])
+            seen = None if s.cross_mask is None else s.cross_mask.reshape(1, 1, count, -1)
+            for index, (keys, values) in enumerate(s.target_kv):
+                cross[index].append(CrossSegment(count, cross_rope, keys, values, seen))
+            start = end
+        return self._layers(hidden, own, cross)[0]
+
+    def _layers(
+        self,
+        hidden: torch.Tensor,
+        own: list[layers.AttentionSegment],
+        cross: list[list[CrossSegment]],
+    ) -> torch.Tensor:
+        for index, reads in enumerate(cross):
             layer: Any = self.layers[index]  # submodules named by convention
-            hidden = hidden + layers.self_attention(
-                layer.self_attn, layer.input_layernorm(hidden), rope, mask, cache, index
+            hidden = hidden + layers.segmented_attention(
+                layer.self_attn, layer.input_layernorm(hidden), own, index
             )
-            hidden = hidden + cross_attention(
-                layer.cross_attn, layer.cross_norm(hidden), cross_rope, keys, values, cross_mask
+            hidden = hidden + segmented_cross_attention(
+                layer.cross_attn, layer.cross_norm(hidden), reads
             )
             hidden = hidden + layers.mlp(layer.mlp, layer.post_attention_layernorm(hidden))
         return self.norm(hidden)
+
+
+@dataclass
+class GlideRows:
+    """One sequence's rows for the draft: input embeddings [S, H] at ``positions`` [S],
+    the target cache they read (``cross_mask`` [S, T] or None: all of it), their own
+    cache (appended to) and ``mask`` as ``Runner.forward`` takes it."""
+
+    embeds: torch.Tensor
+    positions: torch.Tensor
+    target_kv: TargetKV
+    cache: KVCache
+    cross_mask: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
 
 
 # --- what the draft sees of the target's cache ----------------------------------------
