@@ -12,6 +12,9 @@ step's forward is spent).
 Which target positions a draft row sees is one rule, so that a proposal depends only on
 the committed tokens: row i sees the target's positions below min(i, p) for a root at p
 (and always position 0). Measurement (``measure.glide_accuracy``) replays exactly this.
+
+Drafting is written as a generator of draft-model calls (``drafters.in_step``): sequences
+decoded together share each step's draft forward and projection (``propose_all``).
 """
 
 from __future__ import annotations
