@@ -32,6 +32,11 @@ class CapeSettings(Block):
         self.policy()
         return self
 
+    def draft_size(self, chain: int) -> int:
+        """The most tokens a step drafts over a chain of ``chain`` tokens: each chain
+        token and its siblings, within the verify budget."""
+        return min(self.max_verify_tokens - 1, chain * max(self.expansion))
+
     def capped(self, tokens: int) -> CapeSettings:
         """At most ``tokens`` draft tokens a step: a smaller verified tree, and a chain no
         longer than that (``measure.load``)."""
@@ -65,7 +70,7 @@ class ChainCaps:
 
     def draft_size(self) -> int:
         if self.cape is not None and self.cape.enabled:
-            return self.cape.max_verify_tokens - 1
+            return self.cape.draft_size(self.cape.chain_depth or self.draft.max_tokens)
         return self.draft.max_tokens
 
     def capped(self, tokens: int) -> Any:

@@ -61,7 +61,7 @@ class EagleSettings(MethodSettings):
     def draft_size(self) -> int:
         """The most tokens one draft holds."""
         if self.cape is not None and self.cape.enabled:
-            return self.cape.max_verify_tokens - 1
+            return self.cape.draft_size(self.cape.chain_depth or 1)
         if isinstance(self.tree, StaticEagleTree):
             return len(self.tree.choices)
         return self.tree.total_tokens - 1
