@@ -86,10 +86,13 @@ def bench_load(
     model_path: str | None = None,
     dtype: str = "auto",
     device: str = "auto",
+    engine: str | None = None,
 ) -> dict:
     """The profile's recommended method with several requests in flight: at each level,
     the setting its load block schedules there (the tuned one where it has none) and the
-    tuned setting, against plain decoding of the same rounds (``measure.load``)."""
+    tuned setting, against plain decoding of the same rounds (``measure.load``).
+    ``engine``: that engine's own setting instead (the one its export writes, drafting by
+    its rule), capped per level as the export caps it."""
     from autotune.measure.load import (
         OFF,
         TUNED,
@@ -107,20 +110,26 @@ def bench_load(
             "measure under load"
         )
     method = registry.method(name)
-    candidates = method.load_settings(settings)
-    scheduled = {
-        level.concurrency: (OFF if level.setting == OFF else label_of(level.max_draft_tokens))
+    if engine is not None:
+        settings = engine_setting(method, settings, engine)
+    caps = {
+        level.concurrency: level.max_draft_tokens
         for level in (settings.load.levels if settings.load else [])
     }
+    size = method.draft_size(settings)
     encoded = ws.encode(ws.prompts if prompts else ws.heldback_prompts())
     ids = [p.ids for p in categories_in_turn(encoded, len(encoded))]
     rows = []
     for concurrency in levels:
-        pick = scheduled.get(concurrency, TUNED)
-        if pick not in candidates and pick != OFF:
-            pick = TUNED  # a cap this setting no longer has
-        names = sorted({pick, TUNED} - {OFF})
-        makers = {n: method.variant(candidates[n][1], env).make for n in names}
+        # the level's cap as the export writes it (0: off); a cap at or above the
+        # setting's own draft size leaves the setting as it is
+        cap = caps.get(concurrency)
+        shrinks = cap is not None and size is not None and 0 < cap < size
+        smaller = method.capped(settings, cap) if cap is not None and shrinks else None
+        pick = OFF if cap == 0 else TUNED if smaller is None else label_of(cap)
+        chosen = {TUNED: settings} | ({pick: smaller} if smaller is not None else {})
+        names = sorted(chosen)
+        makers = {n: method.variant(s, env).make for n, s in chosen.items()}
         with step(f"bench: {name} with {concurrency} requests in flight", rounds) as advance:
             level = measure_level(
                 in_engine(ws.runner, max_new_tokens, makers),
@@ -133,7 +142,21 @@ def bench_load(
         row: dict = {"concurrency": concurrency, "scheduled": pick, "rounds": level.rounds}
         row.update({n: figure.summary() for n, figure in level.figures.items()})
         rows.append(row)
-    return {"method": name, "max_new_tokens": max_new_tokens, "levels": rows}
+    return {"method": name, "engine": engine, "max_new_tokens": max_new_tokens, "levels": rows}
+
+
+def engine_setting(method, settings, engine: str):
+    """The setting ``engine``'s export serves (``Method.for_engine``), or an error that
+    says which engines can serve the method."""
+    from autotune.export import check_engine
+
+    engine = check_engine(engine)
+    if engine not in method.exporters:
+        raise AutotuneError(
+            f"{engine} cannot serve {method.name}; engines that can: "
+            f"{', '.join(method.exporters) or 'none'}"
+        )
+    return method.for_engine(settings, engine)
 
 
 def find_model(info: ModelInfo) -> str:

@@ -394,6 +394,11 @@ def bench(
         "plain decoding, throughput with intervals over rounds of prompts.",
     ),
     rounds: int = typer.Option(6, min=2, help="With --concurrency: rounds of prompts a level."),
+    engine: str | None = typer.Option(
+        None,
+        help="With --concurrency: measure the setting this engine's export serves (its own "
+        "drafting rule), capped per level as the export caps it.",
+    ),
 ):
     """Re-measure a profile's methods against plain greedy decoding, independently."""
     from autotune.bench import bench_load, bench_profile
@@ -401,12 +406,14 @@ def bench(
 
     _threads(threads)
     fmt = Format.json if json_out else fmt
+    if engine is not None and concurrency is None:
+        raise AutotuneError("--engine goes with --concurrency: give the levels, e.g. 1,2,4,8")
     if concurrency is not None:
         levels = parse_levels(concurrency)
         if not levels:
             raise AutotuneError("--concurrency none: give the levels to measure, e.g. 1,2,4,8")
         load = bench_load(
-            profile_path, levels, prompts, max_new_tokens, rounds, model_path, dtype, device
+            profile_path, levels, prompts, max_new_tokens, rounds, model_path, dtype, device, engine
         )
         if fmt is not Format.table:
             typer.echo(render(load, fmt))
@@ -451,9 +458,10 @@ def bench_load_lines(load: dict) -> list[str]:
                 f"{name} {interval_text(figure)} ({figure['tokens_per_s']:.1f} vs "
                 f"{figure['baseline_tokens_per_s']:.1f} tokens/s, lossless {figure['lossless']})"
             )
+        whose = f" (the {load['engine']} export's setting)" if load.get("engine") else ""
         lines.append(
-            f"{load['method']} with {requests_text(row['concurrency'])} in flight, {row['rounds']} "
-            f"rounds: " + "; ".join(parts)
+            f"{load['method']}{whose} with {requests_text(row['concurrency'])} in flight, "
+            f"{row['rounds']} rounds: " + "; ".join(parts)
         )
     return lines
 

@@ -223,3 +223,23 @@ def test_bench_under_load_prints_each_level_and_its_json(tmp_path, tiny_llama_di
     assert "ngram with 2 requests in flight, 2 rounds: tuned " in table.stdout
     bad = CliRunner().invoke(app, [*args[:2], "--concurrency", "none"])
     assert bad.exit_code == 2 and "give the levels" in bad.output
+    # an engine's own setting (vLLM's 7-token chain by its rule), capped as its export caps
+    from test_ngram_export import SHRINKING, with_engine_variants, with_load
+
+    write_profile(with_load(with_engine_variants(ngram_profile(CHAIN)), SHRINKING), path)
+    args[-5] = "4,2"
+    engine = CliRunner().invoke(app, [*args, "--engine", "vllm", "-f", "yaml"])
+    assert engine.exit_code == 0, engine.output
+    result = yaml.safe_load(engine.stdout[engine.stdout.index("method:") :])
+    assert result["engine"] == "vllm"
+    assert [row["scheduled"] for row in result["levels"]] == ["<= 4 tokens", "off"]
+    assert all(row["tuned"]["lossless"] for row in result["levels"])
+    assert "<= 4 tokens" in result["levels"][0]
+    for wrong, words in [
+        (["--engine", "dv"], "dv cannot serve"),
+        (["--engine", "tgi"], "unknown engine 'tgi'"),
+    ]:
+        refused = CliRunner().invoke(app, [*args, *wrong])
+        assert refused.exit_code == 2 and words in refused.output, refused.output
+    alone = CliRunner().invoke(app, [*args[:2], "--engine", "vllm"])
+    assert alone.exit_code == 2 and "--engine goes with --concurrency" in alone.output
