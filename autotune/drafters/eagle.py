@@ -19,13 +19,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import TypeVar, cast
+from typing import TypeVar
 
 import torch
 
-from autotune.drafters.in_step import run_in_step
+from autotune.drafters.in_step import InStepDrafter
 from autotune.engine.kvcache import KVCache
-from autotune.engine.proposal import ChainDrafter, Draft, DraftContext, Drafter
+from autotune.engine.proposal import Draft, DraftContext
 from autotune.engine.tree import ROOT, TreeShape, check_tree
 from autotune.heads.eagle import DraftProjection, EagleHead, HeadRows
 
@@ -105,22 +105,6 @@ class _HeadOut:
     logits: torch.Tensor  # [projected, V']: the draft logits of the last rows
 
 
-def _run_together(
-    head: EagleHead, projection: DraftProjection, calls: list[_HeadCall]
-) -> list[_HeadOut]:
-    """Several sequences' head calls as one head forward and one projection."""
-    features = head.forward_rows([call.rows for call in calls])
-    sizes = [call.rows.positions.shape[0] for call in calls]
-    ends = list(itertools.accumulate(sizes))
-    projected = [row for call, end in zip(calls, ends) for row in range(end - call.projected, end)]
-    logits = projection(features[projected])
-    outs, logit = [], 0
-    for call, size, end in zip(calls, sizes, ends):
-        outs.append(_HeadOut(features[end - size : end], logits[logit : logit + call.projected]))
-        logit += call.projected
-    return outs
-
-
 # A drafting step: yields each head call it needs, is sent its output, returns T.
 _Drafting = Generator[_HeadCall, _HeadOut, T]
 
@@ -142,7 +126,7 @@ class _Nodes:
         return len(self.tokens) - 1
 
 
-class EagleDrafter(ChainDrafter):
+class EagleDrafter(InStepDrafter):
     """``projection``: the lm_head over a draft vocabulary (default: the target's whole
     lm_head). ``ranked_width`` > 0 (static chains only): drafts carry each step's top
     tokens and probabilities."""
@@ -169,25 +153,34 @@ class EagleDrafter(ChainDrafter):
     def reset(self) -> None:
         self.cache, self.committed = None, 0
 
-    def propose(self, context: DraftContext) -> Draft:
-        return self.propose_all([self], [context])[0]
+    @property
+    def model(self) -> EagleHead:
+        return self.head
 
-    @classmethod
-    def propose_all(cls, drafters: list[Drafter], contexts: list[DraftContext]) -> list[Draft]:
-        """Every drafter's proposal, their head forwards run together round by round
-        (drafters with one head share each forward)."""
-        eagles = cast(list[EagleDrafter], drafters)  # ``propose_all`` is called per kind
-        with torch.inference_mode():
-            projections = [d._project(c.runner) for d, c in zip(eagles, contexts)]
-            return run_in_step(
-                [d._drafting(c) for d, c in zip(eagles, contexts)],
-                key=lambda i: (id(eagles[i].head), id(projections[i].linear)),
-                run=lambda indices, calls: _run_together(
-                    eagles[indices[0]].head, projections[indices[0]], calls
-                ),
+    def projection_for(self, runner) -> DraftProjection:
+        if self.projection is None:
+            self.projection = DraftProjection(runner.lm_head)
+        return self.projection
+
+    @staticmethod
+    def run_together(
+        model: EagleHead, projection: DraftProjection, calls: list[_HeadCall]
+    ) -> list[_HeadOut]:
+        """Several sequences' head calls as one head forward and one projection."""
+        features = model.forward_rows([call.rows for call in calls])
+        sizes = [call.rows.positions.shape[0] for call in calls]
+        ends = list(itertools.accumulate(sizes))
+        rows = [row for call, end in zip(calls, ends) for row in range(end - call.projected, end)]
+        logits = projection(features[rows])
+        outs, logit = [], 0
+        for call, size, end in zip(calls, sizes, ends):
+            outs.append(
+                _HeadOut(features[end - size : end], logits[logit : logit + call.projected])
             )
+            logit += call.projected
+        return outs
 
-    def _drafting(self, context: DraftContext) -> _Drafting[Draft]:
+    def drafting(self, context: DraftContext) -> _Drafting[Draft]:
         tree = self.tree
         root = yield from self._commit(context)
         if isinstance(tree, StaticTree):
@@ -198,11 +191,6 @@ class EagleDrafter(ChainDrafter):
             return draft
         nodes = yield from self._dynamic(context, root, tree)
         return Draft(*self._keep_best(nodes, tree.total_tokens - 1))
-
-    def _project(self, runner) -> DraftProjection:
-        if self.projection is None:
-            self.projection = DraftProjection(runner.lm_head)
-        return self.projection
 
     def _cache(self) -> KVCache:
         if self.cache is None:
@@ -282,7 +270,7 @@ class EagleDrafter(ChainDrafter):
     def _static(self, context: DraftContext, root: _HeadOut) -> _Drafting[tuple]:
         """The tree's tokens, and (with ``ranked_width``) each expanded node's top tokens
         and probabilities, in expansion order."""
-        parents, project = self._static_shape.parents, self._project(context.runner)
+        parents, project = self._static_shape.parents, self.projection_for(context.runner)
         nodes = _Nodes([], [], [], [])
         outputs = {ROOT: root.features[0]}
         logits = {ROOT: root.logits[0]}
@@ -314,7 +302,7 @@ class EagleDrafter(ChainDrafter):
     def _dynamic(
         self, context: DraftContext, root: _HeadOut, tree: DynamicTree
     ) -> _Drafting[_Nodes]:
-        project = self._project(context.runner)
+        project = self.projection_for(context.runner)
         nodes = _Nodes([], [], [], [])
         scores, best = root.logits.float().log_softmax(-1)[0].topk(tree.top_k)
         tokens = project.tokens(best)

@@ -21,20 +21,19 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Generator
-from typing import cast
 
 import torch
 
-from autotune.drafters.in_step import run_in_step
+from autotune.drafters.in_step import InStepDrafter
 from autotune.drafters.self_spec import DraftExitPolicy, ExitThreshold
 from autotune.engine.kvcache import KVCache
-from autotune.engine.proposal import ChainDrafter, Draft, DraftContext, Drafter, VerifyResult
+from autotune.engine.proposal import Draft, DraftContext, VerifyResult
 from autotune.engine.sampling import probabilities, sample
 from autotune.heads.eagle import DraftProjection
 from autotune.heads.glide import GlideDraft, GlideRows, stale_visibility
 
 
-class GlideDrafter(ChainDrafter):
+class GlideDrafter(InStepDrafter):
     """``projection``: the lm_head over a draft vocabulary (default: the draft's whole
     lm_head, the target's when shared). ``ranked_width`` > 0: drafts carry each step's
     top tokens and probabilities (for CAPE)."""
@@ -57,30 +56,26 @@ class GlideDrafter(ChainDrafter):
         self.exit = ExitThreshold(self.policy)
         self._hit_max = False
 
-    def propose(self, context: DraftContext) -> Draft:
-        return self.propose_all([self], [context])[0]
+    @property
+    def model(self) -> GlideDraft:
+        return self.draft
 
-    @classmethod
-    def propose_all(cls, drafters: list[Drafter], contexts: list[DraftContext]) -> list[Draft]:
-        """Every drafter's chain, their draft forwards and projections run together step
-        by step (drafters with one draft model and projection share each)."""
-        glides = cast(list[GlideDrafter], drafters)  # ``propose_all`` is called per kind
-        with torch.inference_mode():
-            projections = [d._project(c.runner) for d, c in zip(glides, contexts)]
-            return run_in_step(
-                [d._drafting(c) for d, c in zip(glides, contexts)],
-                key=lambda i: (id(glides[i].draft), id(projections[i].linear)),
-                run=lambda indices, calls: _run_together(
-                    glides[indices[0]].draft, projections[indices[0]], calls
-                ),
-            )
-
-    def _project(self, runner) -> DraftProjection:
+    def projection_for(self, runner) -> DraftProjection:
         if self.projection is None:
             self.projection = DraftProjection(self.draft.vocabulary(runner)[1])
         return self.projection
 
-    def _drafting(self, context: DraftContext) -> Generator[GlideRows, torch.Tensor, Draft]:
+    @staticmethod
+    def run_together(
+        model: GlideDraft, projection: DraftProjection, calls: list[GlideRows]
+    ) -> list[torch.Tensor]:
+        """Several sequences' rows as one draft forward; the draft logits of each one's
+        last row through one projection."""
+        hidden = model.forward_rows(calls)
+        ends = list(itertools.accumulate(call.positions.shape[0] for call in calls))
+        return list(projection(hidden[[end - 1 for end in ends]]))
+
+    def drafting(self, context: DraftContext) -> Generator[GlideRows, torch.Tensor, Draft]:
         """Yields the rows of each draft forward, is sent the draft logits of their last
         row, returns the chain."""
         runner = context.runner
@@ -158,13 +153,3 @@ class GlideDrafter(ChainDrafter):
         full = probs.new_zeros(len(probs), context.runner.config.vocab_size)
         full[:, self.projection.ids] = probs
         return full
-
-
-def _run_together(
-    draft: GlideDraft, projection: DraftProjection, calls: list[GlideRows]
-) -> list[torch.Tensor]:
-    """Several sequences' rows as one draft forward; the draft logits of each one's last
-    row through one projection."""
-    hidden = draft.forward_rows(calls)
-    ends = list(itertools.accumulate(call.positions.shape[0] for call in calls))
-    return list(projection(hidden[[end - 1 for end in ends]]))

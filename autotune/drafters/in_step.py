@@ -10,8 +10,14 @@ single-sequence and batched drafting are the same code.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable, Generator, Hashable
-from typing import TypeVar
+from typing import Any, TypeVar, cast
+
+import torch
+
+from autotune.engine.proposal import ChainDrafter, Draft, DraftContext, Drafter
+from autotune.heads.eagle import DraftProjection
 
 Call = TypeVar("Call")
 Out = TypeVar("Out")
@@ -46,3 +52,43 @@ def run_in_step(
             for index, output in zip(indices, run(indices, [current[i] for i in indices])):
                 advance(index, output)
     return [results[i] for i in range(len(steps))]
+
+
+class InStepDrafter(ChainDrafter):
+    """A drafter whose proposal is a generator of calls to its draft model (``drafting``),
+    each call's output projected to draft logits: proposals of several sequences run in
+    step, drafters with one draft model and projection sharing each forward."""
+
+    @property
+    @abstractmethod
+    def model(self) -> Any:
+        """The module its calls run (an EAGLE head, a GLIDE draft)."""
+
+    @abstractmethod
+    def projection_for(self, runner: Any) -> DraftProjection:
+        """The projection of its outputs to draft logits."""
+
+    @abstractmethod
+    def drafting(self, context: DraftContext) -> Generator[Any, Any, Draft]:
+        """One proposal: yields each call, is sent its output, returns the draft."""
+
+    @staticmethod
+    @abstractmethod
+    def run_together(model: Any, projection: DraftProjection, calls: list) -> list:
+        """Several sequences' calls as one forward of ``model``: an output per call."""
+
+    def propose(self, context: DraftContext) -> Draft:
+        return self.propose_all([self], [context])[0]
+
+    @classmethod
+    def propose_all(cls, drafters: list[Drafter], contexts: list[DraftContext]) -> list[Draft]:
+        own = cast(list[InStepDrafter], drafters)  # ``propose_all`` is called per kind
+        with torch.inference_mode():
+            projections = [d.projection_for(c.runner) for d, c in zip(own, contexts)]
+            return run_in_step(
+                [d.drafting(c) for d, c in zip(own, contexts)],
+                key=lambda i: (id(own[i].model), id(projections[i].linear)),
+                run=lambda indices, calls: cls.run_together(
+                    own[indices[0]].model, projections[indices[0]], calls
+                ),
+            )
