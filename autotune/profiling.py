@@ -967,10 +967,13 @@ def measure_load(
     greedy = held.measured.get(recommended)
     tokens = min(plan.LOAD_TOKENS, request.max_new_tokens)
     first_level_s = None
-    if greedy is not None and greedy.baseline_tokens_per_s > 0:
-        # level 1: plain and every candidate on the search rounds, then plain and two
-        # settings held back, each round two requests
-        runs = len(candidates) + 1 + 3
+    proven = frozenset({1})  # the verdict: clearly faster one request at a time
+    if greedy is not None and greedy.baseline_tokens_per_s > 0 and request.concurrency:
+        # the first level: plain and every candidate on the search rounds, then plain and
+        # two settings held back (a proven level: plain and the tuned setting held back),
+        # each round two requests
+        proved = min(request.concurrency) in proven
+        runs = 2 if proved else len(candidates) + 1 + 3
         first_level_s = runs * plan.LOAD_ROUNDS * 2 * tokens / greedy.baseline_tokens_per_s
 
     def seconds_left() -> float | None:
@@ -989,7 +992,7 @@ def measure_load(
         seconds_left,
         first_level_s,
         on_level=lambda line: say(f"[dim]under load, {line}[/dim]"),
-        proven=frozenset({1}),  # the verdict: clearly faster one request at a time
+        proven=proven,
     )
     if fitted.skipped:
         say(

@@ -147,8 +147,16 @@ def test_a_schedule_holds_whole_levels_and_skips_what_the_time_left_cannot_fit(e
     assert fitted.crossover in (None, 1, 2)
     # where the verdict proved the tuned setting, the level keeps it rather than off
     never = {name: (lambda: _Never()) for name in makers}
-    kept = fit_schedule(env.runner, never, caps, PROMPTS, PROMPTS, 8, [1, 2], 3, proven={1})
+    said: list[str] = []
+    kept = fit_schedule(
+        env.runner, never, caps, PROMPTS, PROMPTS, 8, [1, 2], 3, on_level=said.append, proven={1}
+    )
     assert [lv.pick for lv in kept.levels] == [TUNED, OFF]
+    # no race where it was proven: only the tuned setting, held back
+    assert set(kept.levels[0].held.figures) == {TUNED}
+    assert [line for line in said if "choosing among" in line] == [
+        f"concurrency 2: choosing among {', '.join(never)}"
+    ]
 
 
 def test_the_profile_measures_the_recommended_method_under_load_and_says_it(

@@ -62,8 +62,9 @@ def fit_schedule(
     time the caller has left (None: no deadline); ``first_level_s``: the caller's estimate
     of the first level's cost (None: the first level runs if any time is left);
     ``proven``: levels where the tuned setting was already shown clearly faster (a
-    profile's verdict, one request at a time, on more and longer prompts than a level's
-    rounds): there it stays where no candidate clears 1.0 on the rounds."""
+    profile's verdict, one request at a time, whose tuning chose its draft size there on
+    more and longer prompts than a level's rounds): there it is kept without a race and
+    only measured held back."""
     run_round = in_engine(runner, max_new_tokens, makers)
     fitted = FittedSchedule()
     estimate = first_level_s
@@ -72,23 +73,33 @@ def fit_schedule(
         if left is not None and (left <= 0 or (estimate is not None and left < estimate)):
             fitted.skipped.append(concurrency)
             continue
-        started = time.monotonic()
-        if on_level is not None:
-            on_level(f"concurrency {concurrency}: choosing among {', '.join(makers)}")
-        chosen_on = measure_level(
-            run_round, list(makers), search, concurrency, rounds, _deadline(seconds_left)
-        )
-        pick = chosen_on.chosen()
-        if pick == OFF and concurrency in proven:
+        started, runs = time.monotonic(), 0
+        if concurrency in proven:
             pick = TUNED
-        if on_level is not None:
-            on_level(f"concurrency {concurrency}: {pick} chosen; measuring it held back")
+            if on_level is not None:
+                on_level(
+                    f"concurrency {concurrency}: tuned, as the verdict proved; measuring it "
+                    "held back"
+                )
+        else:
+            if on_level is not None:
+                on_level(f"concurrency {concurrency}: choosing among {', '.join(makers)}")
+            chosen_on = measure_level(
+                run_round, list(makers), search, concurrency, rounds, _deadline(seconds_left)
+            )
+            runs += chosen_on.rounds * (1 + len(makers))
+            pick = chosen_on.chosen()
+            if on_level is not None:
+                on_level(f"concurrency {concurrency}: {pick} chosen; measuring it held back")
         names = sorted({pick, TUNED} - {OFF})
         held = measure_level(
             run_round, names, heldback, concurrency, rounds, _deadline(seconds_left)
         )
+        runs += held.rounds * (1 + len(names))
         fitted.levels.append(FittedLevel(held, pick, 0 if pick == OFF else caps[pick]))
-        estimate = (time.monotonic() - started) * GROWTH
+        # the next level: a race and a held-back measurement, each run slower by GROWTH
+        per_run = (time.monotonic() - started) / max(runs, 1)
+        estimate = per_run * rounds * (1 + len(makers) + 3) * GROWTH
     return fitted
 
 
