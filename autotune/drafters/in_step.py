@@ -1,11 +1,12 @@
 """Several sequences' drafting run in step, so that their draft forwards batch.
 
-A drafter kind that runs forwards to draft (EAGLE's head, GLIDE's draft model) writes one
-proposal as a generator: it yields each forward it needs (a call: its rows) and is sent
-that forward's output, then returns its draft. ``run_in_step`` runs the generators of
-the sequences decoded together round by round; each round, the calls that can share a
-forward (the same module) run as one. One proposal alone is the one-generator case, so
-single-sequence and batched drafting are the same code.
+A drafter kind that runs forwards to draft (the target with layers skipped, EAGLE's head,
+GLIDE's draft model) writes one proposal as a generator: it yields each forward it needs
+(a call: its rows) and is sent that forward's output, then returns its draft.
+``run_in_step`` runs the generators of the sequences decoded together round by round;
+each round, the calls that can share a forward (the same module) run as one. One proposal
+alone is the one-generator case, so single-sequence and batched drafting are the same
+code.
 """
 
 from __future__ import annotations

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
+from autotune.drafters.in_step import run_in_step
 from autotune.engine.proposal import ChainDrafter, Draft, DraftContext, Drafter, VerifyResult
 from autotune.engine.runner import Segment
 from autotune.engine.sampling import probabilities, sample
@@ -85,64 +88,33 @@ class LayerSkipDrafter(ChainDrafter):
     def limit(self, context: DraftContext) -> int:
         return max(1, min(self.policy.max_tokens, context.max_tokens - 1))
 
+    def propose(self, context: DraftContext) -> Draft:
+        return self.propose_all([self], [context])[0]
+
     @classmethod
     def propose_all(cls, drafters: list[Drafter], contexts: list[DraftContext]) -> list[Draft]:
-        """Greedy drafts of several sequences with the same skip mask in one draft
-        forward a step (``Runner.forward_batch``), each sequence stopping by its own
-        exit threshold; otherwise one after another."""
-        skip_drafters = [d for d in drafters if isinstance(d, LayerSkipDrafter)]
-        if (
-            len(skip_drafters) < 2
-            or len(skip_drafters) != len(drafters)
-            or len({d.skip for d in skip_drafters}) > 1
-            or not all(c.sampling.greedy for c in contexts)
-        ):
-            return super().propose_all(drafters, contexts)
-        runner = contexts[0].runner
-        device = runner.device
-        limits = [d.limit(c) for d, c in zip(skip_drafters, contexts)]
-        last = [c.last_token for c in contexts]
-        tokens: list[list[int]] = [[] for _ in contexts]
-        dists: list[list[torch.Tensor]] = [[] for _ in contexts]
-        active = list(range(len(contexts)))
-        step = 0
-        while active:
-            segments = [
-                Segment(
-                    torch.tensor([last[j]], device=device),
-                    torch.tensor([contexts[j].position + step], device=device),
-                    contexts[j].cache,
-                )
-                for j in active
-            ]
-            outputs = runner.forward_batch(segments, skip=skip_drafters[0].skip)
-            still = []
-            for j, out in zip(active, outputs):
-                probs = torch.softmax(out.logits[-1], dim=-1)
-                top = probs.max(dim=-1)
-                if step > 0 and float(top.values) < skip_drafters[j].threshold:
-                    continue
-                last[j] = int(top.indices)
-                tokens[j].append(last[j])
-                dists[j].append(probs)
-                if len(tokens[j]) < limits[j]:
-                    still.append(j)
-            active = still
-            step += 1
-        return [
-            d._draft(t, p, limit, greedy=True)
-            for d, t, p, limit in zip(skip_drafters, tokens, dists, limits)
-        ]
+        """Drafts of several sequences, those with the same skip mask sharing one draft
+        forward a step (``Runner.forward_batch``), each stopping by its own exit rule."""
+        own = cast(list[LayerSkipDrafter], drafters)  # ``propose_all`` is called per kind
 
-    def propose(self, context: DraftContext) -> Draft:
-        runner = context.runner
+        def run(indices: list[int], segments: list[Segment]) -> list[torch.Tensor]:
+            runner, skip = contexts[indices[0]].runner, own[indices[0]].skip
+            return [out.logits[-1] for out in runner.forward_batch(segments, skip=skip)]
+
+        return run_in_step(
+            [d._drafting(c) for d, c in zip(own, contexts)],
+            key=lambda i: (id(contexts[i].runner), own[i].skip),
+            run=run,
+        )
+
+    def _drafting(self, context: DraftContext) -> Generator[Segment, torch.Tensor, Draft]:
+        """One proposal: yields each draft step's token, is sent its logits."""
+        device = context.runner.device
         limit = self.limit(context)
         token, tokens, dists = context.last_token, [], []
         for i in range(limit):
-            position = torch.tensor([context.position + i], device=runner.device)
-            logits = runner.forward(
-                torch.tensor([token], device=runner.device), position, context.cache, skip=self.skip
-            ).logits[-1]
+            position = torch.tensor([context.position + i], device=device)
+            logits = yield Segment(torch.tensor([token], device=device), position, context.cache)
             if context.sampling.greedy:
                 probs = torch.softmax(logits, dim=-1)
                 top = probs.max(dim=-1)
