@@ -63,23 +63,16 @@ class KVCache:
             self._grow(layer, length)
 
     def _grow(self, layer: int, needed: int) -> None:
-        new_cap = needed + _GROWTH
         for store in (self.keys, self.values):
-            old = store[layer]
-            grown = old.new_empty((*old.shape[:2], new_cap, old.shape[3]))
-            grown[:, :, : self.lengths[layer]] = old[:, :, : self.lengths[layer]]
-            store[layer] = grown
+            store[layer] = _resized(store[layer], self.lengths[layer], needed + _GROWTH)
 
     def copy(self, capacity: int) -> KVCache:
         """A cache holding the same entries, with room for ``capacity`` tokens."""
         out = KVCache.__new__(KVCache)
-        out.keys, out.values = [], []
-        for store, target in ((self.keys, out.keys), (self.values, out.values)):
-            for layer, tensor in enumerate(store):
-                n = self.lengths[layer]
-                grown = tensor.new_empty((*tensor.shape[:2], max(capacity, n), tensor.shape[3]))
-                grown[:, :, :n] = tensor[:, :, :n]
-                target.append(grown)
+        out.keys, out.values = [
+            [_resized(t, n, max(capacity, n)) for t, n in zip(store, self.lengths)]
+            for store in (self.keys, self.values)
+        ]
         out.lengths = list(self.lengths)
         return out
 
@@ -108,3 +101,10 @@ class KVCache:
             for store in (self.keys, self.values):
                 store[layer][:, :, start : start + n] = store[layer].index_select(2, index)
             self.lengths[layer] = start + n
+
+
+def _resized(store: torch.Tensor, length: int, capacity: int) -> torch.Tensor:
+    """A new store [1, heads, capacity, D] holding the first ``length`` entries."""
+    out = store.new_empty((*store.shape[:2], capacity, store.shape[3]))
+    out[:, :, :length] = store[:, :, :length]
+    return out
