@@ -363,14 +363,22 @@ def measuring_phases(facts: Facts, methods: int, chains: int, seconds: float) ->
     return phases
 
 
+def load_level_runs(candidates: int, proven: bool) -> int:
+    """Decodings of one round at a level under load: plain decoding and each candidate on
+    the search rounds, then plain and two settings held back; a level the verdict proved
+    (one request in flight): plain and the tuned setting held back."""
+    return 2 if proven else candidates + 1 + 3
+
+
 def load_seconds(facts: Facts) -> float:
-    """About what measuring every level under load takes: per level, plain decoding and
-    each candidate on the search rounds, then plain and two settings held back (one
-    request in flight, which the verdict proved: plain and the tuned setting held back),
-    each run about 2 x LOAD_TOKENS forwards, a forward slower as the batch grows."""
+    """About what measuring every level under load takes (the first one request in
+    flight, proven), each run about 2 x LOAD_TOKENS forwards, a forward slower as the
+    batch grows."""
     per_run = 2 * LOAD_TOKENS * facts.forward_s * SPECULATIVE_COST * LOAD_ROUNDS
-    runs = [2] + [LOAD_CANDIDATES + 1 + 3] * (facts.load_levels - 1)
-    return sum(per_run * n * (1 + 0.1 * 2**i) for i, n in enumerate(runs[: facts.load_levels]))
+    return sum(
+        per_run * load_level_runs(LOAD_CANDIDATES, proven=i == 0) * (1 + 0.1 * 2**i)
+        for i in range(facts.load_levels)
+    )
 
 
 def phases(facts: Facts, evidence: Evidence, seconds: float) -> list[Phase]:

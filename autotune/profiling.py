@@ -969,11 +969,8 @@ def measure_load(
     first_level_s = None
     proven = frozenset({1})  # the verdict: clearly faster one request at a time
     if greedy is not None and greedy.baseline_tokens_per_s > 0 and request.concurrency:
-        # the first level: plain and every candidate on the search rounds, then plain and
-        # two settings held back (a proven level: plain and the tuned setting held back),
-        # each round two requests
-        proved = min(request.concurrency) in proven
-        runs = 2 if proved else len(candidates) + 1 + 3
+        # the first level's runs, each round two requests
+        runs = plan.load_level_runs(len(candidates), min(request.concurrency) in proven)
         first_level_s = runs * plan.LOAD_ROUNDS * 2 * tokens / greedy.baseline_tokens_per_s
 
     def seconds_left() -> float | None:

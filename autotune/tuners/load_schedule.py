@@ -22,6 +22,7 @@ from autotune.measure.load import (
     in_engine,
     measure_level,
 )
+from autotune.plan import load_level_runs
 
 GROWTH = 1.6  # a level twice as concurrent took about this much longer on 2 cores
 
@@ -97,9 +98,9 @@ def fit_schedule(
         )
         runs += held.rounds * (1 + len(names))
         fitted.levels.append(FittedLevel(held, pick, 0 if pick == OFF else caps[pick]))
-        # the next level: a race and a held-back measurement, each run slower by GROWTH
+        # the next level (not proven): each run slower by GROWTH
         per_run = (time.monotonic() - started) / max(runs, 1)
-        estimate = per_run * rounds * (1 + len(makers) + 3) * GROWTH
+        estimate = per_run * rounds * load_level_runs(len(makers), proven=False) * GROWTH
     return fitted
 
 
