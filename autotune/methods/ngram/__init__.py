@@ -81,21 +81,6 @@ class Ngram(Method):
             },
         )
 
-    def draft_size(self, settings: NgramSettings) -> int:
-        from autotune.methods.ngram.settings import draft_size
-
-        return max(draft_size(b) for b in [settings.draft, *settings.by_category.values()])
-
-    def capped(self, settings: NgramSettings, tokens: int) -> NgramSettings:
-        from autotune.methods.ngram.settings import capped
-
-        return settings.model_copy(
-            update={
-                "draft": capped(settings.draft, tokens),
-                "by_category": {c: capped(b, tokens) for c, b in settings.by_category.items()},
-            }
-        )
-
     def examples(self, model: Any, folder: Path) -> dict[str, NgramSettings]:
         tree = NgramLookup(
             min_match=1,

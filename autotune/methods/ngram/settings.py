@@ -138,5 +138,18 @@ class NgramSettings(MethodSettings):
     def config(self) -> Config:
         return config_of(self.draft)
 
+    def draft_size(self) -> int:
+        """The most tokens one draft holds, over every category's setting."""
+        return max(draft_size(b) for b in [self.draft, *self.by_category.values()])
+
+    def capped(self, tokens: int) -> NgramSettings:
+        """Every setting with at most ``tokens`` draft tokens."""
+        return self.model_copy(
+            update={
+                "draft": capped(self.draft, tokens),
+                "by_category": {c: capped(b, tokens) for c, b in self.by_category.items()},
+            }
+        )
+
     def category_configs(self) -> dict[str, Config]:
         return {name: config_of(block) for name, block in self.by_category.items()}
