@@ -786,7 +786,11 @@ def select(
     for name, settings in tuned.items():
         kept[name], figures[name] = keep_faster(settings, name, result.measurements, result.alive)
         if not any(c in result.alive for c in candidates_of(name, settings)):
-            dropped[name] = " / ".join(result.dropped[c] for c in candidates_of(name, settings))
+            names = candidates_of(name, settings)
+            # a method with CAPE raced twice: say which figure is which
+            dropped[name] = "; ".join(
+                result.dropped[c] if len(names) == 1 else f"{c}: {result.dropped[c]}" for c in names
+            )
     ranking = sorted(kept, key=lambda n: (n in dropped, -figures[n].speedup))
     say(
         "on search prompts: "
