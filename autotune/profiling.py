@@ -1301,8 +1301,27 @@ def load_lines(name: str, load: Load | None) -> list[str]:
     if load.crossover:
         lines.append(f"{name}: speculation off from {requests_text(load.crossover)} in flight")
     elif load.levels:
-        lines.append(f"{name}: speculation pays at every concurrency measured")
+        # the schedule is chosen on search rounds; a level's few held-back rounds may not
+        # prove it, and the line says which do
+        unproven = [lv.concurrency for lv in load.levels if not _proven(lv)]
+        if not unproven:
+            lines.append(f"{name}: speculation pays at every concurrency measured")
+        else:
+            levels = ", ".join(str(c) for c in unproven)
+            lines.append(
+                f"{name}: speculation kept at every concurrency measured (chosen on search "
+                f"rounds); held back, its interval includes 1.0 at {levels} in flight: "
+                "not proven faster there"
+            )
     return lines
+
+
+def _proven(level: LoadLevel) -> bool:
+    """Held back, the level's interval lies above plain decoding (off needs no proof)."""
+    if level.setting == "off":
+        return True
+    interval = level.speedup_interval
+    return interval is not None and interval[0] > 1.0
 
 
 def engine_lines(name: str, method: MethodSettings) -> list[str]:

@@ -251,3 +251,29 @@ def test_bench_under_load_prints_each_level_and_its_json(tmp_path, tiny_llama_di
         assert refused.exit_code == 2 and words in refused.output, refused.output
     alone = CliRunner().invoke(app, [*args[:2], "--engine", "vllm"])
     assert alone.exit_code == 2 and "--engine goes with --concurrency" in alone.output
+
+
+def test_the_closing_line_claims_only_what_the_held_back_rounds_prove():
+    from autotune.profile.blocks import Load, LoadLevel
+    from autotune.profiling import load_lines
+
+    def level(concurrency, low, setting="tuned"):
+        return LoadLevel(
+            concurrency=concurrency,
+            setting=setting,
+            speedup=1.2,
+            speedup_interval=[low, 1.4],
+            tokens_per_s=12.0,
+            baseline_tokens_per_s=10.0,
+            rounds=4,
+        )
+
+    proven = Load(levels=[level(1, 1.05), level(2, 1.01)], max_new_tokens=64)
+    pays = "ngram: speculation pays at every concurrency measured"
+    assert load_lines("ngram", proven)[-1] == pays
+    unproven = Load(levels=[level(1, 0.94), level(2, 1.02), level(4, 0.99)], max_new_tokens=64)
+    last = load_lines("ngram", unproven)[-1]
+    assert "pays" not in last and "interval includes 1.0 at 1, 4 in flight" in last
+    # a level served without speculation needs no proof; a crossover is said as before
+    off = Load(levels=[level(1, 1.1), level(2, 0.9, "off")], max_new_tokens=64, crossover=2)
+    assert load_lines("ngram", off)[-1] == "ngram: speculation off from 2 requests in flight"
