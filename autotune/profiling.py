@@ -785,8 +785,8 @@ def select(
     figures, kept, dropped = {}, {}, {}
     for name, settings in tuned.items():
         kept[name], figures[name] = keep_faster(settings, name, result.measurements, result.alive)
-        if not any(c in result.alive for c in candidates_of(name, settings)):
-            names = candidates_of(name, settings)
+        names = candidates_of(name, settings)
+        if not any(c in result.alive for c in names):
             # a method with CAPE raced twice: say which figure is which
             dropped[name] = "; ".join(
                 result.dropped[c] if len(names) == 1 else f"{c}: {result.dropped[c]}" for c in names
