@@ -10,8 +10,14 @@
 // with the same dot product and sums keys in cache order, where a key the token may not see
 // adds an exact zero. So a verify pass (a chain, or a tree whose accepted path sits between
 // rejected siblings) scores each token exactly as a one-token step does.
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <cmath>
@@ -62,7 +68,7 @@ inline vec16 exp16(vec16 x) {
 }
 
 struct Layer {
-  torch::Tensor input_norm, qkv, qkv_bias, o, post_norm, gate_up, down;
+  at::Tensor input_norm, qkv, qkv_bias, o, post_norm, gate_up, down;
 };
 
 // How one role's products are made this forward: the kernel and, for TRANSPOSED, the
@@ -72,20 +78,20 @@ struct Choice {
 };
 
 // out [M, N] = x [M, K] @ w [N, K].T (+ bias)
-void product(const float* x, int64_t M, const torch::Tensor& w, const torch::Tensor& bias,
+void product(const float* x, int64_t M, const at::Tensor& w, const at::Tensor& bias,
              Choice choice, float* out) {
   const int64_t N = w.size(0), K = w.size(1);
   const float* wp = w.data_ptr<float>();
   if (choice.kernel == SMALL) {
     small_product(x, M, wp, N, K, out);
   } else {
-    auto opts = torch::TensorOptions().dtype(torch::kFloat32);
-    auto xt = torch::from_blob(const_cast<float*>(x), {M, K}, opts);
-    auto ot = torch::from_blob(out, {M, N}, opts);
+    auto opts = at::TensorOptions().dtype(at::kFloat);
+    auto xt = at::from_blob(const_cast<float*>(x), {M, K}, opts);
+    auto ot = at::from_blob(out, {M, N}, opts);
     if (choice.kernel == LINEAR) {
       ot.copy_(at::linear(xt, w));
     } else {  // W @ x.T, x padded with zero rows (see kernels.padded_rows)
-      auto padded = torch::zeros({std::max(choice.padded, M), K}, opts);
+      auto padded = at::zeros({std::max(choice.padded, M), K}, opts);
       padded.narrow(0, 0, M).copy_(xt);
       ot.copy_(at::mm(w, padded.t()).t().narrow(0, 0, M));
     }
@@ -228,7 +234,7 @@ class DecoderStack {
  public:
   // weights: seven tensors a layer (input norm, fused q/k/v, its bias or an empty tensor,
   // o, post-attention norm, fused gate/up, down), all float32 and contiguous
-  DecoderStack(const std::vector<torch::Tensor>& weights, int64_t q_heads, int64_t kv_heads,
+  DecoderStack(const std::vector<at::Tensor>& weights, int64_t q_heads, int64_t kv_heads,
                int64_t head_dim, double eps)
       : q_heads_(q_heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(eps) {
     TORCH_CHECK(weights.size() % 7 == 0, "DecoderStack: seven weights a layer");
@@ -237,12 +243,12 @@ class DecoderStack {
     TORCH_CHECK(q_heads % kv_heads == 0, "DecoderStack: query heads per key/value head");
     for (size_t i = 0; i < weights.size(); i += 7) {
       // an empty bias tensor stands for none
-      const torch::Tensor bias = weights[i + 2].numel() ? weights[i + 2] : torch::Tensor();
+      const at::Tensor bias = weights[i + 2].numel() ? weights[i + 2] : at::Tensor();
       Layer layer{weights[i],     weights[i + 1], bias,          weights[i + 3],
                   weights[i + 4], weights[i + 5], weights[i + 6]};
       for (const auto* w : {&layer.input_norm, &layer.qkv, &layer.o, &layer.post_norm,
                             &layer.gate_up, &layer.down})
-        TORCH_CHECK(w->scalar_type() == torch::kFloat32 && w->is_contiguous(),
+        TORCH_CHECK(w->scalar_type() == at::kFloat && w->is_contiguous(),
                     "DecoderStack: float32 contiguous weights");
       layers_.push_back(std::move(layer));
     }
@@ -253,16 +259,16 @@ class DecoderStack {
   // [1, kv_heads, capacity, D] per layer, which receive its tokens' entries at
   // ``prefix[b][layer]`` (room already made), under its own mask and mask mode.
   // kernels: (kernel, padded columns) for the q/k/v, o, gate/up and down products.
-  void forward(torch::Tensor hidden, torch::Tensor cos, torch::Tensor sin,
+  void forward(at::Tensor hidden, at::Tensor cos, at::Tensor sin,
                const std::vector<int64_t>& rows,
-               const std::vector<std::vector<torch::Tensor>>& keys,
-               const std::vector<std::vector<torch::Tensor>>& values,
-               const std::vector<std::vector<int64_t>>& prefix, std::vector<torch::Tensor> masks,
+               const std::vector<std::vector<at::Tensor>>& keys,
+               const std::vector<std::vector<at::Tensor>>& values,
+               const std::vector<std::vector<int64_t>>& prefix, std::vector<at::Tensor> masks,
                const std::vector<int64_t>& mask_modes, const std::vector<bool>& skip_attention,
                const std::vector<bool>& skip_mlp, const std::vector<int64_t>& kernels,
                double scale) {
     const int64_t L = layers_.size(), S = hidden.size(0), H = hidden.size(1), D = head_dim_;
-    TORCH_CHECK(hidden.is_contiguous() && hidden.scalar_type() == torch::kFloat32,
+    TORCH_CHECK(hidden.is_contiguous() && hidden.scalar_type() == at::kFloat,
                 "DecoderStack: hidden must be float32 [S, H], contiguous");
     const size_t B = rows.size();
     TORCH_CHECK(keys.size() == B && values.size() == B && prefix.size() == B &&
@@ -275,7 +281,7 @@ class DecoderStack {
                       static_cast<int64_t>(prefix[b].size()) == L,
                   "DecoderStack: one entry a layer");
       if (masks[b].defined() && masks[b].numel() > 0)
-        masks[b] = masks[b].to(torch::kUInt8).contiguous();
+        masks[b] = masks[b].to(at::kByte).contiguous();
       total += rows[b];
     }
     TORCH_CHECK(total == S, "DecoderStack: the segments' rows must add up to hidden's");
@@ -288,10 +294,10 @@ class DecoderStack {
         gate_up_k{kernels[4], kernels[5]}, down_k{kernels[6], kernels[7]};
     const int64_t width = (q_heads_ + 2 * kv_heads_) * D;
     const int64_t inner = layers_[0].down.size(1);
-    auto opts = torch::TensorOptions().dtype(torch::kFloat32);
-    auto normed = torch::empty({S, H}, opts), qkv = torch::empty({S, width}, opts),
-         attended = torch::empty({S, q_heads_ * D}, opts), projected = torch::empty({S, H}, opts),
-         gate_up = torch::empty({S, 2 * inner}, opts), gated = torch::empty({S, inner}, opts);
+    auto opts = at::TensorOptions().dtype(at::kFloat);
+    auto normed = at::empty({S, H}, opts), qkv = at::empty({S, width}, opts),
+         attended = at::empty({S, q_heads_ * D}, opts), projected = at::empty({S, H}, opts),
+         gate_up = at::empty({S, 2 * inner}, opts), gated = at::empty({S, inner}, opts);
     float* h = hidden.data_ptr<float>();
     FlushDenormals flushed;
     for (int64_t l = 0; l < L; ++l) {
@@ -303,16 +309,16 @@ class DecoderStack {
                sin.data_ptr<float>());
         attend(l, qkv.data_ptr<float>(), width, rows, keys, values, prefix, masks, mask_modes,
                static_cast<float>(scale), attended.data_ptr<float>());
-        product(attended.data_ptr<float>(), S, w.o, torch::Tensor(), o_k,
+        product(attended.data_ptr<float>(), S, w.o, at::Tensor(), o_k,
                 projected.data_ptr<float>());
         add_into(h, projected.data_ptr<float>(), S * H);
       }
       if (!skip_mlp[l]) {
         rms_norm(h, w.post_norm.data_ptr<float>(), eps_, S, H, normed.data_ptr<float>());
-        product(normed.data_ptr<float>(), S, w.gate_up, torch::Tensor(), gate_up_k,
+        product(normed.data_ptr<float>(), S, w.gate_up, at::Tensor(), gate_up_k,
                 gate_up.data_ptr<float>());
         gated_silu(gate_up.data_ptr<float>(), S, inner, gated.data_ptr<float>());
-        product(gated.data_ptr<float>(), S, w.down, torch::Tensor(), down_k,
+        product(gated.data_ptr<float>(), S, w.down, at::Tensor(), down_k,
                 projected.data_ptr<float>());
         add_into(h, projected.data_ptr<float>(), S * H);
       }
@@ -323,10 +329,10 @@ class DecoderStack {
   // Layer l's attention for every segment: each writes its keys and values into its own
   // cache and its queries see only that cache; one parallel loop over all their tasks.
   void attend(int64_t l, const float* qkv, int64_t width, const std::vector<int64_t>& rows,
-              const std::vector<std::vector<torch::Tensor>>& keys,
-              const std::vector<std::vector<torch::Tensor>>& values,
+              const std::vector<std::vector<at::Tensor>>& keys,
+              const std::vector<std::vector<at::Tensor>>& values,
               const std::vector<std::vector<int64_t>>& prefix,
-              const std::vector<torch::Tensor>& masks, const std::vector<int64_t>& mask_modes,
+              const std::vector<at::Tensor>& masks, const std::vector<int64_t>& mask_modes,
               float scale, float* out) const {
     const int64_t D = head_dim_, group = q_heads_ / kv_heads_, out_width = q_heads_ * D;
     const int64_t k_col = q_heads_ * D, v_col = (q_heads_ + kv_heads_) * D;
@@ -334,8 +340,8 @@ class DecoderStack {
     std::vector<int64_t> first_task{0};  // segment b's tasks: first_task[b] .. first_task[b + 1]
     int64_t work = 0, row = 0;
     for (size_t b = 0; b < rows.size(); ++b) {
-      const torch::Tensor& k = keys[b][l];
-      const torch::Tensor& v = values[b][l];
+      const at::Tensor& k = keys[b][l];
+      const at::Tensor& v = values[b][l];
       const int64_t S = rows[b], start = prefix[b][l], capacity = k.size(2);
       TORCH_CHECK(k.is_contiguous() && v.is_contiguous() && start + S <= capacity,
                   "DecoderStack: the cache must be contiguous with room for the new tokens");
@@ -383,7 +389,7 @@ class DecoderStack {
 namespace autotune {
 void bind_decoder(pybind11::module& m) {
   pybind11::class_<DecoderStack>(m, "DecoderStack")
-      .def(pybind11::init<const std::vector<torch::Tensor>&, int64_t, int64_t, int64_t, double>())
+      .def(pybind11::init<const std::vector<at::Tensor>&, int64_t, int64_t, int64_t, double>())
       // other Python threads (progress bars, a trial worker's heartbeat) run meanwhile
       .def("forward", &DecoderStack::forward,
            pybind11::call_guard<pybind11::gil_scoped_release>());

@@ -8,7 +8,7 @@ reads each weight once per call for up to 64 rows (8 rows: 26 ms on that machine
 row's result does not depend on how many rows share the call. The decoder layers run
 between those products without the per-operation overhead of ~35 torch calls a layer.
 
-It is compiled once per machine with the C++ compiler torch's extensions use (about 30 s),
+It is compiled once per machine with the C++ compiler torch's extensions use (about 20 s),
 into torch's extension folder (``$TORCH_EXTENSIONS_DIR``, by default
 ``~/.cache/torch_extensions``), which every autotune process and trial worker shares. With
 no compiler, or ``AUTOTUNE_NATIVE=0``, the engine keeps torch's kernels and its Python
@@ -110,7 +110,7 @@ def _load() -> Any:
     if shutil.which("ninja") is None and here not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
     if not _built_file().is_file():
-        say("[dim]building the engine's C++ code for this CPU (once, about 30 s)[/dim]")
+        say("[dim]building the engine's C++ code for this CPU (once, about 20 s)[/dim]")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         _drop_stale_lock(folder / "lock")
@@ -129,7 +129,7 @@ def _load() -> Any:
         return None
 
 
-STALE_LOCK_S = 600.0  # a build takes about 30 s, several minutes on a busy machine
+STALE_LOCK_S = 600.0  # a build takes about 20 s, several minutes on a busy machine
 
 
 def _drop_stale_lock(lock: Path) -> None:
