@@ -200,8 +200,8 @@ def profile(
     ),
     trials: int | None = typer.Option(None, min=1, help="Trials of each method's main study."),
     budget: str = typer.Option(
-        "20m",
-        help="Time for the whole run (20m, 1h, 900s): head training, searches, selection "
+        f"{plan.BUDGET_S / 60:.0f}m",
+        help="Time for the whole run (18m, 1h, 900s): head training, searches, selection "
         "and the held-back measurement share it, as the printed plan shows.",
     ),
     time_budget: float | None = typer.Option(

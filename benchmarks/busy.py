@@ -3,12 +3,12 @@ runs one profile beside them, and prints each phase's planned and spent time, th
 command's time against the budget, the exit status and what the profile says of the load.
 
     python benchmarks/busy.py                               # 3 hogs, --methods ngram --budget 5m
-    python benchmarks/busy.py --hogs 3 --budget 20m --methods ''   # the default profile
+    python benchmarks/busy.py --hogs 3 --budget 20m --methods ''   # every method
     python benchmarks/busy.py --hogs 0                      # the same run on a quiet machine
 
 Issue 30's bar: with three hogs on 2 cores, `--methods ngram --budget 5m` ends within
-5:30 and the default profile (20m) within 22:00, each with exit 0, a valid profile and a
-word about the busy machine. A benchmark, not a test: the figures depend on the machine.
+5:30 and the every-method profile (--budget 20m) within 22:00, each with exit 0, a valid
+profile and a word about the busy machine. A benchmark, not a test: the figures depend on the machine.
 """
 
 from __future__ import annotations
