@@ -8,7 +8,8 @@ command's time against the budget, the exit status and what the profile says of 
 
 Issue 30's bar: with three hogs on 2 cores, `--methods ngram --budget 5m` ends within
 5:30 and the every-method profile (--budget 20m) within 22:00, each with exit 0, a valid
-profile and a word about the busy machine. A benchmark, not a test: the figures depend on the machine.
+profile and a word about the busy machine. A benchmark, not a test: the figures depend on
+the machine.
 """
 
 from __future__ import annotations
