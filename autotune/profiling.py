@@ -544,7 +544,7 @@ class Run:
         from autotune.training.job import decode_calibration
 
         seconds = self.begin("answers").seconds
-        decode_calibration(
+        answered = decode_calibration(
             self.ws.target,
             self.ws.prompts_path,
             self.ws.prompts,
@@ -553,17 +553,17 @@ class Run:
             extras=False,
             first_estimate=(plan.answers_seconds(self.facts, 1), plan.LEAST_ANSWERS),
         )
-        self.end(f"answers to {self.facts.answer_prompts} search prompts")
+        self.end(answered.text())
 
     def extra_answers(self) -> list:
         from autotune.training.job import decode_calibration
 
         seconds = self.begin("extra answers").seconds
-        extras = decode_calibration(
+        answered = decode_calibration(
             self.ws.target, self.ws.prompts_path, self.ws.prompts, plan.ANSWER_TOKENS, seconds
         )
-        self.end(f"answers to {len(extras)} packaged calibration prompts")
-        return extras
+        self.end(answered.text())
+        return answered.extras
 
     def probe(self, method: Method) -> None:
         """Cheap evidence on ``method``: a bound, and for a draft-free one a first

@@ -32,7 +32,8 @@ def workload(tmp_path, monkeypatch):
 def test_the_answers_phase_stops_when_the_next_chunk_would_not_fit(tiny_target, workload):
     path, prompts = workload
     # the first chunk always runs (every method calibrates on it); then the time is gone
-    extras = job.decode_calibration(tiny_target, path, prompts, 8, seconds=1e-3)
+    answered = job.decode_calibration(tiny_target, path, prompts, 8, seconds=1e-3)
+    extras = answered.extras
     assert extras == []  # no calibration prompt from the packaged files fitted
     search = split_prompts(prompts)[0]
     trained = job.heads_split(search)
@@ -43,6 +44,8 @@ def test_the_answers_phase_stops_when_the_next_chunk_would_not_fit(tiny_target, 
     known = cache.load([tiny_target.encode_chat(p.text) for p in search], 8)
     decoded = {p.id for p, k in zip(search, known) if k is not None}
     assert decoded == {p.id for p in first}
+    # the time ledger says what the phase bought: the search prompts' answers it decoded
+    assert answered.text() == f"answers to {len(first)} search prompts"
     # the trainers take what was decoded, and nothing else
     keep = job.answered(tiny_target, 8)
     _, train_on, reported, _ = job.training_lists(prompts, extras, keep)

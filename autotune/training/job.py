@@ -118,7 +118,9 @@ def run_heads_train(job: HeadsJob):
         seconds = (
             None if options.time_budget_s is None else plan.ANSWERS_SHARE * options.time_budget_s
         )
-        extras = decode_calibration(target, prompts_path, prompts, options.max_new_tokens, seconds)
+        extras = decode_calibration(
+            target, prompts_path, prompts, options.max_new_tokens, seconds
+        ).extras
         keep = answered(target, options.max_new_tokens)  # what fitted the answers' time
     trained = train_heads_on(
         target, job.kind, options, prompts_path, prompts, extras, started, keep
@@ -258,7 +260,7 @@ def decode_calibration(
     seconds: float | None,
     extras: bool = True,
     first_estimate: tuple[float, int] | None = None,
-) -> list:
+) -> Answered:
     """Fill the model's shared self-distillation set while ``seconds`` last (None: all),
     most needed first: the workload's search split (every method's calibration and the
     heads' report, alternating with what heads train on), the packaged calibration
@@ -268,7 +270,8 @@ def decode_calibration(
     ``first_estimate`` (seconds an answer, least answers): the first chunk, which has no
     measured rate to go by, is cut to what fits at that estimate, never under the least.
     Returns the calibration prompts that were answered: the trainers' extras (none
-    when ``extras`` is False: the search split's first turns alone are decoded)."""
+    when ``extras`` is False: the search split's first turns alone are decoded), and how
+    many answers of each origin were decoded (the rest were cached)."""
     from autotune.budget import Budget
     from autotune.training.distill import GENERATION_BATCH, decode_to_cache
 
@@ -281,23 +284,33 @@ def decode_calibration(
     firsts = [p for pair in itertools.zip_longest(reported, trained) for p in pair if p]
     rate = _process_rate(target.fingerprint)
 
-    def decode(ids: list[list[int]]) -> list[list[int]] | None:
+    decoded = dict.fromkeys(("search prompts", "packaged calibration prompts", "second turns"), 0)
+
+    def decode(ids: list[list[int]], origin: str) -> list[list[int]] | None:
         missing = sum(a is None for a in cache.load(ids, answer_tokens))
         if missing and not rate.fits(missing, budget.left()):
             return None
         with rate.timing(missing):
-            return decode_to_cache(target.model, ids, answer_tokens, GENERATION_BATCH, cache)
+            got = decode_to_cache(target.model, ids, answer_tokens, GENERATION_BATCH, cache)
+        decoded[origin] += missing
+        return got
 
     answers: dict[tuple[str, str], list[int]] = {}  # (id, text): files may share ids
-    chunks = [firsts[i : i + GENERATION_BATCH] for i in range(0, len(firsts), GENERATION_BATCH)]
-    chunks += [pool[i : i + CALIBRATION_CHUNK] for i in range(0, len(pool), CALIBRATION_CHUNK)]
+    chunks = [
+        ("search prompts", firsts[i : i + GENERATION_BATCH])
+        for i in range(0, len(firsts), GENERATION_BATCH)
+    ]
+    chunks += [
+        ("packaged calibration prompts", pool[i : i + CALIBRATION_CHUNK])
+        for i in range(0, len(pool), CALIBRATION_CHUNK)
+    ]
     taken = 0
-    for chunk in chunks:
+    for origin, chunk in chunks:
         left = budget.left()
         if first_estimate is not None and rate.count == 0 and left is not None:
             each, least = first_estimate
             chunk = chunk[: max(least, int(left / max(each, 1e-9)))]
-        got = decode([target.encode_chat(p.text) for p in chunk])
+        got = decode([target.encode_chat(p.text) for p in chunk], origin)
         if got is None:
             break
         answers.update(((p.id, p.text), a) for p, a in zip(chunk, got))
@@ -310,11 +323,25 @@ def decode_calibration(
     for i in range(0, len(seconds_due), CALIBRATION_CHUNK):
         chunk = seconds_due[i : i + CALIBRATION_CHUNK]
         turns = [_second_turn(target, p, answers[p.id, p.text]) for p in chunk]
-        if decode(turns) is None:
+        if decode(turns, "second turns") is None:
             break
     if taken < len(pool):
         say(f"answers to {taken} of {len(pool)} calibration prompts fitted the time")
-    return pool[:taken]
+    return Answered(pool[:taken], decoded)
+
+
+@dataclass(frozen=True)
+class Answered:
+    """What ``decode_calibration`` did: the packaged calibration prompts answered (the
+    trainers' extras) and the answers it decoded, by origin."""
+
+    extras: list
+    decoded: dict[str, int]
+
+    def text(self) -> str:
+        """What the answers phase bought, for the profile's time ledger."""
+        parts = [f"{n} {origin}" for origin, n in self.decoded.items() if n]
+        return f"answers to {', '.join(parts)}" if parts else "no answer: all were cached"
 
 
 def _process_rate(fingerprint: str) -> _Rate:
