@@ -31,10 +31,9 @@ BUDGET_S = 18 * 60.0
 HELDBACK_PROMPTS = 24
 HELDBACK_TOKENS = 128
 SELECT_PROMPTS = 12  # the race's most: it stops sooner once one candidate is left
-# The held-back measurement's first look (``measure.sequential``), and the fewest
-# prompts it takes when short of time (``measure.stats.MIN_PROMPTS``); the prompts it is
-# planned for (its later looks decode more while the verdict is undecided).
-HELDBACK_LEAST = 8
+# The prompts the held-back measurement is planned for: its first look
+# (``measure.sequential.FIRST_LOOK``; fewer when short of time, down to
+# ``measure.stats.MIN_PROMPTS``), its later looks decoding more while it is undecided.
 HELDBACK_PLANNED = 12
 LEAST_INTERVAL_PROMPTS = 6
 # A method is recommended when its held-back interval's low end clears 1 + MARGIN.

@@ -170,18 +170,18 @@ def test_a_measurement_with_a_time_limit_stops_after_its_least(tiny_target):
 
 def test_a_held_back_first_look_short_of_time_takes_the_least_an_interval_needs(tiny_llama):
     from autotune.budget import Budget
-    from autotune.measure.sequential import measure_until_decided
+    from autotune.measure.sequential import FIRST_LOOK, measure_until_decided
     from autotune.measure.stats import MIN_PROMPTS
 
-    prompts = [EncodedPrompt(f"q{i}", [1, 7 + i, 9, 33]) for i in range(12)]
+    prompts = [EncodedPrompt(f"q{i}", [1, 7 + i, 9, 33]) for i in range(FIRST_LOOK + 4)]
     session = SideBySide(Runner(tiny_llama), {"m": drafter}, 4)
     result = measure_until_decided(session, prompts, "m", 1.0, budget=Budget(0.0))
-    assert len(session.measurements["m"].prompts) == MIN_PROMPTS < 8
+    assert len(session.measurements["m"].prompts) == MIN_PROMPTS < FIRST_LOOK
     assert result.looks == 1 and result.stopped in {"time", "decided"}
     # with time, the first look is whole
     session = SideBySide(Runner(tiny_llama), {"m": drafter}, 4)
     measure_until_decided(session, prompts, None, 1.0, budget=Budget(600.0))
-    assert len(session.measurements["m"].prompts) == 8
+    assert len(session.measurements["m"].prompts) == FIRST_LOOK
 
 
 def test_past_the_runs_deadline_the_held_back_measurement_stops_after_one_prompt(tiny_llama):
