@@ -134,19 +134,15 @@ def _figures(path: Path, env: dict) -> None:
 # What the engines ship: the setting a user deploys without tuning (benchmarks/ngram.py
 # has the sources).
 def _published(method: str) -> dict:
-    from autotune.drafters.ngram import LookupConfig, NgramDrafter
-    from autotune.drafters.suffix import SuffixConfig
+    from ngram import published
+
+    from autotune.drafters.ngram import NgramDrafter
     from autotune.measure.timing import Variant
     from autotune.methods import registry
 
     if method != "ngram":
         return {}
-    suffix = registry.method("ngram").space().suffix.start  # the packaged space's start
-    configs = {
-        "transformers prompt lookup": LookupConfig(1, 2, 10, 1, 1, 10, "first"),
-        "vLLM ngram": LookupConfig(5, 5, 5, 1, 1, 5, "first"),
-        "vLLM suffix": SuffixConfig(**suffix.model_dump()),
-    }
+    configs = published(registry.method("ngram").space())  # the packaged space
     return {
         f"default: {name}": Variant(lambda c=config: NgramDrafter(c))
         for name, config in configs.items()

@@ -30,9 +30,9 @@ import sys
 from functools import partial
 
 from _report import machine_line, watch_machine
+from ngram import published
 
-from autotune.drafters.ngram import LookupConfig, NgramDrafter
-from autotune.drafters.suffix import SuffixConfig
+from autotune.drafters.ngram import NgramDrafter
 from autotune.measure.stats import Pairs, bootstrap_interval
 from autotune.measure.timing import Variant, interval_text, measure_variants
 from autotune.methods import registry
@@ -49,21 +49,13 @@ RANDOM_STARTS = 20  # of each kind, besides the defaults and the space's starts:
 # may stop at a local best
 
 
-def published(space) -> dict[str, LookupConfig | SuffixConfig]:
-    """The defaults a user deploys untuned, run by our drafters (benchmarks/ngram.py and
-    the space's comments give the sources)."""
-    return {
-        "transformers prompt lookup": LookupConfig(1, 2, 10, 1, 1, 10, "first"),
-        "vLLM ngram": LookupConfig(5, 5, 5, 1, 1, 5, "first"),
-        "vLLM suffix": SuffixConfig(**space.suffix.start.model_dump()),
-    }
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=16, help="held-back prompts")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     args = parser.parse_args(argv)
+    if args.prompts < 2 or args.max_new_tokens < 2:
+        parser.error("--prompts and --max-new-tokens must be at least 2")
 
     ws = Workspace.open(TargetRef.for_user("smollm2-135m"), None, None, need_storage=False)
     space = registry.method("ngram").space()
