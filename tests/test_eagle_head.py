@@ -32,6 +32,7 @@ from autotune.training.eagle import (
     unrolled_mask,
 )
 from autotune.training.job import HeadsJob, run_heads_train, trained_on
+from autotune.training.kinds import kind
 from autotune.training.loss import IGNORE, TrainingVocab
 from autotune.training.medusa import MedusaOptions
 
@@ -403,6 +404,23 @@ def test_medusa_only_options_are_refused(tmp_path, tiny_llama_dir, no_model_load
     line = result.stderr.strip()
     assert line.startswith("error: ") and "--num-heads" in line and "Medusa" in line
     assert not out.exists()
+
+
+def test_options_with_applies_given_values_and_refuses_missing_options():
+    given = {"num_heads": None, "max_new_tokens": 32, "epochs": None, "time_budget_s": 9.0}
+    options = kind("eagle").options_with(given)
+    assert options == EagleOptions(max_new_tokens=32, time_budget_s=9.0)
+    assert kind("medusa").options_with({"num_heads": 3}) == MedusaOptions(num_heads=3)
+    with pytest.raises(AutotuneError) as refused:
+        kind("eagle").options_with({**given, "num_heads": 3})
+    assert str(refused.value) == (
+        "--num-heads is for Medusa heads only: an EAGLE head is one decoder layer that "
+        "drafts depth by depth; leave --num-heads out"
+    )
+    with pytest.raises(AutotuneError, match="--num-heads is for Medusa heads only: a GLIDE"):
+        kind("glide").options_with({"num_heads": 3})
+    with pytest.raises(AutotuneError, match="medusa heads have no option 'block'"):
+        kind("medusa").options_with({"block": 3})
 
 
 def test_bad_options(tmp_path, tiny_llama_dir, no_model_load):
