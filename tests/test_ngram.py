@@ -28,6 +28,7 @@ from autotune.measure.timing import (
     categories_in_turn,
 )
 from autotune.methods import registry
+from autotune.methods.ngram.calibration import KINDS
 from autotune.methods.ngram.replay import Continuation, Costs, Replayer, accepted_along, replay
 from autotune.methods.ngram.search import Scored, ascend
 from autotune.methods.ngram.settings import (
@@ -36,9 +37,9 @@ from autotune.methods.ngram.settings import (
     block_of,
     config_of,
 )
+from autotune.methods.ngram.side_by_side import category_verdicts, with_default
 from autotune.methods.ngram.space import PerCategory
 from autotune.methods.ngram.trials import config_from_params, params_from_config
-from autotune.methods.ngram.tune import KINDS, category_verdicts, with_default
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
