@@ -9,7 +9,8 @@ import torch
 from autotune.engine import native
 from autotune.engine.batched import decode_batch
 from autotune.engine.decoding import decode_plain
-from autotune.engine.runner import Runner, Segment
+from autotune.engine.runner import Runner
+from autotune.engine.segment import Segment
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -33,8 +33,9 @@ from autotune.engine.decoding import (
 )
 from autotune.engine.kvcache import KVCache
 from autotune.engine.proposal import Draft, DraftContext, Drafter
-from autotune.engine.runner import Runner, Segment
+from autotune.engine.runner import ExtraRows, Runner
 from autotune.engine.sampling import GREEDY
+from autotune.engine.segment import Segment
 
 
 @dataclass
@@ -112,6 +113,31 @@ class _Request:
     ended: bool = False  # an end-of-sequence token was emitted
 
 
+@dataclass
+class _Batch:
+    """One ``decode_batch`` call: what it was asked, and what its requests have done."""
+
+    runner: Runner
+    prompts: list[list[int]]
+    max_new_tokens: int
+    concurrency: int
+    new_drafter: Callable[[], Drafter] | None
+    prefills: Prefills | None
+    waiting: list[int] = field(init=False)  # prompt indices, the next one last
+    results: list[DecodeResult | None] = field(init=False)
+    latencies: list[float] = field(init=False)
+    # heads that share the target's lm_head (Medusa) ask for the same rows in every request
+    extra_rows: ExtraRows | None = None
+    forwards: int = 0
+    prefill_seconds: float = 0.0
+    prefilled: int = 0
+
+    def __post_init__(self) -> None:
+        self.waiting = list(range(len(self.prompts)))[::-1]
+        self.results = [None] * len(self.prompts)
+        self.latencies = [0.0] * len(self.prompts)
+
+
 def decode_batch(
     runner: Runner,
     prompts: list[list[int]],
@@ -126,62 +152,82 @@ def decode_batch(
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
     generator = torch.Generator()
-    eos = runner.eos_token_ids
-    waiting = list(range(len(prompts)))[::-1]
+    batch = _Batch(runner, prompts, max_new_tokens, concurrency, new_drafter, prefills)
     running: list[_Request] = []
-    results: list[DecodeResult | None] = [None] * len(prompts)
-    latencies = [0.0] * len(prompts)
-    # heads that share the target's lm_head (Medusa) ask for the same rows in every request
-    extra_rows = None
-    forwards, prefill_seconds, prefilled = 0, 0.0, 0
     start = time.perf_counter()
-
-    def finish(requests: list[_Request]) -> list[_Request]:
-        now, still = time.perf_counter(), []
-        for request in requests:
-            if request.ended or _finished(request.result.tokens, max_new_tokens, eos):
-                request.result.tokens = _truncate(request.result.tokens, max_new_tokens, eos)
-                results[request.index] = request.result
-                latencies[request.index] = now - request.admitted
-            else:
-                still.append(request)
-        return still
-
-    while waiting or running:
-        admitted: list[_Request] = []
-        while waiting and len(running) + len(admitted) < concurrency:
-            index = waiting.pop()
-            drafter = new_drafter() if new_drafter is not None else None
-            if drafter is not None:
-                drafter.reset()
-                if extra_rows is None:
-                    extra_rows = drafter.extra_rows(runner)
-            prompt = prompts[index]
-            cache = runner.new_cache(capacity=cache_capacity(prompt, max_new_tokens))
-            admitted.append(_Request(index, prompt, cache, time.perf_counter(), drafter))
+    while batch.waiting or running:
+        admitted = _admit(batch, len(running))
         if admitted:
             began = time.perf_counter()
-            prefilled += _prefill(runner, admitted, extra_rows, max_new_tokens, prefills)
-            prefill_seconds += time.perf_counter() - began
-            running += finish(admitted)
-        if not running:
-            continue
-        drafts = _propose_all(runner, running, max_new_tokens, generator)
-        segments = []
-        for request, draft in zip(running, drafts):
-            committed = len(request.prompt) + len(request.result.tokens) - 1
-            request.cache.crop(committed)
-            segments.append(
-                verify_segment(runner, request.cache, committed, request.result.tokens[-1], draft)
+            batch.prefilled += _prefill(
+                runner, admitted, batch.extra_rows, max_new_tokens, prefills
             )
-        outputs = runner.forward_batch(segments, extra_rows=extra_rows)
-        forwards += 1
-        for request, draft, out in zip(running, drafts, outputs):
-            _commit(request, draft, out, eos)
-        running = finish(running)
+            batch.prefill_seconds += time.perf_counter() - began
+            running += _finish(batch, admitted)
+        if running:
+            running = _finish(batch, _step(batch, running, generator))
     seconds = time.perf_counter() - start
-    done = [r for r in results if r is not None]
-    return BatchRun(done, latencies, seconds, forwards, concurrency, prefill_seconds, prefilled)
+    done = [r for r in batch.results if r is not None]
+    return BatchRun(
+        done,
+        batch.latencies,
+        seconds,
+        batch.forwards,
+        concurrency,
+        batch.prefill_seconds,
+        batch.prefilled,
+    )
+
+
+def _admit(batch: _Batch, in_flight: int) -> list[_Request]:
+    """The waiting requests that fit beside the ``in_flight`` ones, each with its cache
+    and its drafter (reset)."""
+    admitted: list[_Request] = []
+    while batch.waiting and in_flight + len(admitted) < batch.concurrency:
+        index = batch.waiting.pop()
+        drafter = batch.new_drafter() if batch.new_drafter is not None else None
+        if drafter is not None:
+            drafter.reset()
+            if batch.extra_rows is None:
+                batch.extra_rows = drafter.extra_rows(batch.runner)
+        prompt = batch.prompts[index]
+        capacity = cache_capacity(prompt, batch.max_new_tokens)
+        cache = batch.runner.new_cache(capacity=capacity)
+        admitted.append(_Request(index, prompt, cache, time.perf_counter(), drafter))
+    return admitted
+
+
+def _finish(batch: _Batch, requests: list[_Request]) -> list[_Request]:
+    """The requests still decoding; the others' results and latencies kept in ``batch``."""
+    now, still = time.perf_counter(), []
+    limit, eos = batch.max_new_tokens, batch.runner.eos_token_ids
+    for request in requests:
+        if request.ended or _finished(request.result.tokens, limit, eos):
+            request.result.tokens = _truncate(request.result.tokens, limit, eos)
+            batch.results[request.index] = request.result
+            batch.latencies[request.index] = now - request.admitted
+        else:
+            still.append(request)
+    return still
+
+
+def _step(batch: _Batch, running: list[_Request], generator) -> list[_Request]:
+    """One decoding forward over every running request: each drafts, the target verifies
+    all the drafts at once, each keeps what it accepted. Returns ``running``."""
+    runner = batch.runner
+    drafts = _propose_all(runner, running, batch.max_new_tokens, generator)
+    segments = []
+    for request, draft in zip(running, drafts):
+        committed = len(request.prompt) + len(request.result.tokens) - 1
+        request.cache.crop(committed)
+        segments.append(
+            verify_segment(runner, request.cache, committed, request.result.tokens[-1], draft)
+        )
+    outputs = runner.forward_batch(segments, extra_rows=batch.extra_rows)
+    batch.forwards += 1
+    for request, draft, out in zip(running, drafts, outputs):
+        _commit(request, draft, out, runner.eos_token_ids)
+    return running
 
 
 def _prefill(

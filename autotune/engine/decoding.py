@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 import torch
 
 from autotune.engine.proposal import DraftContext, Drafter, VerifyResult
-from autotune.engine.runner import ExtraRows, Runner, Segment
+from autotune.engine.runner import ExtraRows, Runner
 from autotune.engine.sampling import GREEDY, SamplingConfig, probabilities, sample
+from autotune.engine.segment import Segment
 from autotune.engine.tree import TreeShape
 from autotune.engine.verify import (
     TypicalAcceptance,

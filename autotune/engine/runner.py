@@ -17,23 +17,12 @@ import torch
 
 from autotune.engine import kernels, layers
 from autotune.engine.kvcache import KVCache
+from autotune.engine.segment import LayerRows, Segment
 from autotune.engine.skip import NO_SKIP, SkipMask
 from autotune.engine.stack import NativeStack
 
 # Maps the final-normed hidden states [S, H] to more rows [R, H] for the lm_head product.
 ExtraRows = Callable[[torch.Tensor], torch.Tensor]
-
-
-@dataclass
-class Segment:
-    """One sequence's part of a batched forward (``Runner.forward_batch``): its tokens [S]
-    at their positions [S], its own cache, and its mask as ``Runner.forward`` takes it."""
-
-    tokens: torch.Tensor
-    positions: torch.Tensor
-    cache: KVCache
-    mask: torch.Tensor | None = None
-    last_only: bool = False  # logits of its last token only (a prefill)
 
 
 @dataclass
@@ -140,11 +129,12 @@ class Runner:
         )
         hidden = self.embed(tokens.view(1, total))
         rope = self.rotary(hidden, positions.view(1, total))
+        layer_rows = LayerRows(rope, segments, counts, skip)
         if self.stack is not None:
             hidden = hidden[0]
-            self.stack.run(hidden, rope, segments, counts, skip)
+            self.stack.run(hidden, layer_rows)
         else:
-            hidden = self._python_layers(hidden, rope, segments, counts, skip)[0]
+            hidden = self._python_layers(hidden, layer_rows)[0]
         bounds = list(itertools.accumulate(counts, initial=0))
         hiddens = [hidden[a:b] for a, b in itertools.pairwise(bounds)]
         picked = [h[-1:] if s.last_only else h for h, s in zip(hiddens, segments)]
@@ -169,16 +159,10 @@ class Runner:
             start = end
         return outputs
 
-    def _python_layers(
-        self,
-        hidden: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        segments: list[Segment],
-        counts: list[int],
-        skip: SkipMask,
-    ) -> torch.Tensor:
+    def _python_layers(self, hidden: torch.Tensor, rows: LayerRows) -> torch.Tensor:
         """The decoder layers over ``hidden`` [1, S, H] (the segments' rows one after
         another), written out in torch operations."""
+        rope, segments, counts, skip = rows.rope, rows.segments, rows.counts, rows.skip
         bounds = list(itertools.accumulate(counts, initial=0))
         rotations = [
             layers.Rotation((rope[0][:, a:b], rope[1][:, a:b]))

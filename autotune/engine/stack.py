@@ -10,22 +10,35 @@ compiler) the runner keeps its Python layers (``engine.layers``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from autotune.engine import kernels, layers, native
-from autotune.engine.skip import SkipMask
-
-if TYPE_CHECKING:
-    from autotune.engine.runner import Runner, Segment
+from autotune.engine.layers import Fused, Product
+from autotune.engine.segment import LayerRows
 
 _KERNEL_CODES = {kernels.LINEAR: 0, kernels.TRANSPOSED: 1, kernels.SMALL: 2}
 CAUSAL, NEW_TOKENS, WHOLE = 0, 1, 2  # how ``decoder.cpp`` reads the mask
 _NO_MASK = torch.empty(0, dtype=torch.uint8)
 
 
-def unsupported(runner: Runner) -> str | None:
+class StackedModel(Protocol):
+    """What the C++ layers read of a runner (``engine.runner.Runner``): the model, its
+    decoder layers and their fused products, where and how it computes."""
+
+    model: Any
+    config: Any
+    layers: list[Any]
+    fused: list[tuple[Fused, Fused]]
+    lm_head: Any
+    num_layers: int
+    device: torch.device
+    dtype: torch.dtype
+    product: Product
+
+
+def unsupported(runner: StackedModel) -> str | None:
     """Why the C++ layers cannot run this runner's model, or None when they can."""
     config = runner.config
     if runner.device.type != "cpu" or runner.dtype != torch.float32:
@@ -51,7 +64,7 @@ def unsupported(runner: Runner) -> str | None:
     return None
 
 
-def move_to_huge_pages(runner: Runner) -> None:
+def move_to_huge_pages(runner: StackedModel) -> None:
     """Copy the weights every forward streams into memory of 2 MiB pages, once per model,
     and point the modules at the copies (the same values): TLB misses of 4 KiB pages made
     products over 8 rows 1.4x slower on 2 cores (``huge_pages.cpp``). Skipped where the
@@ -79,7 +92,7 @@ def move_to_huge_pages(runner: Runner) -> None:
 class NativeStack:
     """Every decoder layer of a forward in one C++ call."""
 
-    def __init__(self, runner: Runner):
+    def __init__(self, runner: StackedModel):
         move_to_huge_pages(runner)
         weights: list[torch.Tensor] = []
         for layer, (qkv, gate_up) in zip(runner.layers, runner.fused):
@@ -114,20 +127,13 @@ class NativeStack:
         )
 
     @classmethod
-    def of(cls, runner: Runner) -> NativeStack | None:
+    def of(cls, runner: StackedModel) -> NativeStack | None:
         return None if unsupported(runner) else cls(runner)
 
-    def run(
-        self,
-        hidden: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        segments: list[Segment],
-        counts: list[int],
-        skip: SkipMask,
-    ) -> None:
+    def run(self, hidden: torch.Tensor, rows: LayerRows) -> None:
         """Every layer over ``hidden`` [S, H] (updated in place), the segments' rows one
-        after another, as ``Runner.forward_batch`` describes; ``rope``: (cos, sin)
-        [1, S, D] at the tokens' positions."""
+        after another, as ``Runner.forward_batch`` describes."""
+        rope, segments, counts, skip = rows.rope, rows.segments, rows.counts, rows.skip
         attends = [i not in skip.attention for i in range(self.num_layers)]
         prefixes, masks, modes = [], [], []
         for segment, seq in zip(segments, counts):
