@@ -27,38 +27,21 @@ from __future__ import annotations
 import json
 
 from autotune.engine.tree import chain_tree, check_tree
-from autotune.export import releases
-from autotune.export.base import (
-    Companion,
-    Deployment,
-    Exporter,
-    Flow,
-    Rendered,
-    cape_warning,
-    comment_lines,
-    json_text,
-    speculative_config,
-)
+from autotune.export.base import Companion, Deployment, Flow, Rendered, cape_warning, json_text
 from autotune.export.choices import (
     format_choices,
     is_chain,
     max_branching,
     tree_depth,
 )
-from autotune.export.load import (
-    add_trtllm_cutoff,
-    add_vllm_schedule,
-    load_note,
-    sglang_adaptive_config,
-    unmeasured_above_warning,
-)
+from autotune.export.load import load_note, sglang_adaptive_config, unmeasured_above_warning
 from autotune.methods.eagle.settings import DynamicEagleTree, EagleSettings
+from autotune.methods.export_common import engine_exporter, flags_file, trtllm_file, vllm_file
 
 
 def render_vllm(d: Deployment) -> Rendered:
     config, warnings, notes = _vllm_config(d.settings)
-    add_vllm_schedule(config, d.settings.load, warnings, notes, "eagle")
-    return speculative_config(VLLM, d, config, warnings, notes, command_line=True)
+    return vllm_file(VLLM, d, config, warnings, notes, "eagle")
 
 
 def _vllm_config(eagle: EagleSettings) -> tuple[dict, list[str], list[str]]:
@@ -76,12 +59,20 @@ def _vllm_config(eagle: EagleSettings) -> tuple[dict, list[str], list[str]]:
         )
     if eagle.draft_vocab:
         warnings.append(
-            f"vLLM's EAGLE drafts over the whole vocabulary: the draft vocabulary "
-            f"of the head folder's {eagle.draft_vocab} most frequent tokens is not "
-            f"expressible (the output is the same; drafting costs more)"
+            _whole_vocabulary(
+                "vLLM", eagle.draft_vocab, "the output is the same; drafting costs more"
+            )
         )
     warnings += cape_warning("vLLM", eagle.cape)
     return config, warnings, notes
+
+
+def _whole_vocabulary(title: str, draft_vocab: int, cost: str) -> str:
+    """An engine without the head folder's draft vocabulary (``cost``: what that costs)."""
+    return (
+        f"{title}'s EAGLE drafts over the whole vocabulary: the draft vocabulary of the head "
+        f"folder's {draft_vocab} most frequent tokens is not expressible ({cost})"
+    )
 
 
 def _static_tree(eagle: EagleSettings, warnings: list[str]) -> list[tuple[int, ...]]:
@@ -136,10 +127,7 @@ def render_sglang(d: Deployment) -> Rendered:
     companion = _adaptive_schedule(eagle, steps, topk, warnings, notes)
     if companion is not None:
         flags += [("--speculative-adaptive", None), ("--speculative-adaptive-config", ADAPTIVE)]
-    lines = comment_lines(SGLANG, d, warnings, notes)
-    body = [flag if value is None else f"{flag} {_quote(value)}" for flag, value in flags]
-    lines += [line + " \\" for line in body[:-1]] + body[-1:]
-    return Rendered("\n".join(lines) + "\n", warnings, companion=companion)
+    return flags_file(SGLANG, d, warnings, notes, flags, companion=companion)
 
 
 # the adaptive schedule's file, as the flags name it until the export is written beside it
@@ -188,17 +176,10 @@ def _tree_flags(eagle: EagleSettings, warnings: list[str]) -> tuple[int, int, in
     return flags
 
 
-def _quote(value) -> str:
-    import shlex
-
-    return shlex.quote(str(value))
-
-
 def render_trtllm(d: Deployment) -> Rendered:
     config, warnings, notes = _trtllm_config(d.settings)
     length = int(config.get("max_total_draft_tokens") or config.get("max_draft_len") or 1)
-    add_trtllm_cutoff(config, d.settings.load, warnings, notes, length)
-    return speculative_config(TRTLLM, d, config, warnings, notes)
+    return trtllm_file(TRTLLM, d, config, warnings, notes, length)
 
 
 def _trtllm_config(eagle: EagleSettings) -> tuple[dict, list[str], list[str]]:
@@ -227,9 +208,7 @@ def _trtllm_config(eagle: EagleSettings) -> tuple[dict, list[str], list[str]]:
         )
     if eagle.draft_vocab:
         warnings.append(
-            f"TensorRT-LLM's EAGLE drafts over the whole vocabulary: the draft "
-            f"vocabulary of the head folder's {eagle.draft_vocab} most frequent "
-            f"tokens is not expressible (same output, slower drafting)"
+            _whole_vocabulary("TensorRT-LLM", eagle.draft_vocab, "same output, slower drafting")
         )
     warnings += cape_warning("TensorRT-LLM", eagle.cape)
     return config, warnings, notes
@@ -259,24 +238,9 @@ def _dynamic(eagle: EagleSettings, warnings: list[str]) -> dict:
     }
 
 
-VLLM = Exporter(
-    engine="vllm",
-    engine_version=f"{releases.VLLM}: speculative_config method eagle",
-    filename="vllm_speculative_config.yaml",
-    render=render_vllm,
-)
-SGLANG = Exporter(
-    engine="sglang",
-    engine_version=f"{releases.SGLANG}: python -m sglang.launch_server --speculative-*",
-    filename="sglang_flags.txt",
-    render=render_sglang,
-)
-TRTLLM = Exporter(
-    engine="trtllm",
-    engine_version=f"{releases.TRTLLM}: LLM API EagleDecodingConfig",
-    filename="trtllm_extra_llm_api_options.yaml",
-    render=render_trtllm,
-)
+VLLM = engine_exporter("vllm", "speculative_config method eagle", render_vllm)
+SGLANG = engine_exporter("sglang", "python -m sglang.launch_server --speculative-*", render_sglang)
+TRTLLM = engine_exporter("trtllm", "LLM API EagleDecodingConfig", render_trtllm)
 
 EXPORTERS = {e.engine: e for e in (VLLM, SGLANG, TRTLLM)}
 CANNOT = {

@@ -71,7 +71,7 @@ def reference_config(
 ) -> tuple[dict, list[str], list[str]]:
     """(settings for the reference code, warnings, notes)."""
     warnings: list[str] = []
-    notes: list[str] = []
+    notes: list[str] = []  # a CAPE table's, where there is one
     cape = block.cape if block.cape is not None and block.cape.enabled else None
     length = (cape.chain_depth if cape else None) or block.draft.max_tokens
     config: dict = {
@@ -100,23 +100,29 @@ def reference_config(
             f"output, slower drafting)"
         )
     if cape is not None:
-        table, table_warnings = cape_table(cape)
-        config["cape"] = {
-            "bins": cape.bins,
-            "expansion": cape.expansion,
-            "max_verify_tokens": cape.max_verify_tokens,
-            "bin": table,
-        }
-        warnings += table_warnings
-        notes.append(f"run with expand_cape and --bin {' '.join(map(str, table))}")
-        widest = 1 + length * max(cape.expansion)
-        if widest > cape.max_verify_tokens:
-            warnings.append(
-                f"the reference verifies every step's tokens (up to {widest} here); "
-                f"autotune caps the tree at {cape.max_verify_tokens} tokens"
-            )
+        config["cape"], cape_warnings, notes = _cape_reference(cape, length)
+        warnings += cape_warnings
     warnings += _layout_warnings(_draft_record(block.head, base_dir))
     return config, warnings, notes
+
+
+def _cape_reference(cape, length: int) -> tuple[dict, list[str], list[str]]:
+    """(the ``cape`` entry, warnings, notes) for a fitted CAPE block and a chain of
+    ``length`` tokens."""
+    table, warnings = cape_table(cape)
+    entry = {
+        "bins": cape.bins,
+        "expansion": cape.expansion,
+        "max_verify_tokens": cape.max_verify_tokens,
+        "bin": table,
+    }
+    widest = 1 + length * max(cape.expansion)
+    if widest > cape.max_verify_tokens:
+        warnings.append(
+            f"the reference verifies every step's tokens (up to {widest} here); "
+            f"autotune caps the tree at {cape.max_verify_tokens} tokens"
+        )
+    return entry, warnings, [f"run with expand_cape and --bin {' '.join(map(str, table))}"]
 
 
 def _layout_warnings(record: dict | None) -> list[str]:

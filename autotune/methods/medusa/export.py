@@ -11,21 +11,15 @@
 from __future__ import annotations
 
 from autotune.export import releases
-from autotune.export.base import (
-    Deployment,
-    Exporter,
-    Rendered,
-    speculative_config,
-)
+from autotune.export.base import Deployment, Rendered
 from autotune.export.choices import is_chain
-from autotune.export.load import add_vllm_schedule
+from autotune.methods.export_common import engine_exporter, vllm_file
 from autotune.methods.medusa.settings import MedusaSettings
 
 
 def render_vllm(d: Deployment) -> Rendered:
     config, warnings, notes = _vllm_config(d.settings)
-    add_vllm_schedule(config, d.settings.load, warnings, notes, "medusa")
-    return speculative_config(VLLM, d, config, warnings, notes, command_line=True)
+    return vllm_file(VLLM, d, config, warnings, notes, "medusa")
 
 
 def _vllm_config(medusa: MedusaSettings) -> tuple[dict, list[str], list[str]]:
@@ -54,12 +48,7 @@ def _vllm_config(medusa: MedusaSettings) -> tuple[dict, list[str], list[str]]:
     return config, warnings, notes
 
 
-VLLM = Exporter(
-    engine="vllm",
-    engine_version=f"{releases.VLLM}: speculative_config method medusa",
-    filename="vllm_speculative_config.yaml",
-    render=render_vllm,
-)
+VLLM = engine_exporter("vllm", "speculative_config method medusa", render_vllm)
 EXPORTERS = {e.engine: e for e in (VLLM,)}
 CANNOT = {
     "trtllm": f"its LLM API has no Medusa decoding config ({releases.TRTLLM} has none; earlier "

@@ -30,22 +30,13 @@ by that engine's rule, ``drafters.engine_lookup``), the export to that engine wr
 
 from __future__ import annotations
 
-import shlex
-
 from autotune.drafters.engine_lookup import EngineLookupConfig
 from autotune.drafters.ngram import LookupConfig
 from autotune.drafters.suffix import SuffixConfig
-from autotune.export import load, releases
-from autotune.export.base import (
-    Deployment,
-    Exporter,
-    Rendered,
-    about_text,
-    comment_lines,
-    json_text,
-    speculative_config,
-)
+from autotune.export import load
+from autotune.export.base import Deployment, Rendered, about_text, json_text
 from autotune.measure.load import requests_text
+from autotune.methods.export_common import engine_exporter, flags_file, trtllm_file, vllm_file
 from autotune.methods.ngram.settings import Config, NgramSettings, describe
 
 
@@ -121,8 +112,7 @@ def render_vllm(d: Deployment) -> Rendered:
         body, warnings, notes = _vllm_ngram(config, d)
     warnings += per_category_warning("vLLM", spec)
     warnings += rule_warning("vLLM", "vllm", config)
-    load.add_vllm_schedule(body, spec.load, warnings, notes, "n-gram")
-    return speculative_config(VLLM, d, body, warnings, notes, command_line=True)
+    return vllm_file(VLLM, d, body, warnings, notes, "n-gram")
 
 
 def _vllm_ngram(
@@ -210,6 +200,15 @@ def render_sglang(d: Deployment) -> Rendered:
         ("--speculative-ngram-match-type", match_type),
         ("--speculative-ngram-max-trie-depth", config.max_match + config.draft_tokens),
     ]
+    notes = [
+        "append these flags to: python -m sglang.launch_server --model-path MODEL",
+        "--speculative-num-draft-tokens counts the last verified token too",
+        "--speculative-ngram-max-trie-depth holds the match and the drafted continuation together",
+    ]
+    return flags_file(SGLANG, d, _sglang_warnings(spec, config), notes, flags)
+
+
+def _sglang_warnings(spec: NgramSettings, config: Config) -> list[str]:
     warnings = [
         "SGLang drafts from a trie of the tokens its requests produced (a cache shared "
         "across requests), breadth first, with a breadth that narrows as the match grows: "
@@ -238,15 +237,7 @@ def render_sglang(d: Deployment) -> Rendered:
                 else ""
             )
         )
-    notes = [
-        "append these flags to: python -m sglang.launch_server --model-path MODEL",
-        "--speculative-num-draft-tokens counts the last verified token too",
-        "--speculative-ngram-max-trie-depth holds the match and the drafted continuation together",
-    ]
-    lines = comment_lines(SGLANG, d, warnings, notes)
-    body = [f"{flag} {shlex.quote(str(value))}" for flag, value in flags]
-    lines += [line + " \\" for line in body[:-1]] + body[-1:]
-    return Rendered("\n".join(lines) + "\n", warnings)
+    return warnings
 
 
 # --- transformers --------------------------------------------------------------------------
@@ -339,11 +330,8 @@ def render_llamacpp(d: Deployment) -> Rendered:
             f"llama-server has no per-batch gate: with -np {spec.load.crossover} or more "
             "busy slots speculation measured no faster; serve without it there"
         )
-    lines = comment_lines(LLAMACPP, d, warnings, notes)
-    lines.append(
-        " ".join(f"{flag} {value}" for flag, value in zip(FLAGS, ("ngram-simple", size_n, size_m)))
-    )
-    return Rendered("\n".join(lines) + "\n", warnings)
+    flags = zip(FLAGS, ("ngram-simple", size_n, size_m))
+    return flags_file(LLAMACPP, d, warnings, notes, list(flags), one_line=True)
 
 
 # --- TensorRT-LLM --------------------------------------------------------------------------
@@ -381,41 +369,18 @@ def render_trtllm(d: Deployment) -> Rendered:
         "the PyTorch backend serves NGram; pass this file with --extra_llm_api_options",
         _rule_note("TensorRT-LLM", "trtllm", config, d),
     ]
-    load.add_trtllm_cutoff(body, spec.load, warnings, notes, length)
-    return speculative_config(TRTLLM, d, body, warnings, notes)
+    return trtllm_file(TRTLLM, d, body, warnings, notes, length)
 
 
-VLLM = Exporter(
-    engine="vllm",
-    engine_version=f"{releases.VLLM}: speculative_config method ngram or suffix",
-    filename="vllm_speculative_config.yaml",
-    render=render_vllm,
+VLLM = engine_exporter("vllm", "speculative_config method ngram or suffix", render_vllm)
+SGLANG = engine_exporter("sglang", "python -m sglang.launch_server NGRAM flags", render_sglang)
+HF = engine_exporter(
+    "hf",
+    "generate() prompt lookup (prompt_lookup_num_tokens, max_matching_ngram_size)",
+    render_hf,
 )
-SGLANG = Exporter(
-    engine="sglang",
-    engine_version=f"{releases.SGLANG}: python -m sglang.launch_server NGRAM flags",
-    filename="sglang_flags.txt",
-    render=render_sglang,
-)
-HF = Exporter(
-    engine="hf",
-    engine_version=f"{releases.transformers()}: generate() prompt lookup "
-    "(prompt_lookup_num_tokens, max_matching_ngram_size)",
-    filename="generation_config.json",
-    render=render_hf,
-)
-LLAMACPP = Exporter(
-    engine="llamacpp",
-    engine_version=f"{releases.LLAMACPP}: llama-server --spec-type ngram-simple",
-    filename="llamacpp_flags.txt",
-    render=render_llamacpp,
-)
-TRTLLM = Exporter(
-    engine="trtllm",
-    engine_version=f"{releases.TRTLLM}: LLM API NGramDecodingConfig (PyTorch backend)",
-    filename="trtllm_extra_llm_api_options.yaml",
-    render=render_trtllm,
-)
+LLAMACPP = engine_exporter("llamacpp", "llama-server --spec-type ngram-simple", render_llamacpp)
+TRTLLM = engine_exporter("trtllm", "LLM API NGramDecodingConfig (PyTorch backend)", render_trtllm)
 
 EXPORTERS = {e.engine: e for e in (VLLM, SGLANG, HF, LLAMACPP, TRTLLM)}
 CANNOT = {"dv": "Draft & Verify drafts only with the target's own layers skipped"}

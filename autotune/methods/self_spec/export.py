@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 
 from autotune.engine.skip import SkipMask
-from autotune.export import releases
 from autotune.export.base import (
     JSON_META_KEY,
     Deployment,
@@ -42,12 +41,12 @@ from autotune.export.base import (
     Rendered,
     about_text,
     cape_warning,
-    comment_lines,
     json_meta,
     json_text,
     speedup_text,
 )
-from autotune.methods.self_spec.settings import SelfSpecSettings
+from autotune.methods.export_common import engine_exporter, flags_file
+from autotune.methods.self_spec.settings import Adaptive, SelfSpecSettings
 
 
 def early_exit_layer(skip: SkipMask, num_layers: int) -> tuple[int, bool]:
@@ -86,13 +85,22 @@ def render_hf(d: Deployment) -> Rendered:
     if adaptive is not None:
         warnings.append(
             f"transformers keeps assistant_confidence_threshold fixed when drafting by early "
-            f"exit: Draft & Verify's adaptive threshold (target acceptance "
-            f"{adaptive.target_acceptance}, step {adaptive.step}, beta1 {adaptive.beta1}, "
-            f"beta2 {adaptive.beta2}) is not expressible; the threshold stays at its initial "
-            f"{spec.draft.exit_threshold}"
+            f"exit: {_adaptive_threshold(adaptive)} is not expressible; the threshold stays "
+            f"at its initial {spec.draft.exit_threshold}"
         )
     warnings += cape_warning("transformers", spec.cape)
-    notes = [
+    fragment = {
+        "assistant_early_exit": exit_layer,
+        "num_assistant_tokens": spec.draft.max_tokens,
+        "num_assistant_tokens_schedule": "constant",
+        "assistant_confidence_threshold": spec.draft.exit_threshold,
+    }
+    about = about_text(HF, d, warnings, _hf_notes(exit_layer))
+    return Rendered(json_text(fragment), warnings, about=about)
+
+
+def _hf_notes(exit_layer: int) -> list[str]:
+    return [
         "merge these keys into the model folder's generation_config.json (or set them "
         "on model.generation_config): for early exit transformers reads the draft length "
         "and threshold from the model's own generation config, not from arguments of "
@@ -106,13 +114,14 @@ def render_hf(d: Deployment) -> Rendered:
         "transformers keeps the draft token whose confidence fell below the threshold "
         "(autotune's drafter leaves it out), so its drafts run one token longer",
     ]
-    fragment = {
-        "assistant_early_exit": exit_layer,
-        "num_assistant_tokens": spec.draft.max_tokens,
-        "num_assistant_tokens_schedule": "constant",
-        "assistant_confidence_threshold": spec.draft.exit_threshold,
-    }
-    return Rendered(json_text(fragment), warnings, about=about_text(HF, d, warnings, notes))
+
+
+def _adaptive_threshold(adaptive: Adaptive) -> str:
+    """Draft & Verify's adaptive threshold, for a warning that an engine lacks it."""
+    return (
+        f"Draft & Verify's adaptive threshold (target acceptance {adaptive.target_acceptance}, "
+        f"step {adaptive.step}, beta1 {adaptive.beta1}, beta2 {adaptive.beta2})"
+    )
 
 
 # autotune always proposes the first draft token; a minimum of 1 keeps every draft
@@ -133,16 +142,13 @@ def render_llamacpp(d: Deployment) -> Rendered:
     adaptive = spec.draft.adaptive
     if adaptive is not None:
         warnings.append(
-            f"llama.cpp keeps the draft confidence threshold fixed: Draft & Verify's adaptive "
-            f"threshold (target acceptance {adaptive.target_acceptance}, step {adaptive.step}, "
-            f"beta1 {adaptive.beta1}, beta2 {adaptive.beta2}) is not expressible"
+            f"llama.cpp keeps the draft confidence threshold fixed: "
+            f"{_adaptive_threshold(adaptive)} is not expressible"
         )
     warnings += cape_warning("llama.cpp", spec.cape)
     values = ("draft-simple", spec.draft.max_tokens, MIN_DRAFT, spec.draft.exit_threshold)
     notes = ["append these flags to: llama-server -m MODEL.gguf --spec-draft-model DRAFT.gguf"]
-    lines = comment_lines(LLAMACPP, d, warnings, notes)
-    lines.append(" ".join(f"{name} {value}" for name, value in zip(FLAGS, values)))
-    return Rendered("\n".join(lines) + "\n", warnings)
+    return flags_file(LLAMACPP, d, warnings, notes, list(zip(FLAGS, values)), one_line=True)
 
 
 def parse_flags(text: str) -> dict[str, str]:
@@ -199,18 +205,8 @@ def parse_skip_layers(text: str, model: str | None = None) -> SkipMask:
     return SkipMask.of(entry["attention"], entry["mlp"])
 
 
-HF = Exporter(
-    engine="hf",
-    engine_version=f"{releases.transformers()}: GenerationConfig assistant_early_exit",
-    filename="generation_config.json",
-    render=render_hf,
-)
-LLAMACPP = Exporter(
-    engine="llamacpp",
-    engine_version=f"{releases.LLAMACPP}: llama-server --spec-type draft-simple",
-    filename="llamacpp_flags.txt",
-    render=render_llamacpp,
-)
+HF = engine_exporter("hf", "GenerationConfig assistant_early_exit", render_hf)
+LLAMACPP = engine_exporter("llamacpp", "llama-server --spec-type draft-simple", render_llamacpp)
 DV = Exporter(
     engine="dv",
     engine_version="Draft & Verify (dilab-zju/self-speculative-decoding) skip_layers.json "
