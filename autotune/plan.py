@@ -48,6 +48,21 @@ LEAST_ANSWERS = 6
 # 16 answers of 128 tokens in 32 s at 32 ms a forward; 60 answers in 72 s at 32 ms).
 BATCHED_DECODING_GAIN = 3.0
 
+# --- the least seconds worth spending ---------------------------------------------------
+# Every floor below which a step measures nothing useful, in one place (a head kind's own
+# least training time is on its registry entry, ``training.kinds``).
+# A run without --budget plans as if this much were left.
+NO_BUDGET_S = 3600.0
+# A study needs at the least: Ray's workers start and load the model, and a measured
+# trial decodes a few prompts.
+LEAST_STUDY_S = 20.0
+# What a measured trial costs besides its decoding: Tune starting it, the drafter's
+# warm-up (2 cores: whole trials took 19-22 s for 14 s of decoding, pruned 7-12 s for 6).
+TRIAL_START_S = 1.5
+# However long generation took, training gets at least this long (a profile's probe
+# trains heads for ~30 s on answers already decoded: a longer floor overran it 2x).
+LEAST_TRAINING_S = 20.0
+
 # --- shares of the time ------------------------------------------------------------------
 # Decoding with a method costs about this much of greedy's time (for the plan only;
 # measured on 2 cores: 0.71 to 1.23, 0.93 on average over four methods).
@@ -59,8 +74,8 @@ MEASURE_SHARE = 0.35
 # training share, the answers to the packaged calibration prompts heads also learn from.
 TRAINING_SHARE = 0.55
 ANSWERS_SHARE = 0.35
-# Of the searches' time, what fitting CAPE on the chain methods takes.
-CAPE_SHARE = 0.15
+# Of the searches' time, what fitting an expansion (CAPE) on the chain methods takes.
+EXPANSION_SHARE = 0.15
 # Of the time for training and tuning, the leader's study gets this much, first, when
 # other methods are still to be tuned: on 2 cores an even split left the n-gram study
 # 0:51, not one trial. More where the leader says it needs more to finish LEADER_TRIALS
@@ -140,7 +155,8 @@ class Facts:
     draft_free: tuple[str, ...] = ()  # those that need no training (their probe measures)
     train: dict[str, str] = field(default_factory=dict)  # method -> head kind to train
     min_training: dict[str, float] = field(default_factory=dict)  # kind -> least useful s
-    chain_methods: tuple[str, ...] = ()  # those CAPE widens (empty: no expansion asked)
+    chain_methods: tuple[str, ...] = ()  # those an expansion widens (empty: none asked)
+    expansion: str = ""  # what its fitting phase is called after ("fit CAPE")
     answer_prompts: int = 0  # search prompts whose answers are not cached yet
     extra_answer_prompts: int = 0  # packaged calibration prompts heads may learn from
     heldback_prompts: int = HELDBACK_PROMPTS
@@ -177,7 +193,7 @@ class Bound:
     evidence: str  # how it was reached, with the numbers
 
 
-@dataclass
+@dataclass(frozen=True)
 class Evidence:
     """What the run has learned so far: the phases done, the leader, the bounds, the
     methods skipped (with why)."""
@@ -386,8 +402,8 @@ def phases(facts: Facts, evidence: Evidence, seconds: float) -> list[Phase]:
     """The phases still to run, in order, with ``seconds`` left for them all: the
     answers; each contender's probe not yet run; the answers heads also learn from and
     the training of each head kind still in the race (its probe's slice taken from it);
-    each contender's tuning (the time the skipped left goes to those that remain); CAPE;
-    the selection and the held-back measurement."""
+    each contender's tuning (the time the skipped left goes to those that remain); the
+    expansion's fit; the selection and the held-back measurement."""
     contenders = evidence.contenders(facts)
     chains = sum(m in facts.chain_methods for m in contenders)
     measuring = measuring_phases(facts, len(contenders), chains, seconds)
@@ -403,31 +419,16 @@ def phases(facts: Facts, evidence: Evidence, seconds: float) -> list[Phase]:
         if k not in evidence.trained
     ]
     tuned = [m for m in contenders if f"tune {m}" not in evidence.done]
-    leader = evidence.lead.method if evidence.lead is not None else None
-    first = 0.0  # the leader's study, before any training: the likeliest answer
-    if leader in tuned and len(tuned) > 1:
-        wanted = facts.leader_tuning_s.get(leader or "", 0.0)
-        first = min(LEADER_MAX_SHARE * rest, max(LEADER_TUNING_SHARE * rest, wanted))
-        rest -= first
+    leader, first = _leader_first(facts, evidence, tuned, rest)
+    rest -= first
     training = TRAINING_SHARE * rest if kinds else 0.0
-    tuning = rest - training
     extra = 0.0
     if kinds and "extra answers" not in evidence.done and facts.extra_answer_prompts:
         extra = min(ANSWERS_SHARE * training, answers_seconds(facts, facts.extra_answer_prompts))
     per_kind = {k: (training - extra) / len(kinds) for k in kinds}
-    for method in contenders:
-        if f"probe {method}" in evidence.done:
-            continue
-        kind = facts.train.get(method)
-        if kind is not None and kind not in kinds:
-            continue  # trained already: nothing left to probe
-        probe = probe_seconds(facts, method, per_kind[kind] if kind else rest)
-        out.append(Phase(f"probe {method}", probe, _probe_why(facts, method)))
-        if kind is not None:
-            per_kind[kind] = max(per_kind[kind] - probe, 0.0)
-        else:
-            tuning = max(tuning - probe, 0.0)
-    expansion = CAPE_SHARE * tuning if chains and tuned else 0.0
+    probes, tuning = _probes(facts, evidence, contenders, per_kind, rest, rest - training)
+    out += probes
+    expansion = EXPANSION_SHARE * tuning if chains and tuned else 0.0
     others = [m for m in tuned if not first or m != leader]
     if first:  # before the training: training never starves it
         out.append(Phase(f"tune {leader}", first, "the leader, first"))
@@ -436,8 +437,46 @@ def phases(facts: Facts, evidence: Evidence, seconds: float) -> list[Phase]:
     out += [Phase(f"train {kind} heads", per_kind[kind]) for kind in kinds]
     out += [Phase(f"tune {m}", (tuning - expansion) / len(others)) for m in others]
     if expansion:
-        out.append(Phase("fit CAPE", expansion, f"{chains} chain methods"))
+        out.append(Phase(f"fit {facts.expansion}", expansion, f"{chains} chain methods"))
     return out + measuring
+
+
+def _leader_first(
+    facts: Facts, evidence: Evidence, tuned: list[str], rest: float
+) -> tuple[str | None, float]:
+    """The leader and the seconds of its study, run before any training (the likeliest
+    answer first); 0 when there is no leader to tune or nothing else to tune."""
+    leader = evidence.lead.method if evidence.lead is not None else None
+    if leader not in tuned or len(tuned) <= 1:
+        return leader, 0.0
+    wanted = facts.leader_tuning_s.get(leader or "", 0.0)
+    return leader, min(LEADER_MAX_SHARE * rest, max(LEADER_TUNING_SHARE * rest, wanted))
+
+
+def _probes(
+    facts: Facts,
+    evidence: Evidence,
+    contenders: list[str],
+    per_kind: dict[str, float],
+    rest: float,
+    tuning: float,
+) -> tuple[list[Phase], float]:
+    """The probes not yet run, each taken from its kind's training (``per_kind``, reduced
+    in place) or from the ``tuning`` time; returns them and the tuning time left."""
+    out = []
+    for method in contenders:
+        if f"probe {method}" in evidence.done:
+            continue
+        kind = facts.train.get(method)
+        if kind is not None and kind not in per_kind:
+            continue  # trained already: nothing left to probe
+        probe = probe_seconds(facts, method, per_kind[kind] if kind else rest)
+        out.append(Phase(f"probe {method}", probe, _probe_why(facts, method)))
+        if kind is not None:
+            per_kind[kind] = max(per_kind[kind] - probe, 0.0)
+        else:
+            tuning = max(tuning - probe, 0.0)
+    return out, tuning
 
 
 def _probe_why(facts: Facts, method: str) -> str:

@@ -60,7 +60,9 @@ def open_workspace(args: argparse.Namespace):
 
 def tune(ws, method: str, heads: str | None = None, trials: int | None = None):
     """``method``'s setting as `autotune profile` chooses it (search split only)."""
-    from autotune.profiling import ProfileRequest, make_setup, tune_methods, tuning_schedule
+    from autotune.profiling.request import ProfileRequest
+    from autotune.profiling.setup import make_setup
+    from autotune.profiling.tune import tune_methods, tuning_schedule
 
     request = ProfileRequest(
         model=ws.ref.spec, methods=(method,), trials=trials, heads={method: heads} if heads else {}

@@ -84,7 +84,7 @@ def main() -> int:
 def report(out: Path, code: int, took: float, budget: float) -> None:
     from _report import machine_line
 
-    from autotune.profiling import time_lines
+    from autotune.profiling.report import time_lines
     from autotune.schedule import clock
 
     kept = "kept" if took <= budget * GRACE else "NOT kept"

@@ -121,7 +121,7 @@ def _figures(path: Path, env: dict) -> None:
         print(f"during the profile, {machine_line(profile.environment.noise)}")
     verdict = profile.verdict
     if verdict is not None:
-        from autotune.profiling import time_lines
+        from autotune.profiling.report import time_lines
 
         print("\n".join(time_lines(verdict.time)))
         for name, why in verdict.skipped.items():

@@ -50,13 +50,9 @@ def tuned_blocks(ws, args) -> tuple:
                 "`autotune profile --methods glide,cape --heads glide=DIR`"
             )
         return glide, eagle if args.eagle_head else None, {"profile": args.profile}
-    from autotune.profiling import (
-        ProfileRequest,
-        fit_expansions,
-        make_setup,
-        tune_methods,
-        tuning_schedule,
-    )
+    from autotune.profiling.request import ProfileRequest
+    from autotune.profiling.setup import make_setup
+    from autotune.profiling.tune import fit_expansions, tune_methods, tuning_schedule
 
     heads = {"glide": args.head, **({"eagle": args.eagle_head} if args.eagle_head else {})}
     request = ProfileRequest(

@@ -40,7 +40,7 @@ from autotune.measure.load import (
     measure_level,
     schedule_of,
 )
-from autotune.profiling import in_turn
+from autotune.profiling.load import in_turn
 from autotune.progress import say, step
 
 

@@ -7,7 +7,9 @@ import random
 
 from autotune.measure.timing import Measurement, PromptMeasurement
 from autotune.profile.blocks import Figures
-from autotune.profiling import HeldBack, decide, finalists
+from autotune.profiling.heldback import HeldBack
+from autotune.profiling.select import finalists
+from autotune.profiling.verdict import decide
 
 
 class Settings:
@@ -109,7 +111,8 @@ def test_engine_settings_are_measured_beside_the_leader_and_reported_per_engine(
     from autotune.methods.base import DraftEnv
     from autotune.methods.ngram.settings import NgramSettings, block_of
     from autotune.profile.blocks import EngineVariant
-    from autotune.profiling import engine_lines, engine_variants, with_engine_figures
+    from autotune.profiling.heldback import engine_variants
+    from autotune.profiling.report import engine_lines, with_engine_figures
 
     def own(config: EngineLookupConfig) -> EngineVariant:
         return EngineVariant(setting=block_of(config).model_dump(), description=config.engine)
@@ -141,7 +144,7 @@ def test_engine_settings_are_measured_beside_the_leader_and_reported_per_engine(
 
 def test_engine_restricts_the_methods_to_those_it_serves():
     from autotune.methods import registry
-    from autotune.profiling import servable
+    from autotune.profiling.setup import servable
 
     methods = list(registry.methods().values())
     kept, unserved = servable(methods, ("llamacpp",), asked=False)

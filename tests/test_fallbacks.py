@@ -157,18 +157,18 @@ def test_an_interruption_in_any_phase_is_one_line_and_writes_nothing(
 ):
     import signal
 
-    from autotune import profiling
+    from autotune.profiling import state
 
-    begin, begun = profiling.Run.begin, []
+    begin, begun = state.begin, []
 
-    def interrupting(self, name):
+    def interrupting(run, name):
         begun.append(name)
         if name == phase:
             os.kill(os.getpid(), getattr(signal, how))
             time.sleep(5)  # the signal's handler ends the phase before this does
-        return begin(self, name)
+        return begin(run, name)
 
-    monkeypatch.setattr(profiling.Run, "begin", interrupting)
+    monkeypatch.setattr(state, "begin", interrupting)
     # Ctrl-C as from a terminal: a suite started in the background inherits SIGINT
     # ignored, and the signal would then do nothing
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)

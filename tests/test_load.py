@@ -172,7 +172,10 @@ def test_the_profile_measures_the_recommended_method_under_load_and_says_it(
     from autotune.export import export_profile
     from autotune.measure.timing import Measurement
     from autotune.profile.report import write_verdict_plot
-    from autotune.profiling import HeldBack, ProfileRequest, load_lines, measure_load
+    from autotune.profiling.heldback import HeldBack
+    from autotune.profiling.load import measure_load
+    from autotune.profiling.report import load_lines
+    from autotune.profiling.request import ProfileRequest
     from autotune.workspace import Workspace
 
     monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "cache"))
@@ -255,7 +258,7 @@ def test_bench_under_load_prints_each_level_and_its_json(tmp_path, tiny_llama_di
 
 def test_the_closing_line_claims_only_what_the_held_back_rounds_prove():
     from autotune.profile.blocks import Load, LoadLevel
-    from autotune.profiling import load_lines
+    from autotune.profiling.report import load_lines
 
     def level(concurrency, low, setting="tuned"):
         return LoadLevel(

@@ -88,8 +88,7 @@ def test_drafting_cost_lowers_a_head_bound_and_is_said():
 
 def test_the_skipped_methods_time_goes_to_the_leaders_study():
     f = facts()
-    evidence = Evidence(done={"answers", "probe ngram"})
-    evidence.lead = Lead("ngram", 1.45, 1.3, 1.6, 6)
+    evidence = Evidence(done={"answers", "probe ngram"}, lead=Lead("ngram", 1.45, 1.3, 1.6, 6))
     before = plan.phases(f, evidence, 900.0)
     assert "tune ngram" in seconds_of(before, "tune")
     # the leader's study comes before any training, and with more time than the others'
@@ -115,8 +114,7 @@ def test_the_skipped_methods_time_goes_to_the_leaders_study():
 
 
 def test_a_leader_that_needs_more_time_for_its_trials_gets_it_within_a_cap():
-    evidence = Evidence(done={"answers", "probe ngram"})
-    evidence.lead = Lead("ngram", 1.3, 1.1, 1.5, 10)
+    evidence = Evidence(done={"answers", "probe ngram"}, lead=Lead("ngram", 1.3, 1.1, 1.5, 10))
     plain = seconds_of(plan.phases(facts(), evidence, 1000.0), "tune")["tune ngram"]
     wanted = plain * 1.3
     asked = seconds_of(

@@ -107,7 +107,9 @@ def test_yaml_layout_follows_the_design(tmp_path):
 
 
 def test_verdict_keeps_the_methods_not_run_and_says_why(tmp_path):
-    from autotune.profiling import HeldBack, decide, verdict_lines
+    from autotune.profiling.heldback import HeldBack
+    from autotune.profiling.report import verdict_lines
+    from autotune.profiling.verdict import decide
 
     why = "too little time to train glide heads: train them with `autotune heads train`"
     profile = make_profile()
@@ -123,7 +125,9 @@ def test_verdict_keeps_the_methods_not_run_and_says_why(tmp_path):
 
 def test_verdict_says_a_machine_that_became_busy_and_slower():
     from autotune.profile.blocks import Environment
-    from autotune.profiling import HeldBack, decide, verdict_lines
+    from autotune.profiling.heldback import HeldBack
+    from autotune.profiling.report import verdict_lines
+    from autotune.profiling.verdict import decide
 
     profile = make_profile()
     held = HeldBack(measured={}, looks=1, stopped="")
@@ -302,7 +306,8 @@ def test_cape_is_fitted_with_the_heads_trained_in_this_run(monkeypatch, tmp_path
     from autotune.budget import Budget
     from autotune.methods import registry
     from autotune.methods.cape import fit as cape_fit
-    from autotune.profiling import Setup, fit_expansions
+    from autotune.profiling.setup import Setup
+    from autotune.profiling.tune import fit_expansions
 
     eagle, cape = registry.method("eagle"), registry.get("cape")
     setup = Setup([eagle], [cape], {"eagle": eagle.space(None), "cape": cape.space(None)}, {}, {})

@@ -81,7 +81,7 @@ def echo_profile(tmp_path: Path, model_dir: Path, repeat=2) -> Path:
 
 
 def test_the_cli_offers_it(echo):
-    from autotune.profiling import parse_methods
+    from autotune.profiling.request import parse_methods
 
     assert parse_methods("echo,self-spec") == ("echo", "self_spec")
     assert "echo" in one_error(invoke("profile", "--methods", "nope"))

@@ -72,7 +72,7 @@ def test_without_a_budget_every_phase_gets_its_plan():
 def test_scripts_tune_each_method_for_the_seconds_they_give():
     from types import SimpleNamespace
 
-    from autotune.profiling import tuning_schedule
+    from autotune.profiling.tune import tuning_schedule
 
     plan = SimpleNamespace(methods=[SimpleNamespace(name="glide"), SimpleNamespace(name="eagle")])
     schedule = tuning_schedule(plan, 240.0)  # type: ignore[arg-type]

@@ -217,9 +217,40 @@ class Method(Entry):
 
 
 class Expansion(Entry):
-    """Widens the drafts of the chain methods (``Method.chain``)."""
+    """Widens the drafts of the chain methods (``Method.chain``). Its fitted block sits in
+    the chain method's settings (under ``settings_field``), enabled or not: the selection
+    races the method with and without it."""
 
     kind: ClassVar[Literal["method", "expansion"]] = "expansion"
+    settings_field: ClassVar[str]  # the chain method's settings field holding its block
+    label: ClassVar[str]  # its fitting phase is called "fit <label>"
+    # of the fitting phase's time left when each chain method's fit starts, its share
+    fit_share: ClassVar[float]
+
+    def block(self, settings: Any) -> Any | None:
+        """Its block in a method's settings (None: not fitted there)."""
+        return getattr(settings, self.settings_field, None)
+
+    def variant_name(self, method: str) -> str:
+        """What the method's candidate with this expansion is called in a race."""
+        return f"{method}+{self.name}"
+
+    def switched(self, settings: Any, enabled: bool, **search: Any) -> Any:
+        """The settings with the block enabled or not (``search``: figures to record)."""
+        block = self.block(settings)
+        assert block is not None, f"{self.name} is not fitted on these settings"
+        update: dict[str, Any] = {"enabled": enabled}
+        if search:
+            update["search"] = {**block.search, **search}
+        return settings.model_copy(update={self.settings_field: block.model_copy(update=update)})
+
+    @abstractmethod
+    def fitted(self, method: Method, settings: Any, ctx: TuneContext) -> Any:
+        """The method's settings with this expansion fitted on the search split."""
+
+    @abstractmethod
+    def describe(self, block: Any) -> str:
+        """The fitted block, for people."""
 
 
 def load_space(entry: Entry, path: str | Path | None = None) -> Any:

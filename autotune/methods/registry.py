@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from autotune.errors import AutotuneError
 
 if TYPE_CHECKING:
-    from autotune.methods.base import Entry, Method
+    from autotune.methods.base import Entry, Expansion, Method
 
 # The registry lines: one per method package (autotune/methods/<name>/, which defines ENTRY).
 BUILTIN = (
@@ -69,9 +69,11 @@ def methods() -> dict[str, Method]:
     return {name: e for name, e in entries().items() if isinstance(e, Method)}
 
 
-def expansions() -> dict[str, Entry]:
+def expansions() -> dict[str, Expansion]:
     """What widens another method's drafts (CAPE)."""
-    return {name: e for name, e in entries().items() if e.kind == "expansion"}
+    from autotune.methods.base import Expansion
+
+    return {name: e for name, e in entries().items() if isinstance(e, Expansion)}
 
 
 def normalise(name: str) -> str:

@@ -6,11 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from autotune import plan
 from autotune.methods.base import TuneContext
 
-# Seconds a study needs at the least: Ray's workers start and load the model, and a
-# measured trial decodes a few prompts.
-MIN_STUDY_S = 20.0
 # ASHA keeps the best third of the trials at each rung (Ray's and the paper's default):
 # rungs at grace, 3 x grace, ... results.
 REDUCTION_FACTOR = 3
@@ -35,7 +33,7 @@ def run_method_study(
     attrs: dict | None = None,
 ):
     """Run study ``<model>/<name>`` until it holds ``trials`` finished trials or ``budget``
-    seconds are spent; return the Optuna study. With less than ``MIN_STUDY_S`` seconds
+    seconds are spent; return the Optuna study. With less than ``plan.LEAST_STUDY_S`` seconds
     left no trial is started (starting Ray's workers alone takes some of that): the
     study is returned as it stands, and the caller falls back on what it predicted.
 
@@ -66,7 +64,7 @@ def run_method_study(
             **(attrs or {}),
         },
     )
-    least = MIN_STUDY_S + (first_trial_seconds(ctx, objective) if timed else 0.0)
+    least = plan.LEAST_STUDY_S + (first_trial_seconds(ctx, objective) if timed else 0.0)
     if budget is not None and budget < least:
         ctx.note(
             f"{label}: not run, {budget:.0f} s of the time budget was left (its first "

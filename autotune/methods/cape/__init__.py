@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from autotune.methods.base import Expansion
+from autotune.methods.base import Expansion, Method, TuneContext
 from autotune.methods.cape.space import CapeSpace
 
 
@@ -16,6 +16,18 @@ class Cape(Expansion):
         "step's top-1 probability says how many runner-up tokens join it"
     )
     space_model: ClassVar = CapeSpace
+    settings_field: ClassVar = "cape"
+    label: ClassVar = "CAPE"
+    # each chain method's fit gets half of what is left of the phase when it starts
+    fit_share: ClassVar = 0.5
+
+    def fitted(self, method: Method, settings: Any, ctx: TuneContext) -> Any:
+        from autotune.methods.cape.fit import fit
+
+        return settings.model_copy(update={"cape": fit(method, settings, ctx)})
+
+    def describe(self, block: Any) -> str:
+        return block.policy().describe()
 
 
 ENTRY = Cape()

@@ -1,0 +1,55 @@
+"""What `autotune profile` was asked: the request, read once at the edge."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autotune import plan
+from autotune.errors import AutotuneError
+from autotune.measure.load import LEVELS
+from autotune.methods import registry
+from autotune.studies.workers import Workers
+
+
+@dataclass
+class ProfileRequest:
+    """What `autotune profile` was asked to do (the defaults are the plan's: ``autotune.plan``)."""
+
+    model: str
+    model_path: str | None = None
+    methods: tuple[str, ...] | None = None  # None: every registered method that applies
+    prompts: str | None = None
+    out: Path | None = None
+    storage: str | None = None
+    trials: int | None = None
+    time_budget_s: float | None = None  # per method, for its searches
+    heads: dict[str, str] = field(default_factory=dict)  # method -> head folder
+    search_spaces: dict[str, str] = field(default_factory=dict)  # entry -> YAML file
+    heldback_prompts: int = plan.HELDBACK_PROMPTS
+    max_new_tokens: int = plan.HELDBACK_TOKENS
+    select_prompts: int = plan.SELECT_PROMPTS
+    margin: float = plan.MARGIN
+    workers: Workers = field(default_factory=Workers)
+    dtype: str = "auto"  # auto, float32, bfloat16, float16 (autotune.hardware)
+    device: str = "auto"  # auto, cpu, cuda, cuda:N
+    budget_s: float | None = plan.BUDGET_S  # the whole run (``--budget``)
+    train_heads: bool = True  # train missing heads within the run, when the model allows
+    threads: int | None = None  # --threads (None: the cores, or one on a busy machine)
+    # --engine (repeatable): deploying to these; the search keeps to what they express
+    engines: tuple[str, ...] | None = None
+    # --concurrency: the levels measured under load after the verdict, as the budget
+    # allows (an empty tuple: none)
+    concurrency: tuple[int, ...] = LEVELS
+
+
+def default_out(model_name: str) -> Path:
+    return Path("profiles") / f"{model_name}.yaml"
+
+
+def parse_methods(text: str) -> tuple[str, ...]:
+    """``--methods``: registered names (any spelling ``registry.normalise`` takes)."""
+    names = tuple(registry.get(m).name for m in text.split(",") if m.strip())
+    if not names:
+        raise AutotuneError(f"no method named: choose from {', '.join(registry.names())}")
+    return tuple(dict.fromkeys(names))
