@@ -76,6 +76,21 @@ def prefer_of(config: Config) -> str | None:
     return None if isinstance(config, SuffixConfig) else config.prefer
 
 
+OCCURRENCE = {"first": "earliest", "recent": "most recent"}
+
+
+def occurrence_warning(drafter: str, config: Config, takes: str) -> list[str]:
+    """A drafter that always drafts after one occurrence of a match (``takes``: "first",
+    "recent") where the profile prefers the other."""
+    prefer = prefer_of(config)
+    if prefer is None or prefer == takes:
+        return []
+    return [
+        f"{drafter} drafts after the {OCCURRENCE[takes]} match; the profile prefers the "
+        f"{OCCURRENCE[prefer]} one, so its drafts differ where a match recurs"
+    ]
+
+
 def rule_warning(title: str, engine: str, config: Config) -> list[str]:
     """A setting tuned as another engine drafts, exported to this one."""
     if not isinstance(config, EngineLookupConfig) or config.engine == engine:
@@ -96,6 +111,18 @@ def suffix_warning(title: str, config: Config, instead: str) -> list[str]:
     ]
 
 
+def chain_engine_warnings(title: str, config: Config, length: int, instead: str) -> list[str]:
+    """What an engine that drafts a chain by prompt lookup loses: suffix decoding
+    (approximated by ``instead``) and the tree (a chain of ``length`` tokens)."""
+    return suffix_warning(title, config, instead) + chain_warning(title, config, length)
+
+
+def server_warnings(title: str, engine: str, spec: NgramSettings, config: Config) -> list[str]:
+    """What an engine serving this setting to every request, by its own matching rule,
+    does not do as the profile measured."""
+    return per_category_warning(title, spec) + rule_warning(title, engine, config)
+
+
 def chain_length(config: Config) -> int:
     return min(config.draft_tokens, config.max_tree_tokens)
 
@@ -110,8 +137,7 @@ def render_vllm(d: Deployment) -> Rendered:
         body, warnings, notes = _vllm_suffix(config)
     else:
         body, warnings, notes = _vllm_ngram(config, d)
-    warnings += per_category_warning("vLLM", spec)
-    warnings += rule_warning("vLLM", "vllm", config)
+    warnings += server_warnings("vLLM", "vllm", spec, config)
     return vllm_file(VLLM, d, body, warnings, notes, "n-gram")
 
 
@@ -224,8 +250,7 @@ def _sglang_warnings(spec: NgramSettings, config: Config) -> list[str]:
             f"{config.tokens_per_match}) nor probability floor (min_probability "
             f"{config.min_probability}); its breadth is the tree's size"
         )
-    warnings += per_category_warning("SGLang", spec)
-    warnings += rule_warning("SGLang", "sglang", config)
+    warnings += server_warnings("SGLang", "sglang", spec, config)
     if spec.load is not None and spec.load.levels:
         warnings.append(
             "SGLang's adaptive schedule (--speculative-adaptive) serves EAGLE with topk 1 "
@@ -255,25 +280,20 @@ def render_hf(d: Deployment) -> Rendered:
     spec = d.settings
     config = spec.config()
     length = chain_length(config)
-    warnings = suffix_warning(
+    warnings = chain_engine_warnings(
         "transformers",
         config,
+        length,
         f"prompt lookup of {length} tokens after n-grams of up to {config.max_match}",
     )
-    warnings += chain_warning("transformers", config, length)
     if config.min_match > 1:
         warnings.append(
             f"transformers tries n-gram sizes from max_matching_ngram_size down to 1: "
             f"min_match {config.min_match} is not expressible (it also drafts after "
             f"shorter matches)"
         )
-    if prefer_of(config) == "recent":
-        warnings.append(
-            "transformers drafts after the earliest match; the profile prefers the most "
-            "recent one, so its drafts differ where a match recurs"
-        )
-    warnings += per_category_warning("transformers", spec)
-    warnings += rule_warning("transformers", "hf", config)
+    warnings += occurrence_warning("transformers", config, takes="first")
+    warnings += server_warnings("transformers", "hf", spec, config)
     notes = [
         "pass these keys to generate(): settings = json.load(open(FILE)); "
         "model.generate(ids, **settings); or merge them into the model folder's "
@@ -302,23 +322,17 @@ def render_llamacpp(d: Deployment) -> Rendered:
     spec = d.settings
     config = spec.config()
     size_n, size_m = config.max_match, chain_length(config)
-    warnings = suffix_warning(
-        "llama.cpp", config, f"ngram-simple: the most recent match of {size_n} tokens"
+    warnings = chain_engine_warnings(
+        "llama.cpp", config, size_m, f"ngram-simple: the most recent match of {size_n} tokens"
     )
-    warnings += chain_warning("llama.cpp", config, size_m)
     if config.min_match < config.max_match:
         warnings.append(
             f"ngram-simple matches exactly n tokens: n is the profile's max_match "
             f"({size_n}); after shorter matches (down to min_match {config.min_match}) it "
             f"drafts nothing"
         )
-    if prefer_of(config) == "first":
-        warnings.append(
-            "ngram-simple drafts after the most recent match; the profile prefers the "
-            "earliest one, so its drafts differ where a match recurs"
-        )
-    warnings += per_category_warning("llama.cpp", spec)
-    warnings += rule_warning("llama.cpp", "llamacpp", config)
+    warnings += occurrence_warning("ngram-simple", config, takes="recent")
+    warnings += server_warnings("llama.cpp", "llamacpp", spec, config)
     notes = [
         "append these flags to: llama-server -m MODEL.gguf",
         f"ngram-simple drafts only where at least {size_n} tokens follow the match",
@@ -342,19 +356,18 @@ def render_trtllm(d: Deployment) -> Rendered:
     config = spec.config()
     length = chain_length(config)
     prefer_first = prefer_of(config) in (None, "first")
-    warnings = suffix_warning(
+    warnings = chain_engine_warnings(
         "TensorRT-LLM",
         config,
+        length,
         f"its NGram drafter ({length} tokens after n-grams of up to {config.max_match})",
     )
-    warnings += chain_warning("TensorRT-LLM", config, length)
     if config.min_match > 1:
         warnings.append(
             f"TensorRT-LLM matches n-grams of every size up to max_matching_ngram_size: "
             f"min_match {config.min_match} is not expressible"
         )
-    warnings += per_category_warning("TensorRT-LLM", spec)
-    warnings += rule_warning("TensorRT-LLM", "trtllm", config)
+    warnings += server_warnings("TensorRT-LLM", "trtllm", spec, config)
     body = {
         "decoding_type": "NGram",
         "max_draft_len": length,

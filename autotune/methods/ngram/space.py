@@ -9,29 +9,40 @@ from pydantic import Field, model_validator
 from autotune.methods.spaces import Calibration, Count, Fraction, Positive, Strict, Trials
 
 
-def _check_grids(space: Strict) -> None:
-    for name, values in space:
-        if isinstance(values, list) and not values:
-            raise ValueError(f"{name}: the grid is empty")
-    if min(space.min_match) > max(space.max_match):  # type: ignore[attr-defined]
-        raise ValueError("no min_match of the grid is <= a max_match of it")
+class Grid(Strict):
+    """A kind's grids: none empty, and some match window in them."""
+
+    min_match: list[Count]
+    max_match: list[Count]
+
+    @model_validator(mode="after")
+    def _check(self):
+        for name, values in self:
+            if isinstance(values, list) and not values:
+                raise ValueError(f"{name}: the grid is empty")
+        if min(self.min_match) > max(self.max_match):
+            raise ValueError("no min_match of the grid is <= a max_match of it")
+        return self
 
 
-class NgramStart(Strict):
+class Start(Strict):
+    """Where a kind's search starts: its engine's default."""
+
     min_match: int = Field(ge=1)
     max_match: int = Field(ge=1)
     draft_tokens: int = Field(ge=1)
+
+
+class NgramStart(Start):
     candidates: int = Field(ge=1)
     branch_tokens: int = Field(ge=1)
     max_tree_tokens: int = Field(ge=1)
     prefer: Literal["recent", "first"]
 
 
-class NgramGrid(Strict):
+class NgramGrid(Grid):
     """Prompt lookup: the values the search may choose, and where it starts."""
 
-    min_match: list[Count]
-    max_match: list[Count]
     draft_tokens: list[Count]
     candidates: list[Count]
     branch_tokens: list[Count]
@@ -39,36 +50,21 @@ class NgramGrid(Strict):
     prefer: list[Literal["recent", "first"]]
     start: NgramStart
 
-    @model_validator(mode="after")
-    def _check(self):
-        _check_grids(self)
-        return self
 
-
-class SuffixStart(Strict):
-    min_match: int = Field(ge=1)
-    max_match: int = Field(ge=1)
-    draft_tokens: int = Field(ge=1)
+class SuffixStart(Start):
     max_tree_tokens: int = Field(ge=1)
     tokens_per_match: float = Field(gt=0)
     min_probability: float = Field(ge=0, le=1)
 
 
-class SuffixGrid(Strict):
+class SuffixGrid(Grid):
     """Suffix decoding: the values the search may choose, and where it starts."""
 
-    min_match: list[Count]
-    max_match: list[Count]
     draft_tokens: list[Count]
     max_tree_tokens: list[Count]
     tokens_per_match: list[Positive]
     min_probability: list[Fraction]
     start: SuffixStart
-
-    @model_validator(mode="after")
-    def _check(self):
-        _check_grids(self)
-        return self
 
 
 class SearchSpace(Strict):
