@@ -205,3 +205,11 @@ def counted(trials) -> int:
         t.state.is_finished() and not t.user_attrs.get(REQUEUED) and t.number not in rerun
         for t in trials
     )
+
+
+def budgeted(trials) -> int:
+    """Trials that count against a study's ``trials``: those ``counted`` counts, less the
+    pruned (which count against its cap alone)."""
+    trials = list(trials)
+    pruned = sum(t.state == TrialState.PRUNED for t in trials)
+    return counted(trials) - pruned
