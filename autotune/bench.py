@@ -93,13 +93,7 @@ def bench_load(
     tuned setting, against plain decoding of the same rounds (``measure.load``).
     ``engine``: that engine's own setting instead (the one its export writes, drafting by
     its rule), capped per level as the export caps it."""
-    from autotune.measure.load import (
-        OFF,
-        TUNED,
-        in_engine,
-        label_of,
-        measure_level,
-    )
+    from autotune.measure.load import in_engine, measure_level
 
     profile, ws, env = open_profile(path, prompts, max_new_tokens, model_path, dtype, device)
     name = profile.recommended
@@ -116,24 +110,16 @@ def bench_load(
         level.concurrency: level.max_draft_tokens
         for level in (settings.load.levels if settings.load else [])
     }
-    size = method.draft_size(settings)
     encoded = ws.encode(ws.prompts if prompts else ws.heldback_prompts())
     ids = [p.ids for p in categories_in_turn(encoded, len(encoded))]
     rows = []
     for concurrency in levels:
-        # the level's cap as the export writes it (0: off); a cap at or above the
-        # setting's own draft size leaves the setting as it is
-        cap = caps.get(concurrency)
-        shrinks = cap is not None and size is not None and 0 < cap < size
-        smaller = method.capped(settings, cap) if cap is not None and shrinks else None
-        pick = OFF if cap == 0 else TUNED if smaller is None else label_of(cap)
-        chosen = {TUNED: settings} | ({pick: smaller} if smaller is not None else {})
-        names = sorted(chosen)
+        pick, chosen = _level_settings(method, settings, caps.get(concurrency))
         makers = {n: method.variant(s, env).make for n, s in chosen.items()}
         with step(f"bench: {name} with {concurrency} requests in flight", rounds) as advance:
             level = measure_level(
                 in_engine(ws.runner, max_new_tokens, makers),
-                names,
+                sorted(chosen),
                 ids,
                 concurrency,
                 rounds,
@@ -143,6 +129,20 @@ def bench_load(
         row.update({n: figure.summary() for n, figure in level.figures.items()})
         rows.append(row)
     return {"method": name, "engine": engine, "max_new_tokens": max_new_tokens, "levels": rows}
+
+
+def _level_settings(method, settings, cap: int | None) -> tuple[str, dict]:
+    """At a level whose load block caps drafts at ``cap`` (0: off; None: no cap there):
+    the label of the setting scheduled there, and the settings measured, by label (the
+    tuned one always, the capped one where the cap shrinks it). A cap at or above the
+    setting's own draft size leaves the setting as it is."""
+    from autotune.measure.load import OFF, TUNED, label_of
+
+    size = method.draft_size(settings)
+    shrinks = cap is not None and size is not None and 0 < cap < size
+    smaller = method.capped(settings, cap) if cap is not None and shrinks else None
+    pick = OFF if cap == 0 else TUNED if smaller is None else label_of(cap)
+    return pick, {TUNED: settings} | ({pick: smaller} if smaller is not None else {})
 
 
 def engine_setting(method, settings, engine: str):

@@ -20,7 +20,7 @@ from typing import Any
 
 from autotune.errors import AutotuneError
 from autotune.measure.timing import EncodedPrompt, Measurement
-from autotune.profile.blocks import EngineLoad, Verified
+from autotune.profile.blocks import EngineLoad, EngineLoadLevel, Verified
 from autotune.serving import Decoded, paired
 from autotune.serving.tuning import InEngine
 
@@ -296,26 +296,53 @@ def verify_load(
     level as many concurrent requests, against the same server without speculation,
     rounds alternating (``measure.load``); recorded under the block's ``load.engines``."""
     from autotune.export import export_profile
-    from autotune.measure.load import OFF, crossover, measure_level, requests_text
-    from autotune.profile.blocks import EngineLoadLevel, Load
-    from autotune.profile.io import read_profile, write_profile
-    from autotune.progress import step
+    from autotune.measure.load import OFF, crossover
+    from autotune.measure.timing import categories_in_turn
+    from autotune.profile.io import read_profile
     from autotune.serving import llamacpp
-    from autotune.serving.load import concurrent_rounds
 
     profile = read_profile(profile_path)
     export = export_profile(profile, "llamacpp", force=True)
     tokens = max_new_tokens or min(profile.workload.max_new_tokens, 64)
     ws = _workspace(profile)
     ws.check_context(tokens)
-    from autotune.measure.timing import categories_in_turn
-
     encoded = ws.encode(ws.heldback_prompts())
     ids = [p.ids for p in categories_in_turn(encoded, limit or len(encoded))]
     if not ids:
         raise AutotuneError("the profile's workload has no held-back prompts to verify on")
     flags = _exported_flags(export, draft_gguf)
-    gguf = _gguf(profile, gguf)
+    measured = _load_levels(_gguf(profile, gguf), flags, ids, tokens, levels, rounds)
+    # faster by throughput alone: llama.cpp's own outputs change with the batch's shape
+    # (its plain decoding too), so "lossless" is reported per level but does not decide
+    schedule = {lv.concurrency: EXPORT if lv.speedup_interval[0] > 1.0 else OFF for lv in measured}
+    result = EngineLoad(
+        release=llamacpp.release(),
+        setting=" ".join(flags),
+        parallel=max(levels),
+        levels=measured,
+        crossover=crossover(schedule),
+        max_new_tokens=tokens,
+    )
+    if record:
+        _record_load(profile, profile_path, export.method, result)
+    return result
+
+
+def _load_levels(
+    gguf: Path,
+    flags: list[str],
+    ids: list[list[int]],
+    tokens: int,
+    levels: tuple[int, ...],
+    rounds: int,
+) -> list[EngineLoadLevel]:
+    """The export (``flags``) against plain decoding in llama-server with ``max(levels)``
+    slots, at each level as many requests in flight, ``rounds`` rounds a level."""
+    from autotune.measure.load import OFF, measure_level, requests_text
+    from autotune.progress import step
+    from autotune.serving import llamacpp
+    from autotune.serving.load import concurrent_rounds
+
     measured = []
     with llamacpp.servers(Path(gguf), {OFF: [], EXPORT: flags}, parallel=max(levels)) as running:
         run_round = concurrent_rounds({n: s.decode for n, s in running.items()}, tokens)
@@ -334,23 +361,18 @@ def verify_load(
                     **level.figures[EXPORT].summary(),
                 )
             )
-    # faster by throughput alone: llama.cpp's own outputs change with the batch's shape
-    # (its plain decoding too), so "lossless" is reported per level but does not decide
-    schedule = {lv.concurrency: EXPORT if lv.speedup_interval[0] > 1.0 else OFF for lv in measured}
-    result = EngineLoad(
-        release=llamacpp.release(),
-        setting=" ".join(flags),
-        parallel=max(levels),
-        levels=measured,
-        crossover=crossover(schedule),
-        max_new_tokens=tokens,
-    )
-    if record:
-        block = profile.block(export.method)
-        load = block.load or Load(max_new_tokens=tokens)
-        block.load = load.model_copy(update={"engines": {**load.engines, "llamacpp": result}})
-        write_profile(profile, profile_path)
-    return result
+    return measured
+
+
+def _record_load(profile, profile_path: Path, method: str, result: EngineLoad) -> None:
+    """``result`` under the method block's ``load.engines``, written to the profile."""
+    from autotune.profile.blocks import Load
+    from autotune.profile.io import write_profile
+
+    block = profile.block(method)
+    load = block.load or Load(max_new_tokens=result.max_new_tokens)
+    block.load = load.model_copy(update={"engines": {**load.engines, "llamacpp": result}})
+    write_profile(profile, profile_path)
 
 
 def _exported_flags(export, draft_gguf: Path | None) -> list[str]:

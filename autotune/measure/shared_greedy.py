@@ -109,18 +109,8 @@ class SharedGreedy:
         else:
             method, method_s = self._method(runner, drafter, prompt)
         _check_lossless(prompt, method.tokens, greedy.tokens)
-        return PromptMeasurement(
-            prompt_id=prompt.id,
-            baseline_tokens=len(greedy.tokens),
-            baseline_seconds=greedy.seconds,
-            method_tokens=len(method.tokens),
-            method_seconds=method_s,
-            steps=method.steps,
-            drafted=method.drafted,
-            accepted=method.accepted,
-            lossless=True,
-            category=prompt.category,
-        )
+        baseline = (len(greedy.tokens), greedy.seconds)
+        return PromptMeasurement.of(prompt, baseline, method, method_s, lossless=True)
 
     def timings(self, prompt: EncodedPrompt) -> int:
         """How often this process timed the prompt's greedy decoding."""

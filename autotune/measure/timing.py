@@ -78,6 +78,30 @@ class PromptMeasurement:
     lossless: bool | None  # None when sampling: outputs are not expected to match
     category: str | None = None
 
+    @classmethod
+    def of(
+        cls,
+        prompt: EncodedPrompt,
+        baseline: tuple[int, float],
+        method: DecodeResult,
+        method_seconds: float,
+        lossless: bool | None,
+    ) -> PromptMeasurement:
+        """``prompt``'s row: the method's decoding (``method`` in ``method_seconds``)
+        against the baseline's (its tokens and seconds)."""
+        return cls(
+            prompt_id=prompt.id,
+            baseline_tokens=baseline[0],
+            baseline_seconds=baseline[1],
+            method_tokens=len(method.tokens),
+            method_seconds=method_seconds,
+            steps=method.steps,
+            drafted=method.drafted,
+            accepted=method.accepted,
+            lossless=lossless,
+            category=prompt.category,
+        )
+
 
 @dataclass
 class Measurement:
@@ -305,40 +329,41 @@ class SideBySide:
             measured += 1
             shift = self._measured % len(names)
             self._measured += 1
-            runs: dict[str | None, tuple[DecodeResult, float]] = {}
-            for name in names[shift:] + names[:shift]:
-                if name is None:
-                    runs[name] = _timed(
-                        decode_plain, self.runner, prompt.ids, self.max_new_tokens, self.sampling
-                    )
-                else:
-                    runs[name] = _timed(
-                        decode_speculative,
-                        self.runner,
-                        self.drafter(name, prompt.category),
-                        prompt.ids,
-                        self.max_new_tokens,
-                        self.sampling,
-                    )
-            plain, plain_s = runs[None]
-            for name in self.variants:
-                method, method_s = runs[name]
-                row = PromptMeasurement(
-                    prompt_id=prompt.id,
-                    baseline_tokens=len(plain.tokens),
-                    baseline_seconds=plain_s,
-                    method_tokens=len(method.tokens),
-                    method_seconds=method_s,
-                    steps=method.steps,
-                    drafted=method.drafted,
-                    accepted=method.accepted,
-                    lossless=(method.tokens == plain.tokens) if self.sampling.greedy else None,
-                    category=prompt.category,
-                )
-                self.measurements[name].prompts.append(row)
-                if on_prompt:
-                    on_prompt(row)
+            runs = {name: self._decode(name, prompt) for name in names[shift:] + names[:shift]}
+            self._record(prompt, runs, on_prompt)
         return measured
+
+    def _decode(self, name: str | None, prompt: EncodedPrompt) -> tuple[DecodeResult, float]:
+        """``prompt`` decoded, timed, by variant ``name`` (None: plain greedy)."""
+        if name is None:
+            return _timed(decode_plain, self.runner, prompt.ids, self.max_new_tokens, self.sampling)
+        return _timed(
+            decode_speculative,
+            self.runner,
+            self.drafter(name, prompt.category),
+            prompt.ids,
+            self.max_new_tokens,
+            self.sampling,
+        )
+
+    def _record(
+        self,
+        prompt: EncodedPrompt,
+        runs: dict[str | None, tuple[DecodeResult, float]],
+        on_prompt: Callable[[PromptMeasurement], None] | None,
+    ) -> None:
+        """Each variant's decoding of ``prompt`` against the plain one, kept in its
+        measurement (and told to ``on_prompt``)."""
+        plain, plain_s = runs[None]
+        for name in self.variants:
+            method, method_s = runs[name]
+            lossless = (method.tokens == plain.tokens) if self.sampling.greedy else None
+            row = PromptMeasurement.of(
+                prompt, (len(plain.tokens), plain_s), method, method_s, lossless
+            )
+            self.measurements[name].prompts.append(row)
+            if on_prompt:
+                on_prompt(row)
 
 
 def _timed(decode: Callable[..., DecodeResult], *args) -> tuple[DecodeResult, float]:

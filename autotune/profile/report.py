@@ -122,6 +122,26 @@ def write_verdict_plot(profile: ProfileBase, path: Path) -> Path | None:
         _load_panel(load_ax, profile.recommended, load)
     else:
         fig, ax = plt.subplots(figsize=(bars_width, 4))
+    _speedup_bars(ax, measured, categories, profile.recommended)
+    ax.axhline(1.0, color="black", linewidth=1, linestyle="--")
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_ylabel("speedup over plain greedy (95% interval)")
+    ax.set_title(f"{profile.model.name}: held-back prompts")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    try:
+        with atomic_path(path) as temp:
+            fig.savefig(temp, dpi=110, format="png")
+    finally:
+        plt.close(fig)
+    return path
+
+
+def _speedup_bars(
+    ax, measured: list[tuple[str, MethodSettings]], categories: list[str], recommended: str | None
+) -> None:
+    """One bar a method in each group (all prompts, then each category), with its
+    interval as error bars."""
     width = 0.8 / len(measured)
     for i, (name, block) in enumerate(measured):
         assert block.measured is not None
@@ -135,17 +155,5 @@ def write_verdict_plot(profile: ProfileBase, path: Path) -> Path | None:
             ys.append(fig_g.speedup)
             lows.append(fig_g.speedup - low)
             highs.append(high - fig_g.speedup)
-        label = f"{name} (recommended)" if name == profile.recommended else name
+        label = f"{name} (recommended)" if name == recommended else name
         ax.bar(xs, ys, width, yerr=[lows, highs], capsize=3, label=label)
-    ax.axhline(1.0, color="black", linewidth=1, linestyle="--")
-    ax.set_xticks(range(len(groups)), groups)
-    ax.set_ylabel("speedup over plain greedy (95% interval)")
-    ax.set_title(f"{profile.model.name}: held-back prompts")
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    try:
-        with atomic_path(path) as temp:
-            fig.savefig(temp, dpi=110, format="png")
-    finally:
-        plt.close(fig)
-    return path
