@@ -332,10 +332,11 @@ def probe_seconds(facts: Facts, method: str, training_s: float) -> float:
 
 def measuring_phases(facts: Facts, methods: int, chains: int, seconds: float) -> list[Phase]:
     """The selection and the held-back measurement of ``methods`` (``chains`` of them
-    with CAPE), planned from the tokens they decode: at most ``MEASURE_SHARE`` of the
+    with an expansion), planned from the tokens they decode: at most ``MEASURE_SHARE`` of the
     whole run's budget (of ``seconds`` without one), never under their least. Both decode
     as many tokens as the verdict's prompts: a method's speedup depends on the length
-    (n-gram measured 0.99x at 64 tokens on search prompts, 1.44x at 128 held back)."""
+    (the draft-free method measured 0.99x at 64 tokens on search prompts, 1.44x at 128
+    held back)."""
     tokens_per_s = 1.0 / facts.forward_s
     cost = 1 + SPECULATIVE_COST * methods
     share = MEASURE_SHARE * (facts.budget_s or seconds)

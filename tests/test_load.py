@@ -175,7 +175,7 @@ def test_the_profile_measures_the_recommended_method_under_load_and_says_it(
     from autotune.profiling.heldback import HeldBack
     from autotune.profiling.load import measure_load
     from autotune.profiling.report import load_lines
-    from autotune.profiling.request import ProfileRequest
+    from autotune.profiling.request import Measuring, ProfileRequest
     from autotune.workspace import Workspace
 
     monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "cache"))
@@ -188,7 +188,7 @@ def test_the_profile_measures_the_recommended_method_under_load_and_says_it(
     )
     ws.runner.eos_token_ids = frozenset()
     ws.deadline = Budget(600)
-    request = ProfileRequest(model="tiny", max_new_tokens=12, concurrency=(1, 2))
+    request = Measuring.of(ProfileRequest(model="tiny", max_new_tokens=12, concurrency=(1, 2)))
     held = HeldBack({"ngram": Measurement()}, 1, "")
     tuned = measure_load(ws, {"ngram": SETTING}, "ngram", held, request)
     load = tuned["ngram"].load

@@ -9,7 +9,7 @@ from autotune.budget import Budget
 from autotune.measure.noise import NoiseRecord, fewer_threads, probe, settle
 from autotune.profile.io import check_writable
 from autotune.profiling import state
-from autotune.profiling.request import ProfileRequest
+from autotune.profiling.request import Measuring, ProfileRequest, Tuning
 from autotune.profiling.setup import Setup
 from autotune.profiling.state import RunState
 from autotune.progress import say
@@ -51,7 +51,7 @@ def check_machine(ws: Workspace, threads_chosen: bool = False) -> NoiseRecord:
 
 
 def measure_facts(
-    setup: Setup, ws: Workspace, request: ProfileRequest, budget_s: float | None = None
+    setup: Setup, ws: Workspace, measuring: Measuring, budget_s: float | None = None
 ) -> plan.Facts:
     """What the plan is made from: this machine's forward time and verify curve, the
     methods in the order they run (draft-free first, head methods last), and what the
@@ -81,27 +81,32 @@ def measure_facts(
         },
         answer_prompts=missing,
         extra_answer_prompts=len(calibration_extras(ws.prompts_path)) if setup.train else 0,
-        heldback_prompts=min(request.heldback_prompts, len(ws.heldback_prompts())),
-        heldback_tokens=request.max_new_tokens,
-        select_prompts=request.select_prompts,
+        heldback_prompts=min(measuring.heldback_prompts, len(ws.heldback_prompts())),
+        heldback_tokens=measuring.max_new_tokens,
+        select_prompts=measuring.select_prompts,
         params=sum(p.numel() for p in ws.target.model.parameters()),
         cpu=ws.runner.device.type == "cpu",
         budget_s=budget_s,
-        load_levels=len(request.concurrency),
+        load_levels=len(measuring.concurrency),
     )
 
 
 def start(
-    setup: Setup, ws: Workspace, request: ProfileRequest, budget: Budget, noise: NoiseRecord
+    setup: Setup,
+    ws: Workspace,
+    tuning: Tuning,
+    measuring: Measuring,
+    budget: Budget,
+    noise: NoiseRecord,
 ) -> RunState:
     """The run's state at its start: the facts measured, a budget too small for the least
     useful run refused, head kinds that cannot be trained in time dropped, the plan said."""
     run = RunState(
         setup=setup,
         ws=ws,
-        request=request,
+        tuning=tuning,
         budget=budget,
-        facts=measure_facts(setup, ws, request, budget.seconds),
+        facts=measure_facts(setup, ws, measuring, budget.seconds),
         evidence=plan.Evidence(skipped=dict(setup.skipped)),
         noise=noise,
         heads=dict(setup.heads),
@@ -113,34 +118,30 @@ def start(
     return run
 
 
-def answers(run: RunState) -> RunState:
+@state.phase(lambda run: "answers")
+def answers(run: RunState, budget: Budget) -> tuple[RunState, None, str]:
     """The target's greedy answers to the search prompts: what every proxy replays, and
     what heads train on."""
     from autotune.training.job import decode_calibration
 
-    run, phase = state.begin(run, "answers")
     answered = decode_calibration(
         run.ws.target,
         run.ws.prompts_path,
         run.ws.prompts,
         plan.ANSWER_TOKENS,
-        phase.budget.seconds,
+        budget.seconds,
         extras=False,
         first_estimate=(plan.answers_seconds(run.facts, 1), plan.LEAST_ANSWERS),
     )
-    return state.end(run, phase, answered.text())
+    return run, None, answered.text()
 
 
-def extra_answers(run: RunState) -> tuple[RunState, list]:
+@state.phase(lambda run: "extra answers")
+def extra_answers(run: RunState, budget: Budget) -> tuple[RunState, list, str]:
     """Answers to the packaged calibration prompts too: more for heads to learn from."""
     from autotune.training.job import decode_calibration
 
-    run, phase = state.begin(run, "extra answers")
     answered = decode_calibration(
-        run.ws.target,
-        run.ws.prompts_path,
-        run.ws.prompts,
-        plan.ANSWER_TOKENS,
-        phase.budget.seconds,
+        run.ws.target, run.ws.prompts_path, run.ws.prompts, plan.ANSWER_TOKENS, budget.seconds
     )
-    return state.end(run, phase, answered.text()), answered.extras
+    return run, answered.extras, answered.text()

@@ -13,7 +13,7 @@ from autotune.measure.timing import EncodedPrompt, Measurement, Variant
 from autotune.methods import registry
 from autotune.methods.base import DraftEnv
 from autotune.profile.blocks import EngineVariant, MethodSettings
-from autotune.profiling.request import ProfileRequest
+from autotune.profiling.request import Measuring
 from autotune.profiling.select import Selection, finalists
 from autotune.progress import say, step
 from autotune.workspace import Workspace
@@ -33,13 +33,13 @@ class HeldBack:
     readings: list[Reading] = field(default_factory=list)  # the machine, between batches
 
 
-def heldback(ws: Workspace, request: ProfileRequest) -> list[EncodedPrompt]:
+def heldback(ws: Workspace, measuring: Measuring) -> list[EncodedPrompt]:
     """The held-back prompts the run measures on (``--heldback-prompts`` of them)."""
-    return ws.encode(ws.heldback_prompts()[: request.heldback_prompts])
+    return ws.encode(ws.heldback_prompts()[: measuring.heldback_prompts])
 
 
 def measure_held_back(
-    ws: Workspace, selection: Selection, request: ProfileRequest, budget: Budget
+    ws: Workspace, selection: Selection, measuring: Measuring, budget: Budget
 ) -> HeldBack:
     """The finalists the race left (the leader alone where it decided) against one plain
     greedy decoding per prompt, until the interval of the method ranked first decides
@@ -51,14 +51,14 @@ def measure_held_back(
     tuned, ranking = selection.tuned, selection.ranking
     if not tuned:
         return HeldBack({}, 0, "no method")
-    bound = 1.0 + request.margin
+    bound = 1.0 + measuring.margin
     contenders = [n for n in finalists(tuned, ranking, bound) if n not in selection.dropped]
     env = DraftEnv(ws.ref, ws.runner)
     variants = {
         name: registry.method(name).variant(tuned[name], env) for name in contenders or ranking[:1]
     }
-    prompts = heldback(ws, request)
-    session = SideBySide(ws.runner, variants, request.max_new_tokens)
+    prompts = heldback(ws, measuring)
+    session = SideBySide(ws.runner, variants, measuring.max_new_tokens)
     readings: list[Reading] = []
     with step(
         f"held-back measurement: {', '.join(variants)} against plain greedy",
@@ -111,7 +111,7 @@ def measure_engine_settings(
     tuned: dict[str, MethodSettings],
     recommended: str,
     held: HeldBack,
-    request: ProfileRequest,
+    measuring: Measuring,
     keep_s: float = 0.0,
 ) -> HeldBack:
     """After the verdict, in the time the run has left (less ``keep_s``, the time planned
@@ -129,14 +129,14 @@ def measure_engine_settings(
     budget = Budget(None if left is None else left - plan.ENGINE_SETTINGS_MARGIN_S)
     variants = engine_variants(recommended, tuned[recommended], DraftEnv(ws.ref, ws.runner))
     measured_on = max((len(m.prompts) for m in held.measured.values()), default=0)
-    prompts = heldback(ws, request)[: max(measured_on, 1)]
+    prompts = heldback(ws, measuring)[: max(measured_on, 1)]
     label = f"held back: {recommended} as {', '.join(tuned[recommended].engines)} serve it"
     with step(label, len(prompts) * len(variants)) as advance:
         measured = measure_variants(
             ws.runner,
             variants,
             prompts,
-            request.max_new_tokens,
+            measuring.max_new_tokens,
             on_prompt=lambda _: advance(),
             until=budget,
             least=0,

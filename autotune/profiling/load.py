@@ -11,7 +11,7 @@ from autotune.methods import registry
 from autotune.methods.base import DraftEnv
 from autotune.profile.blocks import Load, LoadLevel, MethodSettings
 from autotune.profiling.heldback import HeldBack, heldback
-from autotune.profiling.request import ProfileRequest
+from autotune.profiling.request import Measuring
 from autotune.progress import say
 from autotune.workspace import Workspace
 
@@ -24,7 +24,7 @@ def measure_load(
     tuned: dict[str, MethodSettings],
     recommended: str,
     held: HeldBack,
-    request: ProfileRequest,
+    measuring: Measuring,
 ) -> dict[str, MethodSettings]:
     """The tuned settings, the recommended method's with its schedule under load."""
     from autotune.tuners.load_schedule import fit_schedule
@@ -33,7 +33,7 @@ def measure_load(
     method = registry.method(recommended)
     candidates = method.load_settings(settings)
     env = DraftEnv(ws.ref, ws.runner)
-    tokens = min(plan.LOAD_TOKENS, request.max_new_tokens)
+    tokens = min(plan.LOAD_TOKENS, measuring.max_new_tokens)
 
     def seconds_left() -> float | None:
         left = ws.deadline.left() if ws.deadline is not None else None
@@ -44,12 +44,12 @@ def measure_load(
         {label: method.variant(s, env).make for label, (_, s) in candidates.items()},
         {label: cap for label, (cap, _) in candidates.items()},
         in_turn(ws.encode(ws.search_prompts())),
-        in_turn(heldback(ws, request)),
+        in_turn(heldback(ws, measuring)),
         tokens,
-        list(request.concurrency),
+        list(measuring.concurrency),
         plan.LOAD_ROUNDS,
         seconds_left,
-        _first_level_s(held.measured.get(recommended), len(candidates), tokens, request),
+        _first_level_s(held.measured.get(recommended), len(candidates), tokens, measuring),
         on_level=lambda line: say(f"[dim]under load, {line}[/dim]"),
         proven=PROVEN_LEVELS,
     )
@@ -67,12 +67,12 @@ def measure_load(
     return {**tuned, recommended: settings.model_copy(update={"load": load})}
 
 
-def _first_level_s(greedy, candidates: int, tokens: int, request: ProfileRequest) -> float | None:
+def _first_level_s(greedy, candidates: int, tokens: int, measuring: Measuring) -> float | None:
     """About how long the first level takes, from greedy's held-back speed (None: not
     known): its runs, each round two requests."""
-    if greedy is None or greedy.baseline_tokens_per_s <= 0 or not request.concurrency:
+    if greedy is None or greedy.baseline_tokens_per_s <= 0 or not measuring.concurrency:
         return None
-    runs = plan.load_level_runs(candidates, min(request.concurrency) in PROVEN_LEVELS)
+    runs = plan.load_level_runs(candidates, min(measuring.concurrency) in PROVEN_LEVELS)
     return runs * plan.LOAD_ROUNDS * 2 * tokens / greedy.baseline_tokens_per_s
 
 

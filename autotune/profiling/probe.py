@@ -17,24 +17,45 @@ from autotune.profiling.state import RunState
 from autotune.progress import say
 
 
-def probe(run: RunState, method: Method) -> RunState:
+def probes(method: Method, facts: plan.Facts) -> bool:
+    """Whether ``method`` has cheap evidence to gather (its heads are trained in the run,
+    or it says how to probe it); else it is tuned whatever the others measured."""
+    return method.name in facts.train or type(method).probe is not Method.probe
+
+
+@state.phase(lambda run, method: f"probe {method.name}")
+def probe(run: RunState, budget: Budget, method: Method) -> tuple[RunState, None, str]:
     """``method``'s probe: its bound, and for a draft-free one a first measurement that
     may make it the leader; every bound is then weighed against the leader again."""
     name = method.name
-    if name not in run.facts.train and type(method).probe is Method.probe:
-        return run  # nothing cheap to learn: it is tuned
-    run, phase = state.begin(run, f"probe {name}")
     if name in run.facts.train:
-        run, found = _probe_heads(run, name, phase.budget)
+        run, found = _probe_heads(run, name, budget)
     else:
-        found = method.probe(context(run, method, phase.budget))
+        found = method.probe(context(run, method, budget))
     if found is None:
-        return state.end(run, phase, "nothing")
+        return run, None, "nothing"
     bounds = {**run.evidence.bounds, name: found.bound}
     run = _with_evidence(run, bounds=bounds, lead=_lead_after(run.evidence.lead, name, found))
-    run = state.end(run, phase, f"bound {found.bound.speedup:.3f}x")
-    say(f"{name}: at most {found.bound.speedup:.3f}x ({found.bound.evidence})")
-    return _weigh_bounds(run, name)
+    return run, None, f"bound {found.bound.speedup:.3f}x"
+
+
+def weigh(run: RunState, method: Method) -> RunState:
+    """After ``method``'s probe: its bound said, and every bound weighed against the
+    leader, which may have changed (the methods the user named with --methods are tuned
+    whatever their bound: it is only said)."""
+    bound = run.evidence.bounds.get(method.name)
+    if bound is None:
+        return run
+    say(f"{method.name}: at most {bound.speedup:.3f}x ({bound.evidence})")
+    for other, bound in run.evidence.bounds.items():
+        why = plan.skip_reason(bound, run.evidence.lead, run.tuning.margin)
+        if why is None or other in run.evidence.skipped:
+            continue
+        if not run.tuning.named:
+            run = state.skip(run, other, why)
+        elif other == method.name:
+            say(f"[yellow]{other} is tuned as asked, though {why}[/yellow]")
+    return run
 
 
 def _lead_after(lead: plan.Lead | None, name: str, found: Probe) -> plan.Lead | None:
@@ -48,20 +69,6 @@ def _lead_after(lead: plan.Lead | None, name: str, found: Probe) -> plan.Lead | 
     )
     say(f"{name} leads: {interval_text(found.measured)} on {mine.prompts} search prompts")
     return mine if lead is None or mine.low > lead.low else lead
-
-
-def _weigh_bounds(run: RunState, probed: str) -> RunState:
-    """Every bound weighed against the leader, which may have changed (the methods the
-    user named with --methods are tuned whatever their bound: it is only said)."""
-    for other, bound in run.evidence.bounds.items():
-        why = plan.skip_reason(bound, run.evidence.lead, run.request.margin)
-        if why is None or other in run.evidence.skipped:
-            continue
-        if run.request.methods is None:
-            run = state.skip(run, other, why)
-        elif other == probed:
-            say(f"[yellow]{other} is tuned as asked, though {why}[/yellow]")
-    return run
 
 
 def _probe_heads(run: RunState, name: str, budget: Budget) -> tuple[RunState, Probe | None]:
@@ -92,11 +99,11 @@ def context(run: RunState, method: Method, budget: Budget) -> TuneContext:
         run.ws,
         run.setup.spaces[method.name],
         budget,
-        run.request.workers,
+        run.tuning.workers,
         run.heads.get(method.name),
-        run.request.trials,
-        max_new_tokens=run.request.max_new_tokens,
-        engines=run.request.engines,
+        run.tuning.trials,
+        max_new_tokens=run.tuning.max_new_tokens,
+        engines=run.tuning.engines,
     )
 
 

@@ -22,7 +22,7 @@ from autotune.profile.blocks import (
 )
 from autotune.profile.schema import ProfileBase, methods_block, profile_model
 from autotune.profiling.heldback import ENGINE_MARK, HeldBack, served_as_tuned
-from autotune.profiling.request import ProfileRequest
+from autotune.profiling.request import Measuring
 from autotune.schedule import clock
 from autotune.workspace import Workspace
 
@@ -40,7 +40,7 @@ def assemble(
     held: HeldBack,
     verdict: Verdict,
     noise: NoiseRecord,
-    request: ProfileRequest,
+    measuring: Measuring,
 ) -> ProfileBase:
     blocks = {  # a method the race dropped keeps its search-prompt figures only
         name: settings.model_copy(update={"measured": Measured(**held.measured[name].summary())})
@@ -57,7 +57,7 @@ def assemble(
         workload=Workload(
             prompts=str(ws.prompts_path.resolve()),
             num_prompts=len(ws.prompts),
-            max_new_tokens=request.max_new_tokens,
+            max_new_tokens=measuring.max_new_tokens,
             temperature=GREEDY.temperature,
             categories=categories or None,
             lossless_reference=LOSSLESS_REFERENCE,

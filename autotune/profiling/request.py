@@ -43,6 +43,55 @@ class ProfileRequest:
     concurrency: tuple[int, ...] = LEVELS
 
 
+@dataclass(frozen=True)
+class Measuring:
+    """How the run measures, from the request: the bar a method must clear, the decoding
+    length, the prompts of the race and of the held-back measurement, the load levels."""
+
+    margin: float
+    max_new_tokens: int
+    select_prompts: int
+    heldback_prompts: int
+    concurrency: tuple[int, ...]
+
+    @classmethod
+    def of(cls, request: ProfileRequest) -> Measuring:
+        return cls(
+            request.margin,
+            request.max_new_tokens,
+            request.select_prompts,
+            request.heldback_prompts,
+            request.concurrency,
+        )
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """How the methods tune, from the request: where trials run, the user's caps, the
+    engines deployed to, and whether the user named the methods (those are tuned
+    whatever their bound)."""
+
+    workers: Workers
+    trials: int | None
+    time_budget_s: float | None
+    max_new_tokens: int
+    engines: tuple[str, ...] | None
+    margin: float
+    named: bool
+
+    @classmethod
+    def of(cls, request: ProfileRequest) -> Tuning:
+        return cls(
+            request.workers,
+            request.trials,
+            request.time_budget_s,
+            request.max_new_tokens,
+            request.engines,
+            request.margin,
+            request.methods is not None,
+        )
+
+
 def default_out(model_name: str) -> Path:
     return Path("profiles") / f"{model_name}.yaml"
 

@@ -20,7 +20,7 @@ from autotune.profiling.heldback import (
 )
 from autotune.profiling.load import load_summary, measure_load
 from autotune.profiling.report import assemble
-from autotune.profiling.request import ProfileRequest, default_out
+from autotune.profiling.request import Measuring, ProfileRequest, Tuning, default_out
 from autotune.profiling.select import Selection, select
 from autotune.profiling.setup import make_setup
 from autotune.profiling.state import RunState
@@ -36,56 +36,89 @@ def run_profile(request: ProfileRequest) -> tuple[ProfileBase, Path]:
     out = request.out or default_out(ws.target.name)
     check_writable(out)
     noise = check_machine(ws, threads_chosen=request.threads is not None)
-    run, tuned = tune(start(setup, ws, request, budget, noise))
-    run, selection = selected(run, tuned)
-    run, held = held_back(run, selection)
+    measuring = Measuring.of(request)
+    run, tuned = tune(start(setup, ws, Tuning.of(request), measuring, budget, noise))
+    run, selection = selected(run, tuned, measuring)
+    run, held = held_back(run, selection, measuring)
     verdict = decide(
-        selection.tuned, selection.ranking, held, request.margin, run.evidence.skipped
+        selection.tuned, selection.ranking, held, measuring.margin, run.evidence.skipped
     ).model_copy(update={"dropped": selection.dropped})
-    run, tuned, held = after_verdict(run, selection.tuned, verdict.recommended, held)
+    run, tuned, held = after_verdict(run, selection.tuned, verdict.recommended, held, measuring)
     verdict = verdict.model_copy(update={"time": list(run.ledger)})
-    profile = assemble(ws, tuned, held, verdict, run.noise, request)
+    profile = assemble(ws, tuned, held, verdict, run.noise, measuring)
     write_profile(profile, out)
     write_verdict_plot(profile, plot_path(out))
     return profile, out
 
 
-def selected(run: RunState, tuned: dict[str, MethodSettings]) -> tuple[RunState, Selection]:
+@state.phase(lambda run, tuned, measuring: "selection (search prompts)")
+def selected(
+    run: RunState, budget: Budget, tuned: dict[str, MethodSettings], measuring: Measuring
+) -> tuple[RunState, Selection, str]:
     """The race on search prompts, in its share of the time."""
-    run, phase = state.begin(run, "selection (search prompts)")
-    selection = select(run.ws, tuned, run.request, phase.budget)
+    selection = select(run.ws, tuned, measuring, budget)
     left = len(selection.ranking) - len(selection.dropped)
     bought = (
         f"{left} of {len(selection.ranking)} methods left in the race "
         f"({selection.stopped or 'no race'})"
     )
-    return state.end(run, phase, bought), selection
+    return run, selection, bought
 
 
-def held_back(run: RunState, selection: Selection) -> tuple[RunState, HeldBack]:
+@state.phase(lambda run, selection, measuring: "held-back measurement")
+def held_back(
+    run: RunState, budget: Budget, selection: Selection, measuring: Measuring
+) -> tuple[RunState, HeldBack, str]:
     """The finalists measured once on held-back prompts: the figures reported."""
-    run, phase = state.begin(run, "held-back measurement")
-    held = measure_held_back(run.ws, selection, run.request, phase.budget)
-    run = state.with_readings(run, held.readings)
+    held = measure_held_back(run.ws, selection, measuring, budget)
     prompts = max((len(m.prompts) for m in held.measured.values()), default=0)
     bought = f"{', '.join(held.measured) or 'nothing'} on {prompts} prompts"
-    return state.end(run, phase, bought), held
+    return state.with_readings(run, held.readings), held, bought
 
 
 def after_verdict(
-    run: RunState, tuned: dict[str, MethodSettings], recommended: str, held: HeldBack
+    run: RunState,
+    tuned: dict[str, MethodSettings],
+    recommended: str,
+    held: HeldBack,
+    measuring: Measuring,
 ) -> tuple[RunState, dict[str, MethodSettings], HeldBack]:
     """In the time left: the recommended method as each engine serves it (in the time
     the run has left, unplanned, less what the load levels are planned), then under load
     (planned; it takes what the run has left)."""
-    request = run.request
-    load_kept = state.planned(run, "under load (held back)") if request.concurrency else 0.0
+    levels = measuring.concurrency
+    load_kept = state.planned(run, "under load (held back)") if levels else 0.0
     if engine_settings_to_measure(tuned, recommended):
-        run, phase = state.begin(run, "engine settings (held back)")
-        held = measure_engine_settings(run.ws, tuned, recommended, held, request, load_kept)
-        run = state.end(run, phase, f"{recommended} as each engine serves it")
-    if request.concurrency and recommended in tuned:
-        run, phase = state.begin(run, "under load (held back)")
-        tuned = measure_load(run.ws, tuned, recommended, held, request)
-        run = state.end(run, phase, load_summary(tuned[recommended].load))
+        run, held = engine_settings(run, tuned, recommended, held, measuring, load_kept)
+    if levels and recommended in tuned:
+        run, tuned = under_load(run, tuned, recommended, held, measuring)
     return run, tuned, held
+
+
+@state.phase(lambda run, *args: "engine settings (held back)")
+def engine_settings(
+    run: RunState,
+    budget: Budget,
+    tuned: dict[str, MethodSettings],
+    recommended: str,
+    held: HeldBack,
+    measuring: Measuring,
+    load_kept: float,
+) -> tuple[RunState, HeldBack, str]:
+    """Its own time is what the run has left, unplanned (less ``load_kept``)."""
+    held = measure_engine_settings(run.ws, tuned, recommended, held, measuring, load_kept)
+    return run, held, f"{recommended} as each engine serves it"
+
+
+@state.phase(lambda run, *args: "under load (held back)")
+def under_load(
+    run: RunState,
+    budget: Budget,
+    tuned: dict[str, MethodSettings],
+    recommended: str,
+    held: HeldBack,
+    measuring: Measuring,
+) -> tuple[RunState, dict[str, MethodSettings], str]:
+    """Planned; it takes what the run has left."""
+    tuned = measure_load(run.ws, tuned, recommended, held, measuring)
+    return run, tuned, load_summary(tuned[recommended].load)

@@ -11,7 +11,7 @@ from autotune.measure.timing import EncodedPrompt, Measurement, Variant, interva
 from autotune.methods import registry
 from autotune.methods.base import DraftEnv
 from autotune.profile.blocks import Figures, MethodSettings
-from autotune.profiling.request import ProfileRequest
+from autotune.profiling.request import Measuring
 from autotune.progress import say, step
 from autotune.workspace import Workspace
 
@@ -28,7 +28,7 @@ class Selection:
 
 
 def select(
-    ws: Workspace, tuned: dict[str, MethodSettings], request: ProfileRequest, budget: Budget
+    ws: Workspace, tuned: dict[str, MethodSettings], measuring: Measuring, budget: Budget
 ) -> Selection:
     """The candidates race within ``budget``; the methods ranked by the candidate each
     keeps, with the race's figures. A lone candidate is not raced: the held-back
@@ -44,13 +44,15 @@ def select(
     }
     if len(variants) == 1:
         return Selection(list(tuned), dict(tuned))
-    prompts = spread(ws.encode(ws.search_prompts()), request.select_prompts)
-    session = SideBySide(ws.runner, variants, request.max_new_tokens)
+    prompts = spread(ws.encode(ws.search_prompts()), measuring.select_prompts)
+    session = SideBySide(ws.runner, variants, measuring.max_new_tokens)
     with step(
         "selection: the candidates race side by side (search prompts)",
         len(prompts) * len(variants),
     ) as advance:
-        result = race(session, prompts, 1.0 + request.margin, budget, on_prompt=lambda _: advance())
+        result = race(
+            session, prompts, 1.0 + measuring.margin, budget, on_prompt=lambda _: advance()
+        )
     if not any(m.prompts for m in result.measurements.values()):
         say("no time was left for the race: every method goes on to the held-back measurement")
         return Selection(list(tuned), dict(tuned), stopped=result.stopped)

@@ -9,19 +9,24 @@ and what it bought."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Concatenate, ParamSpec, TypeVar
 
 from autotune import plan
 from autotune.budget import Budget
 from autotune.errors import AutotuneError
 from autotune.measure.noise import NoiseRecord, Reading, probe
-from autotune.profiling.request import ProfileRequest
+from autotune.profiling.request import Tuning
 from autotune.profiling.setup import Setup
 from autotune.progress import say
 from autotune.schedule import Schedule, clock
 from autotune.workspace import Workspace
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 # Forwards in the machine check before each phase: enough to see a hog (with the others'
 # load), few enough that fifteen checks cost seconds, not minutes.
@@ -36,7 +41,7 @@ class RunState:
 
     setup: Setup
     ws: Workspace
-    request: ProfileRequest
+    tuning: Tuning
     budget: Budget
     facts: plan.Facts
     evidence: plan.Evidence
@@ -104,6 +109,30 @@ def end(run: RunState, phase: OpenPhase, bought: str) -> RunState:
     }
     evidence = dataclasses.replace(run.evidence, done=run.evidence.done | {phase.name})
     return dataclasses.replace(run, ledger=(*run.ledger, row), evidence=evidence)
+
+
+def phase(
+    name_of: Callable[Concatenate[RunState, P], str],
+) -> Callable[
+    [Callable[Concatenate[RunState, Budget, P], tuple[RunState, T, str]]],
+    Callable[Concatenate[RunState, P], tuple[RunState, T]],
+]:
+    """A phase of the run: ``work(run, budget, *args)`` returns the new state, its result
+    and what it bought; the phase named ``name_of(run, *args)`` is begun before it (its share
+    of the time, the machine probed) and recorded in the ledger after it."""
+
+    def timed(
+        work: Callable[Concatenate[RunState, Budget, P], tuple[RunState, T, str]],
+    ) -> Callable[Concatenate[RunState, P], tuple[RunState, T]]:
+        @functools.wraps(work)
+        def run_phase(run: RunState, *args: P.args, **kwargs: P.kwargs) -> tuple[RunState, T]:
+            run, opened = begin(run, name_of(run, *args, **kwargs))
+            run, result, bought = work(run, opened.budget, *args, **kwargs)
+            return end(run, opened, bought), result
+
+        return run_phase
+
+    return timed
 
 
 def with_readings(run: RunState, readings: list[Reading]) -> RunState:

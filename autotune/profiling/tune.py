@@ -15,7 +15,7 @@ from autotune.methods.base import Method, TuneContext
 from autotune.profile.blocks import MethodSettings
 from autotune.profiling import state
 from autotune.profiling.calibrate import answers, extra_answers
-from autotune.profiling.probe import context, probe
+from autotune.profiling.probe import context, probe, probes, weigh
 from autotune.profiling.request import ProfileRequest
 from autotune.profiling.setup import Setup
 from autotune.profiling.state import RunState
@@ -30,10 +30,11 @@ def tune(run: RunState) -> tuple[RunState, dict[str, MethodSettings]]:
     for name, why in run.setup.skipped.items():
         say(f"[yellow]{name} skipped: {why}[/yellow]")
     if run.facts.answer_prompts:
-        run = answers(run)
+        run, _ = answers(run)
     for method in _methods(run):
-        if method.name not in run.evidence.skipped:
-            run = probe(run, method)
+        if method.name not in run.evidence.skipped and probes(method, run.facts):
+            run, _ = probe(run, method)
+            run = weigh(run, method)
     # with a leader known, its study comes first: a kind the rest cannot train
     # usefully is dropped now, its time going to the leader
     run = state.drop_untrainable(run)
@@ -63,40 +64,42 @@ def _train_heads(run: RunState) -> RunState:
     if kinds and run.facts.extra_answer_prompts:
         run, extras = extra_answers(run)
     for kind in kinds:
-        run = train(run, kind, extras)
+        run, _ = train(run, kind, extras)
     return run
 
 
-def train(run: RunState, kind: str, extras: list) -> RunState:
+@state.phase(lambda run, kind, extras: f"train {kind} heads")
+def train(run: RunState, budget: Budget, kind: str, extras: list) -> tuple[RunState, None, str]:
     """Heads of ``kind`` trained in their share; the methods drafting with them use them
     (or are skipped, with why, when they could not be trained)."""
     from autotune.training.job import train_kind
 
     names = [n for n, k in run.facts.train.items() if k == kind]
-    run, phase = state.begin(run, f"train {kind} heads")
     try:
-        folder = train_kind(run.ws, extras, plan.ANSWER_TOKENS, kind, phase.budget.seconds)
+        folder = train_kind(run.ws, extras, plan.ANSWER_TOKENS, kind, budget.seconds)
     except AutotuneError as exc:  # e.g. too few answers fitted the time to train on
         for name in names:
             run = state.skip(run, name, f"its {kind} heads could not be trained: {exc}")
-        return state.end(run, phase, "nothing")
+        return run, None, "nothing"
     trained = dataclasses.replace(run.evidence, trained=run.evidence.trained | {kind})
     run = dataclasses.replace(
         run, heads={**run.heads, **dict.fromkeys(names, folder)}, evidence=trained
     )
-    return state.end(run, phase, f"{kind} heads")
+    return run, None, f"{kind} heads"
 
 
-def tune_method(run: RunState, method: Method) -> tuple[RunState, MethodSettings]:
-    run, phase = state.begin(run, f"tune {method.name}")
-    share = phase.budget
-    if run.request.time_budget_s is not None:
-        share = Budget(run.request.time_budget_s)
+@state.phase(lambda run, method: f"tune {method.name}")
+def tune_method(
+    run: RunState, budget: Budget, method: Method
+) -> tuple[RunState, MethodSettings, str]:
+    """``method``'s setting, chosen on the search split in its share (or in --time-budget)."""
+    if run.tuning.time_budget_s is not None:
+        budget = Budget(run.tuning.time_budget_s)
     say(f"{method.name}: {method.title}")
-    ctx = context(run, method, share)
+    ctx = context(run, method, budget)
     settings = method.tune(ctx)
-    run = state.end(run, phase, _bought(settings))
-    return run, settings.model_copy(update={"notes": settings.notes + ctx.notes})
+    tuned = settings.model_copy(update={"notes": settings.notes + ctx.notes})
+    return run, tuned, _bought(settings)
 
 
 def _fit_expansions(
@@ -105,10 +108,16 @@ def _fit_expansions(
     chains = [m for m in _methods(run) if m.chain and m.name in tuned]
     if not chains or not run.setup.expansions:
         return run, tuned
-    label = run.facts.expansion
-    run, phase = state.begin(run, f"fit {label}")
-    fitted = fit_expansions(run.setup, run.ws, tuned, phase.budget, chains, dict(run.heads))
-    return state.end(run, phase, f"{label} for {', '.join(m.name for m in chains)}"), fitted
+    return _fit(run, tuned, chains)
+
+
+@state.phase(lambda run, tuned, chains: f"fit {run.facts.expansion}")
+def _fit(
+    run: RunState, budget: Budget, tuned: dict[str, MethodSettings], chains: list[Method]
+) -> tuple[RunState, dict[str, MethodSettings], str]:
+    fitted = fit_expansions(run.setup, run.ws, tuned, budget, chains, dict(run.heads))
+    bought = f"{run.facts.expansion} for {', '.join(m.name for m in chains)}"
+    return run, fitted, bought
 
 
 def _bought(settings: MethodSettings) -> str:
