@@ -11,7 +11,7 @@ import pytest
 
 from autotune import workspace
 from autotune.prompts import load_prompts, split_prompts
-from autotune.training import distill, job
+from autotune.training import calibration, distill, job
 from autotune.workspace import Workspace
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -56,7 +56,9 @@ def test_the_answers_phase_stops_when_the_next_chunk_would_not_fit(tiny_target, 
 
 def test_a_first_chunk_that_cannot_fit_is_cut_to_its_least(tiny_target, workload, monkeypatch):
     path, prompts = workload
-    monkeypatch.setattr(job, "_process_rate", lambda fingerprint: job._Rate())  # none yet
+    monkeypatch.setattr(
+        calibration, "_process_rate", lambda fingerprint: calibration._Rate()
+    )  # none yet
     # at an estimated 10 s an answer none fits: the least, 3, is decoded (not the 16 of a
     # first chunk), and then the time is gone
     job.decode_calibration(

@@ -354,13 +354,21 @@ def test_command_writes_a_folder_that_loads_to_the_same_head(
 
 
 def test_saved_head_gives_identical_outputs(tmp_path, tiny_target, tiny_data):
-    from autotune.training.eagle import EagleTrainResult
+    from autotune.training.eagle import EagleTrainer
+    from autotune.training.loop import TrainStats
+    from autotune.training.trainer import TrainResult
 
     model = tiny_target.model
     head = new_head(model)
     train_eagle_head(head, model, tiny_data[0], options(epochs=2, lr=3e-3))
-    result = EagleTrainResult(
-        head, accuracy=[], stats=None, train_tokens=0, held_back_tokens=0, seconds={}
+    result = TrainResult(
+        EagleTrainer(),
+        head,
+        accuracy=[],
+        stats=TrainStats(),
+        train_tokens=0,
+        held_back_tokens=0,
+        seconds={},
     )
     result.save(tmp_path / "h", tiny_target, "tiny", {})
     loaded = load_eagle_head(tmp_path / "h", model.config)

@@ -18,7 +18,7 @@ from autotune.training.glide import (
     BETAS,
     Batch,
     GlideOptions,
-    GlideTrainResult,
+    GlideTrainer,
     examples,
     glide_accuracy,
     glide_loss,
@@ -194,11 +194,11 @@ def test_train_glide_reports_and_saves_a_folder_that_loads_to_the_same_draft(tin
     )
     assert result.held_back_tokens == 2 * 16 and result.train_tokens == 6 * 16
     assert [a.positions for a in result.accuracy] == [2 * 15, 2 * 14, 2 * 13]
-    assert len(result.draft.layers) == 1  # one layer on a CPU
+    assert len(result.trained.layers) == 1  # one layer on a CPU
     folder = result.save(tmp_path / "d", tiny_target, "tiny", {"autotune": {"kind": "glide"}})
     assert (folder / "draft_vocab.json").is_file()
     loaded = load_glide_draft(folder, tiny_target.model.config)
-    for (name, a), (_, b) in zip(result.draft.state_dict().items(), loaded.state_dict().items()):
+    for (name, a), (_, b) in zip(result.trained.state_dict().items(), loaded.state_dict().items()):
         assert torch.equal(a, b), name
 
 
@@ -221,4 +221,4 @@ def test_heads_job_writes_the_record(tmp_path, tiny_llama_dir):
     assert record["options"]["block"] == 5 and record["options"]["lr"] == 5e-4
     assert [row["step"] for row in record["accuracy_held_back"]] == [1, 2, 3, 4, 5]
     assert trained_on(folder, prompts) == set(record["prompts"]["trained_on"])
-    assert isinstance(result, GlideTrainResult)
+    assert isinstance(result.trainer, GlideTrainer)

@@ -226,7 +226,7 @@ def test_trained_heads_decode_the_embedded_model_losslessly(embedded_target):
     ids = [target.encode_chat(t) for t in texts]
     options = MedusaOptions(num_heads=3, max_new_tokens=24, epochs=2, time_budget_s=None)
     result = train_medusa(target, ids[:4], ids[4:], options)
-    heads = result.heads
+    heads = result.trained
     runner = Runner(target.model)
     assert heads.shares_vocab_projection
     tree = [[0], [1], [0, 0], [2], [0, 1], [0, 0, 0]]

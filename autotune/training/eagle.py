@@ -17,9 +17,7 @@ Only fc and the decoder layer are trained; the embedding and lm_head stay the ta
 
 from __future__ import annotations
 
-import time
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -28,14 +26,8 @@ import torch.nn.functional as F
 
 from autotune.errors import AutotuneError
 from autotune.heads.eagle import EagleHead, head_config, save_draft_vocab, save_eagle_head
-from autotune.training.distill import GENERATION_BATCH, Answer, AnswerCache, answer_prompts
-from autotune.training.loop import (
-    TrainResult,
-    TrainStats,
-    phase_seconds,
-    train_loop,
-    training_time,
-)
+from autotune.training.distill import GENERATION_BATCH, Answer
+from autotune.training.loop import TrainStats, train_loop
 from autotune.training.loss import (
     IGNORE,
     FrozenProjectionCE,
@@ -43,6 +35,7 @@ from autotune.training.loss import (
     greedy_next,
     loss_dtype,
 )
+from autotune.training.trainer import AnswerSplit, HeadTrainer, TrainResult
 
 INITS = ("random", "identity", "last-layer")
 
@@ -377,80 +370,56 @@ def eagle_accuracy(
 SMALLEST_DRAFT_VOCAB = 1024
 
 
-@dataclass
-class EagleTrainResult(TrainResult):
-    METHOD: ClassVar[str] = (
+class EagleTrainer(HeadTrainer):
+    """An EAGLE head: fc and one decoder layer over the target's features and the next
+    token's embedding (``train_eagle_head``)."""
+
+    METHOD = (
         "EAGLE-1/2 self-distillation: frozen target, embedding and "
         "lm_head; fc and one decoder layer trained"
     )
-    LOSS: ClassVar[str] = "final_loss"
+    LOSS = "final_loss"
 
-    head: EagleHead
-    # how often the target emitted each token in the training answers: the ranked list
-    # draft vocabularies are cut from (``heads.eagle.DraftProjection``)
-    token_counts: dict[int, int] = field(default_factory=dict)
+    def prefill(self, options: EagleOptions) -> bool:
+        return True  # the head attends over the prompt's features too
 
-    def save(self, folder: Path, target, base_model: str, extra: dict) -> Path:
-        saved = save_eagle_head(
-            self.head, folder, target.model.get_input_embeddings().weight, base_model, extra
-        )
-        save_draft_vocab(saved, self.token_counts)
+    def examples(
+        self, view, answers: AnswerSplit, options: EagleOptions
+    ) -> tuple[list[EagleSequence], list[EagleSequence]]:
+        lm_head = view.lm_head.weight if options.prompt_positions else None
+        train = [EagleSequence.of(prompt, answer, lm_head) for prompt, answer in answers.train]
+        held = [EagleSequence.of(prompt, answer) for prompt, answer in answers.held_back]
+        return train, held
+
+    def fit(
+        self, view, examples: list[EagleSequence], options: EagleOptions, seconds: float | None
+    ) -> tuple[EagleHead, TrainStats]:
+        head = new_head(view, options.init)
+        return head, train_eagle_head(head, view, examples, options, seconds)
+
+    def accuracy(
+        self, trained: EagleHead, view, examples: list[EagleSequence], options: EagleOptions
+    ) -> list:
+        return eagle_accuracy(trained, view, examples, options.depth)
+
+    def save(self, result: TrainResult, folder: Path, target, base_model: str, extra: dict):
+        embed = target.model.get_input_embeddings().weight
+        saved = save_eagle_head(result.trained, folder, embed, base_model, extra)
+        save_draft_vocab(saved, result.token_counts)
         return saved
 
-    def level_seconds(self, runner) -> float:
+    def level_seconds(self, result: TrainResult, runner) -> float:
         """The head's layer over one node and the smallest draft vocabulary's logits (the
         cheapest drafting level the search could choose)."""
         from autotune.heads.eagle import DraftProjection
         from autotune.measure.eagle_accuracy import measure_level_costs
 
-        ranked = sorted(self.token_counts, key=lambda t: -self.token_counts[t])
+        counts = result.token_counts
+        ranked = sorted(counts, key=lambda t: -counts[t])
         projection = DraftProjection(runner.lm_head, ranked[:SMALLEST_DRAFT_VOCAB] or None)
-        return measure_level_costs(runner, self.head, (1,), 128, 9, projection)[1]
+        return measure_level_costs(runner, result.trained, (1,), 128, 9, projection)[1]
 
 
-def train_eagle(
-    target,
-    search: list[list[int]],
-    held_back: list[list[int]],
-    options: EagleOptions,
-    started: float | None = None,
-    followups: list[tuple[str, str]] | None = None,
-    answers: AnswerCache | None = None,
-) -> EagleTrainResult:
-    """Generate answers, train a head on the search prompts' answers, report per-depth
-    accuracy on the held-back ones; as ``training.medusa.train_medusa`` (same arguments)."""
-    began = time.perf_counter()
-    started = began if started is None else started
-    model = target.model
-    torch.manual_seed(options.seed)
-    train_pairs, held_pairs = answer_prompts(
-        target,
-        search,
-        held_back,
-        options.max_new_tokens,
-        options.generation_batch,
-        followups,
-        prefill=True,
-        cache=answers,
-    )
-    lm_head = model.lm_head.weight if options.prompt_positions else None
-    train = [EagleSequence.of(prompt, answer, lm_head) for prompt, answer in train_pairs]
-    held = [EagleSequence.of(prompt, answer) for prompt, answer in held_pairs]
-    generated = time.perf_counter()
-    head = new_head(model, options.init)
-    stats = train_eagle_head(
-        head, model, train, options, training_time(options.time_budget_s, started, generated)
-    )
-    trained = time.perf_counter()
-    accuracy = eagle_accuracy(head, model, held, options.depth)
-    done = time.perf_counter()
-    counts = Counter(token for _, answer in train_pairs for token in answer.tokens)
-    return EagleTrainResult(
-        head,
-        accuracy=accuracy,
-        stats=stats,
-        train_tokens=sum(len(a.tokens) for _, a in train_pairs),
-        held_back_tokens=sum(len(a.tokens) for _, a in held_pairs),
-        seconds=phase_seconds(started, began, generated, trained, done),
-        token_counts=dict(counts),
-    )
+# Generate answers, train a head on the search prompts' answers, report per-depth accuracy
+# on the held-back ones (``HeadTrainer.train``).
+train_eagle = EagleTrainer().train

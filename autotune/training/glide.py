@@ -24,8 +24,7 @@ norm from the target's.
 from __future__ import annotations
 
 import time
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -43,15 +42,10 @@ from autotune.heads.glide import (
     teacher_cache,
 )
 from autotune.progress import step
-from autotune.training.distill import GENERATION_BATCH, AnswerCache, answer_prompts
-from autotune.training.loop import (
-    TrainResult,
-    TrainStats,
-    phase_seconds,
-    train_loop,
-    training_time,
-)
+from autotune.training.distill import GENERATION_BATCH
+from autotune.training.loop import TrainStats, train_loop
 from autotune.training.loss import IGNORE, FrozenProjectionCE, loss_dtype
+from autotune.training.trainer import AnswerSplit, HeadTrainer, TrainResult
 
 INITS = ("target", "random")
 BETAS = (0.9, 0.95)  # the reference's AdamW betas
@@ -304,66 +298,50 @@ def glide_accuracy(
 # --- the job -------------------------------------------------------------------------
 
 
-@dataclass
-class GlideTrainResult(TrainResult):
-    METHOD: ClassVar[str] = (
+class GlideTrainer(HeadTrainer):
+    """A GLIDE draft: a small decoder whose layers also read the target's KV cache
+    (``train_glide_draft``)."""
+
+    METHOD = (
         "GLIDE self-distillation: frozen target, embedding and lm_head; draft layers "
         "reading the target's KV cache through a block mask trained"
     )
-    LOSS: ClassVar[str] = "final_loss"
+    LOSS = "final_loss"
 
-    draft: GlideDraft
-    # how often the target emitted each token in the training answers: draft vocabularies
-    # are cut from this ranking (``heads.eagle.DraftProjection``)
-    token_counts: dict[int, int] = field(default_factory=dict)
+    def view(self, target) -> Runner:
+        return Runner(target.model)
 
-    def save(self, folder: Path, target, base_model: str, extra: dict) -> Path:
-        saved = save_glide_draft(self.draft, folder, base_model, extra)
-        save_draft_vocab(saved, self.token_counts)
+    def examples(
+        self, view, answers: AnswerSplit, options: GlideOptions
+    ) -> tuple[list[Sequence], list[Sequence]]:
+        train = [(prompt + answer.tokens, len(prompt)) for prompt, answer in answers.train]
+        held = [(prompt + answer.tokens, len(prompt)) for prompt, answer in answers.held_back]
+        return train, held
+
+    def fit(
+        self, view: Runner, examples: list[Sequence], options: GlideOptions, seconds
+    ) -> tuple[GlideDraft, TrainStats]:
+        layers = options.layers or default_layers(view.device)
+        draft = new_draft(view.model, layers, options.init)
+        return draft, train_glide_draft(draft, view, examples, options, seconds)
+
+    def accuracy(
+        self, trained: GlideDraft, view: Runner, examples: list[Sequence], options
+    ) -> list:
+        return glide_accuracy(trained, view, examples, options.depth)
+
+    def save(self, result: TrainResult, folder: Path, target, base_model: str, extra: dict):
+        saved = save_glide_draft(result.trained, folder, base_model, extra)
+        save_draft_vocab(saved, result.token_counts)
         return saved
 
+    def shape_record(self, trained: GlideDraft) -> dict:
+        """The draft's layers and the target layers whose cache each reads, as trained."""
+        return {
+            "draft": {"layers": len(trained.layers), "target_layers": list(trained.target_layers)}
+        }
 
-def train_glide(
-    target,
-    search: list[list[int]],
-    held_back: list[list[int]],
-    options: GlideOptions,
-    started: float | None = None,
-    followups: list[tuple[str, str]] | None = None,
-    answers: AnswerCache | None = None,
-) -> GlideTrainResult:
-    """Generate answers, train a draft on the search prompts' answers, report per-step
-    accuracy on the held-back ones; as ``training.eagle.train_eagle`` (same arguments)."""
-    began = time.perf_counter()
-    started = began if started is None else started
-    model = target.model
-    runner = Runner(model)
-    torch.manual_seed(options.seed)
-    train_pairs, held_pairs = answer_prompts(
-        target,
-        search,
-        held_back,
-        options.max_new_tokens,
-        options.generation_batch,
-        followups,
-        cache=answers,
-    )
-    train = [(prompt + answer.tokens, len(prompt)) for prompt, answer in train_pairs]
-    held = [(prompt + answer.tokens, len(prompt)) for prompt, answer in held_pairs]
-    generated = time.perf_counter()
-    draft = new_draft(model, options.layers or default_layers(runner.device), options.init)
-    stats = train_glide_draft(
-        draft, runner, train, options, training_time(options.time_budget_s, started, generated)
-    )
-    trained = time.perf_counter()
-    accuracy = glide_accuracy(draft, runner, held, options.depth)
-    done = time.perf_counter()
-    return GlideTrainResult(
-        draft,
-        accuracy=accuracy,
-        stats=stats,
-        train_tokens=sum(len(a.tokens) for _, a in train_pairs),
-        held_back_tokens=sum(len(a.tokens) for _, a in held_pairs),
-        seconds=phase_seconds(started, began, generated, trained, done),
-        token_counts=dict(Counter(token for _, answer in train_pairs for token in answer.tokens)),
-    )
+
+# Generate answers, train a draft on the search prompts' answers, report per-step accuracy
+# on the held-back ones (``HeadTrainer.train``).
+train_glide = GlideTrainer().train

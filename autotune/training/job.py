@@ -3,11 +3,9 @@ write the heads folder with a record of how they were made."""
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -15,20 +13,22 @@ from typing import Any
 from autotune import plan
 from autotune.errors import AutotuneError, OutputPathError
 from autotune.progress import say
+from autotune.training.calibration import (
+    answer_cache,
+    answered,
+    decode_calibration,
+    search_thirds,
+)
+
+# Unused here: the profile imports them from this module (``as`` marks them re-exported).
+from autotune.training.calibration import calibration_extras as calibration_extras
+from autotune.training.calibration import heads_split as heads_split
 from autotune.training.kinds import KINDS as HEAD_KINDS
 from autotune.training.kinds import kind as head_kind
 from autotune.training.loss import loss_dtype
+from autotune.training.trainer import TrainResult
 
 KINDS = tuple(HEAD_KINDS)
-
-
-def heads_split(search: list) -> list:
-    """The part of the search split heads are trained on (two thirds, by category)."""
-    from autotune.prompts import split_prompts
-
-    if len(search) < 3:
-        return search
-    return split_prompts(search, held_back_fraction=1 / 3, seed=1)[0]
 
 
 def trained_on(heads_dir, prompts_path) -> set[str]:
@@ -43,10 +43,6 @@ def trained_on(heads_dir, prompts_path) -> set[str]:
     if Path(record.get("file", "")).resolve() != Path(prompts_path).resolve():
         return set()
     return set(record.get("trained_on", []))
-
-
-def check_kind(kind: str) -> None:
-    head_kind(kind)
 
 
 def default_options(kind: str):
@@ -137,49 +133,11 @@ def cached_heads_folder(model_fingerprint: str, kind: str) -> Path:
     return cache_root() / "heads" / model_fingerprint / kind
 
 
-def answer_cache(model_fingerprint: str):
-    """The shared self-distillation set of a model (``training.distill.AnswerCache``)."""
-    from autotune.paths import cache_root
-    from autotune.training.distill import AnswerCache
-
-    return AnswerCache(cache_root() / "answers", model_fingerprint)
-
-
-# Batched decoding of the calibration answers against one greedy sequence, in tokens per
-# second (measured on 2 cores, SmolLM2-135M, batches of 16: ~140 against ~35).
-BATCHED_DECODING_GAIN = 4.0
-# Of a training job's time, what decoding the shared answers may take at most.
-
-
-def answers_seconds(forward_s: float, answer_tokens: int, prompts: list) -> float:
-    """Decoding the shared answers to ``prompts`` in batches, given one greedy forward's
-    time (a prompt with a second turn is answered twice)."""
-    per_answer = answer_tokens * forward_s / BATCHED_DECODING_GAIN
-    return sum(per_answer * (1 + bool(p.followups)) for p in prompts)
-
-
-def calibration_extras(prompts_path: Path, count: int | None = None) -> list:
-    """The packaged calibration prompts that are not the workload's own file (MT-bench
-    chat and the Spec-Bench development set's input-grounded tasks): heads train on them
-    too, so they see more than one kind of request. ``count``: that many, spread evenly."""
-    from autotune.prompts import load_prompts, packaged_prompt_files
-
-    extras = [
-        prompt
-        for path in packaged_prompt_files()
-        if path.resolve() != prompts_path.resolve()
-        for prompt in load_prompts(path)
-    ]
-    if count is None or count >= len(extras):
-        return extras
-    return [extras[i * len(extras) // count] for i in range(count)]
-
-
 @dataclass
 class TrainedHeads:
     """A trainer's result, with what it was trained on."""
 
-    result: Any  # MedusaTrainResult, EagleTrainResult or GlideTrainResult
+    result: TrainResult
     trained_on: list[str]  # ids of the workload's prompts among the training prompts
     split: tuple[int, int]  # prompts trained on, prompts held back for the report
     extras: int  # calibration prompts from other files among those trained on
@@ -202,173 +160,6 @@ def training_lists(
     train_on = sorted(trained + extras, key=lambda p: not p.followups)
     followups = [(p.text, p.followups[0]) for p in train_on if p.followups]
     return trained, train_on, reported, followups
-
-
-def search_thirds(prompts: list) -> tuple[list, list, list]:
-    """(trained on, not trained on, held back): the search split of ``prompts`` in the
-    two thirds heads train on and the third they are measured on, and the held-back
-    split, which heads never see."""
-    from autotune.prompts import split_prompts
-
-    search, held_back = split_prompts(prompts)
-    trained = heads_split(search)
-    return trained, [p for p in search if p not in trained], held_back
-
-
-def answered(target, answer_tokens: int) -> Callable[[list], list]:
-    """A filter for ``training_lists``: the prompts whose answers ``answer_tokens`` long
-    are in the model's shared set, each second turn kept only where its answer is too
-    (a profile trains on what its answers phase decoded, and decodes nothing more)."""
-    import dataclasses
-
-    cache = answer_cache(target.fingerprint)
-
-    def keep(prompts: list) -> list:
-        known = cache.load([target.encode_chat(p.text) for p in prompts], answer_tokens)
-        firsts = [(p, a) for p, a in zip(prompts, known) if a is not None]
-        seconds = cache.load(
-            [_second_turn(target, p, a) for p, a in firsts if p.followups], answer_tokens
-        )
-        later = iter(seconds)
-        out = []
-        for prompt, _ in firsts:
-            if prompt.followups and next(later) is None:
-                prompt = dataclasses.replace(prompt, followups=())
-            out.append(prompt)
-        return out
-
-    return keep
-
-
-def _second_turn(target, prompt, first_answer: list[int]) -> list[int]:
-    """The conversation a second turn is answered in, as ``answer_prompts`` builds it."""
-    return target.encode_conversation(
-        [prompt.text, target.decode(first_answer), prompt.followups[0]]
-    )
-
-
-# Calibration prompts are decoded in chunks of this many, until their time is spent (one
-# generation batch: a chunk of 32 took 90 s on 2 cores where 25 s were left).
-CALIBRATION_CHUNK = 16
-
-
-def decode_calibration(
-    target,
-    prompts_path: Path,
-    prompts: list,
-    answer_tokens: int,
-    seconds: float | None,
-    extras: bool = True,
-    first_estimate: tuple[float, int] | None = None,
-) -> Answered:
-    """Fill the model's shared self-distillation set while ``seconds`` last (None: all),
-    most needed first: the workload's search split (every method's calibration and the
-    heads' report, alternating with what heads train on), the packaged calibration
-    prompts (in an order that spreads every prefix over the files' categories), then
-    second turns. A chunk is started only when, at the rate measured so far, it ends
-    within the time.
-    ``first_estimate`` (seconds an answer, least answers): the first chunk, which has no
-    measured rate to go by, is cut to what fits at that estimate, never under the least.
-    Returns the calibration prompts that were answered: the trainers' extras (none
-    when ``extras`` is False: the search split's first turns alone are decoded), and how
-    many answers of each origin were decoded (the rest were cached)."""
-    from autotune.budget import Budget
-    from autotune.training.distill import GENERATION_BATCH, decode_to_cache
-
-    budget = Budget(seconds)
-    cache = answer_cache(target.fingerprint)
-    pool = calibration_extras(prompts_path) if extras else []
-    pool = [pool[i] for i in sorted(range(len(pool)), key=lambda i: (i * 0.6180339887) % 1)]
-    trained, reported, _ = search_thirds(prompts)
-    # alternating: the first chunk (always decoded) serves both calibration and training
-    firsts = [p for pair in itertools.zip_longest(reported, trained) for p in pair if p]
-    rate = _process_rate(target.fingerprint)
-
-    decoded = dict.fromkeys(("search prompts", "packaged calibration prompts", "second turns"), 0)
-
-    def decode(ids: list[list[int]], origin: str) -> list[list[int]] | None:
-        missing = sum(a is None for a in cache.load(ids, answer_tokens))
-        if missing and not rate.fits(missing, budget.left()):
-            return None
-        with rate.timing(missing):
-            got = decode_to_cache(target.model, ids, answer_tokens, GENERATION_BATCH, cache)
-        decoded[origin] += missing
-        return got
-
-    answers: dict[tuple[str, str], list[int]] = {}  # (id, text): files may share ids
-    chunks = [
-        ("search prompts", firsts[i : i + GENERATION_BATCH])
-        for i in range(0, len(firsts), GENERATION_BATCH)
-    ]
-    chunks += [
-        ("packaged calibration prompts", pool[i : i + CALIBRATION_CHUNK])
-        for i in range(0, len(pool), CALIBRATION_CHUNK)
-    ]
-    taken = 0
-    for origin, chunk in chunks:
-        left = budget.left()
-        if first_estimate is not None and rate.count == 0 and left is not None:
-            each, least = first_estimate
-            chunk = chunk[: max(least, int(left / max(each, 1e-9)))]
-        got = decode([target.encode_chat(p.text) for p in chunk], origin)
-        if got is None:
-            break
-        answers.update(((p.id, p.text), a) for p, a in zip(chunk, got))
-        taken += sum(p in pool for p in chunk)
-    # second turns last (heads learn from them; no proxy replays them): each needs its
-    # first answer in context
-    seconds_due = [p for p in firsts + pool[:taken] if p.followups and (p.id, p.text) in answers]
-    if not extras:
-        seconds_due = []
-    for i in range(0, len(seconds_due), CALIBRATION_CHUNK):
-        chunk = seconds_due[i : i + CALIBRATION_CHUNK]
-        turns = [_second_turn(target, p, answers[p.id, p.text]) for p in chunk]
-        if decode(turns, "second turns") is None:
-            break
-    if taken < len(pool):
-        say(f"answers to {taken} of {len(pool)} calibration prompts fitted the time")
-    return Answered(pool[:taken], decoded)
-
-
-@dataclass(frozen=True)
-class Answered:
-    """What ``decode_calibration`` did: the packaged calibration prompts answered (the
-    trainers' extras) and the answers it decoded, by origin."""
-
-    extras: list
-    decoded: dict[str, int]
-
-    def text(self) -> str:
-        """What the answers phase bought, for the profile's time ledger."""
-        parts = [f"{n} {origin}" for origin, n in self.decoded.items() if n]
-        return f"answers to {', '.join(parts)}" if parts else "no answer: all were cached"
-
-
-def _process_rate(fingerprint: str) -> _Rate:
-    """The answer rate this process measured for the model: the extra answers phase
-    plans its first chunk from the search answers' rate."""
-    from autotune.process_cache import cached
-
-    return cached(("answer_rate", fingerprint), _Rate)
-
-
-class _Rate:
-    """Seconds per answer, measured while decoding: whether another chunk fits."""
-
-    def __init__(self) -> None:
-        self.seconds, self.count = 0.0, 0
-
-    def fits(self, count: int, left: float | None) -> bool:
-        if left is None or self.count == 0:  # the first chunk always runs
-            return True
-        return count * self.seconds / self.count <= left
-
-    @contextlib.contextmanager
-    def timing(self, count: int) -> Iterator[None]:
-        start = time.perf_counter()
-        yield
-        self.seconds += time.perf_counter() - start
-        self.count += count
 
 
 def train_kind(ws, extras: list, answer_tokens: int, kind: str, seconds: float | None) -> Path:
@@ -510,12 +301,11 @@ def _record(
 ) -> dict:
     """What config.json's "autotune" key says about how the heads were made."""
     stats = result.stats
-    draft = getattr(result, "draft", None)  # a GLIDE draft: its shape, as trained
-    shape = {} if draft is None else {"draft": draft_record(draft)}
+    trainer = result.trainer
     return {
-        **shape,
+        **trainer.shape_record(result.trained),
         "trained_by": f"autotune heads train --kind {kind}",
-        "method": result.METHOD,
+        "method": trainer.METHOD,
         "model": target.name,
         "model_fingerprint": target.fingerprint,
         "prompts": {
@@ -533,7 +323,7 @@ def _record(
             "epochs": round(stats.epochs, 3),
             "steps": stats.steps,
             "stopped_by_time": stats.stopped_by_time,
-            result.LOSS: stats.losses[-1] if stats.losses else None,
+            trainer.LOSS: stats.losses[-1] if stats.losses else None,
         },
         "options": {
             **asdict(options),
@@ -542,8 +332,3 @@ def _record(
         "accuracy_held_back": [asdict(row) for row in result.accuracy],
         "seconds": {k: round(v, 1) for k, v in result.seconds.items()},
     }
-
-
-def draft_record(draft) -> dict:
-    """A GLIDE draft's layers and the target layers whose cache each reads."""
-    return {"layers": len(draft.layers), "target_layers": list(draft.target_layers)}

@@ -81,35 +81,3 @@ def training_time(budget_s: float | None, started: float, now: float) -> float |
     """Seconds left for training when the budget counts from ``started``: at least
     ``MIN_TRAIN_S`` however long generation took; None: no limit."""
     return None if budget_s is None else max(budget_s - (now - started), MIN_TRAIN_S)
-
-
-def phase_seconds(
-    started: float, began: float, generated: float, trained: float, done: float
-) -> dict[str, float]:
-    """A training job's seconds by phase (perf_counter marks), as a heads folder records
-    them: ``started`` when the job began (its budget counts from there), ``began`` when
-    the trainer did."""
-    return {
-        "generation": generated - began,
-        "training": trained - generated,
-        "report": done - trained,
-        "total": done - started,
-    }
-
-
-@dataclass(kw_only=True)
-class TrainResult:
-    """What every trainer reports besides what it trained (each kind's result adds that,
-    and how to save it): held-back accuracy, the loop's figures, the answer tokens it
-    trained and reported on, its seconds by phase (``phase_seconds``)."""
-
-    accuracy: list  # one score per head (Medusa), draft depth (EAGLE) or step (GLIDE)
-    stats: TrainStats
-    train_tokens: int
-    held_back_tokens: int
-    seconds: dict[str, float]
-
-    def level_seconds(self, runner) -> float:
-        """Seconds of one drafting level, one token wide, of what was trained: the cost a
-        bound charges for drafting. 0 (drafting free) where a kind does not measure it."""
-        return 0.0

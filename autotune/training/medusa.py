@@ -13,7 +13,6 @@ sized weight each, and training never updates a vocabulary-sized matrix.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -22,14 +21,8 @@ import torch
 
 from autotune.errors import AutotuneError
 from autotune.heads.medusa import MedusaHeads, save_medusa_heads
-from autotune.training.distill import GENERATION_BATCH, Answer, AnswerCache, answer_prompts
-from autotune.training.loop import (
-    TrainResult,
-    TrainStats,
-    phase_seconds,
-    train_loop,
-    training_time,
-)
+from autotune.training.distill import GENERATION_BATCH, Answer
+from autotune.training.loop import TrainStats, train_loop
 from autotune.training.loss import (
     IGNORE,
     FrozenProjectionCE,
@@ -37,6 +30,7 @@ from autotune.training.loss import (
     greedy_next,
     loss_dtype,
 )
+from autotune.training.trainer import AnswerSplit, HeadTrainer, TrainResult
 
 # Positions per chunk when measuring accuracy (all heads' logits at once, float32).
 EVAL_CHUNK_POSITIONS = 96
@@ -192,75 +186,50 @@ def head_accuracy(heads: MedusaHeads, data: HeadData) -> list[HeadScore]:
     ]
 
 
-@dataclass
-class MedusaTrainResult(TrainResult):
-    METHOD: ClassVar[str] = "Medusa-1 self-distillation: frozen target, frozen shared lm_head"
-    LOSS: ClassVar[str] = "final_loss_sum_over_heads"  # what stats.losses hold
+class MedusaTrainer(HeadTrainer):
+    """Medusa heads: residual blocks over the target's last hidden state, each head
+    reading it through the target's frozen lm_head (``train_heads``)."""
 
-    heads: MedusaHeads
+    METHOD = "Medusa-1 self-distillation: frozen target, frozen shared lm_head"
+    LOSS = "final_loss_sum_over_heads"  # what stats.losses hold
 
-    def save(self, folder: Path, target, base_model: str, extra: dict) -> Path:
-        return save_medusa_heads(self.heads, folder, base_model=base_model, extra=extra)
+    def prefill(self, options: MedusaOptions) -> bool:
+        return options.prompt_positions
 
-    def level_seconds(self, runner) -> float:
+    def examples(
+        self, view, answers: AnswerSplit, options: MedusaOptions
+    ) -> tuple[HeadData, HeadData]:
+        lm_head = view.lm_head.weight if options.prompt_positions else None
+        train = HeadData.from_answers([a for _, a in answers.train], options.num_heads, lm_head)
+        held = HeadData.from_answers([a for _, a in answers.held_back], options.num_heads)
+        return train, held
+
+    def fit(
+        self, view, examples: HeadData, options: MedusaOptions, seconds: float | None
+    ) -> tuple[MedusaHeads, TrainStats]:
+        config = view.config
+        heads = MedusaHeads(
+            config.hidden_size, config.vocab_size, options.num_heads, options.num_layers
+        )
+        # Train only the residual blocks: the projection stays the frozen base lm_head,
+        # shared by every head, so at inference all heads cost one product with one
+        # weight on CPU.
+        heads.share_vocab_projection(view.lm_head.weight)
+        return heads, train_heads(heads, examples, options, seconds)
+
+    def accuracy(self, trained: MedusaHeads, view, examples: HeadData, options) -> list:
+        return head_accuracy(trained, examples)
+
+    def save(self, result: TrainResult, folder: Path, target, base_model: str, extra: dict):
+        return save_medusa_heads(result.trained, folder, base_model=base_model, extra=extra)
+
+    def level_seconds(self, result: TrainResult, runner) -> float:
         """The first head and the shared lm_head over one hidden state."""
         from autotune.measure.head_accuracy import measure_head_costs
 
-        return measure_head_costs(runner, self.heads, repeats=9)[0]
+        return measure_head_costs(runner, result.trained, repeats=9)[0]
 
 
-def train_medusa(
-    target,
-    search: list[list[int]],
-    held_back: list[list[int]],
-    options: MedusaOptions,
-    started: float | None = None,
-    followups: list[tuple[str, str]] | None = None,
-    answers: AnswerCache | None = None,
-) -> MedusaTrainResult:
-    """Generate answers, train heads on the search prompts' answers, report accuracy on
-    the held-back prompts' answers. ``started`` (perf_counter) is when the job began: the
-    time budget counts from there. ``followups`` (first turn, second turn), one per search
-    prompt with a second turn, add a second round of answers to train on: the data, not
-    the epochs, limits the heads."""
-    began = time.perf_counter()
-    started = began if started is None else started
-    model = target.model
-    torch.manual_seed(options.seed)
-    train_pairs, held_pairs = answer_prompts(
-        target,
-        search,
-        held_back,
-        options.max_new_tokens,
-        options.generation_batch,
-        followups,
-        prefill=options.prompt_positions,
-        cache=answers,
-    )
-    train = HeadData.from_answers(
-        [answer for _, answer in train_pairs],
-        options.num_heads,
-        model.lm_head.weight if options.prompt_positions else None,
-    )
-    held = HeadData.from_answers([answer for _, answer in held_pairs], options.num_heads)
-    generated = time.perf_counter()
-    heads = MedusaHeads(
-        model.config.hidden_size, model.config.vocab_size, options.num_heads, options.num_layers
-    )
-    # Train only the residual blocks: the projection stays the frozen base lm_head, shared
-    # by every head, so at inference all heads cost one product with one weight on CPU.
-    heads.share_vocab_projection(model.lm_head.weight)
-    stats = train_heads(
-        heads, train, options, training_time(options.time_budget_s, started, generated)
-    )
-    trained = time.perf_counter()
-    accuracy = head_accuracy(heads, held)
-    done = time.perf_counter()
-    return MedusaTrainResult(
-        heads,
-        accuracy=accuracy,
-        stats=stats,
-        train_tokens=train.tokens,
-        held_back_tokens=held.tokens,
-        seconds=phase_seconds(started, began, generated, trained, done),
-    )
+# Generate answers, train heads on the search prompts' answers, report accuracy on the
+# held-back prompts' answers (``HeadTrainer.train``).
+train_medusa = MedusaTrainer().train
