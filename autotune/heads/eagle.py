@@ -26,8 +26,8 @@ from torch import nn
 from autotune.engine import layers
 from autotune.engine.kvcache import KVCache
 from autotune.engine.runner import visibility
-from autotune.files import atomic_path, write_atomic
-from autotune.heads.medusa import HeadsError, read_weights
+from autotune.files import write_atomic
+from autotune.heads.medusa import HeadsError, read_weights, write_heads_folder
 
 CONFIG = "config.json"
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
@@ -148,18 +148,8 @@ def save_eagle_head(
 ) -> Path:
     """Write the upstream layout (``model.safetensors``; the target's embedding is stored
     too, as upstream checkpoints carry it)."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    state = {
-        key: value.detach().contiguous().clone()
-        for key, value in head.state_dict().items()
-        if not key.startswith("rotary.")
-    }
-    state["embed_tokens.weight"] = embed_weight.detach().contiguous().clone()
-    with atomic_path(folder / WEIGHTS[0]) as temp:  # whole or not at all
-        save_file(state, str(temp))
+    state = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
+    state["embed_tokens.weight"] = embed_weight
     config = head.config.to_dict()
     config.update(
         {
@@ -170,8 +160,7 @@ def save_eagle_head(
             **(extra or {}),
         }
     )
-    write_atomic(folder / CONFIG, json.dumps(config, indent=2, default=str) + "\n")
-    return folder
+    return write_heads_folder(folder, WEIGHTS[0], state, config)
 
 
 def _read_state(folder: Path) -> dict[str, torch.Tensor]:

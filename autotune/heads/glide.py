@@ -37,8 +37,7 @@ from torch import nn
 from autotune.engine import layers
 from autotune.engine.kvcache import KVCache
 from autotune.engine.runner import Runner, visibility
-from autotune.files import atomic_path, write_atomic
-from autotune.heads.medusa import HeadsError, read_weights
+from autotune.heads.medusa import HeadsError, read_weights, write_heads_folder
 
 CONFIG = "config.json"
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
@@ -369,13 +368,6 @@ def save_glide_draft(
     draft: GlideDraft, folder: str | Path, base_model: str, extra: dict | None = None
 ) -> Path:
     """Write our layout (the target's embedding and lm_head are not stored when shared)."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous().clone() for k, v in draft.state_dict().items()}
-    with atomic_path(folder / WEIGHTS[0]) as temp:  # whole or not at all
-        save_file(state, str(temp))
     config = draft.config.to_dict()
     config.update(
         {
@@ -392,8 +384,7 @@ def save_glide_draft(
             **(extra or {}),
         }
     )
-    write_atomic(folder / CONFIG, json.dumps(config, indent=2, default=str) + "\n")
-    return folder
+    return write_heads_folder(folder, WEIGHTS[0], draft.state_dict(), config)
 
 
 def is_glide_folder(folder: Path) -> bool:

@@ -99,17 +99,11 @@ def save_medusa_heads(
 ) -> Path:
     """Write the upstream layout (safetensors; every head gets its own projection tensor,
     as the format requires, even when they are shared in memory)."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     state = {
-        f"{k}.{key}": value.detach().contiguous().clone()
+        f"{k}.{key}": value
         for k, head in enumerate(heads.heads)
         for key, value in head.state_dict().items()
     }
-    with atomic_path(folder / WEIGHTS[0]) as temp:  # whole or not at all
-        save_file(state, str(temp))
     config = {
         "medusa_num_heads": heads.num_heads,
         "medusa_num_layers": heads.num_layers,
@@ -118,11 +112,26 @@ def save_medusa_heads(
         "vocab_size": heads.vocab_size,
         **(extra or {}),
     }
-    write_atomic(folder / CONFIG, json.dumps(config, indent=2) + "\n")
+    return write_heads_folder(folder, WEIGHTS[0], state, config)
+
+
+def write_heads_folder(
+    folder: str | Path, weights: str, state: dict[str, torch.Tensor], config: dict
+) -> Path:
+    """Write ``state`` to the safetensors file ``weights`` in ``folder`` (copies of the
+    tensors: shared or strided ones cannot be saved as they are) and ``config`` to its
+    config.json, each whole or not at all; returns the folder."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {key: value.detach().contiguous().clone() for key, value in state.items()}
+    with atomic_path(folder / weights) as temp:
+        save_file(tensors, str(temp))
+    write_atomic(folder / CONFIG, json.dumps(config, indent=2, default=str) + "\n")
     return folder
 
 
-_RESBLOCK = re.compile(r"^(\d+)\.(\d+)\.linear\.(weight|bias)$")
 _PROJECTION = re.compile(r"^(\d+)\.(\d+)\.weight$")
 
 
@@ -171,26 +180,7 @@ def load_medusa_heads(
         raise HeadsError(f"Medusa head folder {folder} not found")
     state = _read_state(folder)
     state = {re.sub(r"^(medusa_head\.|module\.)+", "", k): v for k, v in state.items()}
-    blocks: dict[int, set[int]] = {}
-    projections: dict[int, tuple[int, torch.Tensor]] = {}
-    for key, value in state.items():
-        if m := _RESBLOCK.match(key):
-            blocks.setdefault(int(m[1]), set()).add(int(m[2]))
-        elif m := _PROJECTION.match(key):
-            projections[int(m[1])] = (int(m[2]), value)
-    if not projections:
-        raise HeadsError(
-            f"{folder}: no Medusa head weights found (expected keys like "
-            "'0.0.linear.weight' and '0.1.weight')"
-        )
-    count = max(projections) + 1
-    if sorted(projections) != list(range(count)):
-        raise HeadsError(f"{folder}: heads {sorted(projections)} are not numbered 0..{count - 1}")
-    layers = {index for index, _ in projections.values()}
-    if len(layers) != 1:
-        raise HeadsError(f"{folder}: heads have different numbers of residual blocks")
-    num_layers = layers.pop()
-    vocab, hidden = projections[0][1].shape
+    count, num_layers, (vocab, hidden) = _heads_shape(folder, state)
     heads = MedusaHeads(hidden, vocab, count, num_layers)
     expected = {f"{k}.{key}" for k, head in enumerate(heads.heads) for key in head.state_dict()}
     missing = expected - state.keys()
@@ -212,6 +202,27 @@ def load_medusa_heads(
             f"{count}: using {count}[/yellow]"
         )
     return heads
+
+
+def _heads_shape(folder: Path, state: dict[str, torch.Tensor]) -> tuple[int, int, torch.Size]:
+    """(heads, residual blocks per head, the projection's [vocab, hidden] shape) that the
+    weights hold; a HeadsError where they are not a Medusa heads' state."""
+    projections: dict[int, tuple[int, torch.Tensor]] = {}
+    for key, value in state.items():
+        if m := _PROJECTION.match(key):
+            projections[int(m[1])] = (int(m[2]), value)
+    if not projections:
+        raise HeadsError(
+            f"{folder}: no Medusa head weights found (expected keys like "
+            "'0.0.linear.weight' and '0.1.weight')"
+        )
+    count = max(projections) + 1
+    if sorted(projections) != list(range(count)):
+        raise HeadsError(f"{folder}: heads {sorted(projections)} are not numbered 0..{count - 1}")
+    layers = {index for index, _ in projections.values()}
+    if len(layers) != 1:
+        raise HeadsError(f"{folder}: heads have different numbers of residual blocks")
+    return count, layers.pop(), projections[0][1].shape
 
 
 def _declared_heads(folder: Path) -> int | None:
