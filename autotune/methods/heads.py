@@ -1,5 +1,6 @@
 """What the methods that draft with trained heads (Medusa, EAGLE) share: which prompts may
-measure the heads, and a short id for the heads in study names and cache keys."""
+measure the heads, a short id for the heads in study names and cache keys, and a
+candidate tree's predicted figures."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from autotune.errors import AutotuneError
+from autotune.measure.costs import LatencyCurve
 from autotune.measure.head_accuracy import HeadAccuracy
 from autotune.progress import say
 from autotune.training.job import trained_on
+from autotune.tuners.medusa_tree import SizeChoice
 from autotune.workspace import Workspace
 
 WEIGHT_FILES = ("medusa_lm_head.*", "model.safetensors", "pytorch_model.bin")
@@ -66,3 +69,12 @@ def cached_accuracy(
         device_bound=False,
     )
     return HeadAccuracy.from_dict(data)
+
+
+def predicted_figures(size: SizeChoice, curve: LatencyCurve) -> dict[str, float]:
+    """A candidate tree's predicted tokens per step and speedup over plain decoding (one
+    target forward a token), for its row among the candidates."""
+    return {
+        "predicted_tokens_per_step": round(size.expected_tokens_per_step, 4),
+        "predicted_speedup": round(size.tokens_per_second * curve(1), 4),
+    }

@@ -11,6 +11,7 @@ from autotune.heads.eagle import DraftProjection, load_draft_vocab
 from autotune.measure.eagle_accuracy import level_seconds
 from autotune.measure.timing import EncodedPrompt
 from autotune.methods.eagle.settings import tree_block
+from autotune.methods.trial import measure_lossless
 from autotune.models.ref import TargetRef
 from autotune.process_cache import cached
 from autotune.tuners.medusa_tree import grow_tree
@@ -87,20 +88,17 @@ class EagleTreeObjective:
     max_new_tokens: int
 
     def __call__(self, config: dict) -> dict:
-        from autotune.measure.timing import measure_side_by_side
-
         head = load_head_for(self.target, self.head_dir)
         vocab = int(config["vocab"])
         tree = make_tree(self.kind, config, self.path_accuracy[vocab])
         projection = projection_for(self.target, self.head_dir, vocab)
-        measured = measure_side_by_side(
-            self.target.runner(),
+        measured = measure_lossless(
+            self.target,
             lambda: EagleDrafter(head, tree, projection),
             self.prompts,
             self.max_new_tokens,
+            "EAGLE",
         )
-        if measured.lossless is False:
-            raise RuntimeError("EAGLE output differed from plain greedy output")
         return {
             "objective": measured.speedup,
             "tree": tree_block(tree).model_dump(),

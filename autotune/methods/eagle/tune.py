@@ -28,6 +28,7 @@ from autotune.methods.heads import (
     cached_accuracy,
     confirm_and_calibration,
     heads_id,
+    predicted_figures,
     unseen_search_prompts,
 )
 from autotune.methods.studies import completed, run_method_study
@@ -168,8 +169,7 @@ def predicted_static(space: EagleSpace, calibrated: Calibrated, curve) -> list[d
                 "vocab": vocab,
                 "depth": size.depth,
                 "nodes": size.nodes,
-                "predicted_tokens_per_step": round(size.expected_tokens_per_step, 4),
-                "predicted_speedup": round(size.tokens_per_second * curve(1), 4),
+                **predicted_figures(size, curve),
             }
         )
     return out

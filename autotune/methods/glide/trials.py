@@ -12,6 +12,7 @@ from autotune.drafters.self_spec import DraftExitPolicy
 from autotune.heads.eagle import DraftProjection, load_draft_vocab
 from autotune.heads.glide import GlideDraft
 from autotune.measure.timing import EncodedPrompt
+from autotune.methods.trial import measure_lossless
 from autotune.models.ref import TargetRef
 from autotune.process_cache import cached
 
@@ -62,17 +63,14 @@ class GlideObjective:
     max_new_tokens: int
 
     def __call__(self, config: dict) -> dict:
-        from autotune.measure.timing import measure_side_by_side
-
         draft = load_draft_for(self.target, self.head_dir)
         projection = projection_for(self.target, self.head_dir, int(config["vocab"]))
         policy = policy_of(config)
-        measured = measure_side_by_side(
-            self.target.runner(),
+        measured = measure_lossless(
+            self.target,
             lambda: GlideDrafter(draft, policy, projection),
             self.prompts,
             self.max_new_tokens,
+            "GLIDE",
         )
-        if measured.lossless is False:
-            raise RuntimeError("GLIDE output differed from plain greedy output")
         return {"objective": measured.speedup, **measured.summary()}

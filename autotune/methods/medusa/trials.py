@@ -8,6 +8,7 @@ from pathlib import Path
 
 from autotune.drafters.medusa import MedusaDrafter
 from autotune.measure.timing import EncodedPrompt
+from autotune.methods.trial import measure_lossless
 from autotune.models.ref import TargetRef
 from autotune.process_cache import cached
 from autotune.tuners.medusa_tree import grow_tree, positional_acceptance, sequoia_tree
@@ -60,8 +61,6 @@ class MedusaTreeObjective:
     max_new_tokens: int
 
     def __call__(self, config: dict) -> dict:
-        from autotune.measure.timing import measure_side_by_side
-
         heads = load_heads_for(self.target, self.heads_dir)
         tree = build_tree(
             self.path_accuracy,
@@ -70,14 +69,13 @@ class MedusaTreeObjective:
             int(config["num_heads"]),
             self.max_rank,
         )
-        measured = measure_side_by_side(
-            self.target.runner(),
+        measured = measure_lossless(
+            self.target,
             lambda: MedusaDrafter(heads, tree),
             self.prompts,
             self.max_new_tokens,
+            "Medusa",
         )
-        if measured.lossless is False:
-            raise RuntimeError("Medusa output differed from plain greedy output")
         return {
             "objective": measured.speedup,
             "tree": [list(p) for p in tree],

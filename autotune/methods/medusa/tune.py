@@ -14,6 +14,7 @@ from autotune.methods.heads import (
     cached_accuracy,
     confirm_and_calibration,
     heads_id,
+    predicted_figures,
     unseen_search_prompts,
 )
 from autotune.methods.medusa.settings import MedusaAcceptance, MedusaSettings
@@ -133,8 +134,7 @@ def predicted_candidates(
                 "num_heads": depth,
                 "nodes": size.nodes,
                 "depth": size.depth,
-                "predicted_tokens_per_step": round(size.expected_tokens_per_step, 4),
-                "predicted_speedup": round(size.tokens_per_second * curve(1), 4),
+                **predicted_figures(size, curve),
             }
         )
     return out

@@ -177,8 +177,9 @@ def tune(ctx: TuneContext) -> NgramSettings:
 def rule_search(
     ctx: TuneContext, replayer: Replayer, tuned: list[Config]
 ) -> dict[str, engines.Found]:
-    """The rules of the engines named (``--engine``) searched on the proxy, from the
-    ``tuned`` settings and transformers' default."""
+    """The own rules of the engines named (``--engine``; every engine with one where none
+    is named) searched on the proxy, from the ``tuned`` settings and transformers'
+    default."""
     space: NgramSpace = ctx.space
     return engines.search_all(
         space,

@@ -10,6 +10,7 @@ from autotune.engine.skip import SkipMask
 from autotune.measure.costs import SublayerCosts
 from autotune.measure.timing import EncodedPrompt
 from autotune.methods.self_spec.space import DraftExitSpace, SkipMaskSpace
+from autotune.methods.trial import measure_lossless
 from autotune.models.ref import TargetRef
 from autotune.process_cache import cached
 
@@ -154,15 +155,12 @@ class DraftExitObjective:
     max_new_tokens: int
 
     def __call__(self, config: dict) -> dict:
-        from autotune.measure.timing import measure_side_by_side
-
         policy = policy_from_params(config)
-        measured = measure_side_by_side(
-            self.target.runner(),
+        measured = measure_lossless(
+            self.target,
             lambda: LayerSkipDrafter(self.skip, policy),
             self.prompts,
             self.max_new_tokens,
+            "speculative",
         )
-        if measured.lossless is False:
-            raise RuntimeError("speculative output differed from plain greedy output")
         return {"objective": measured.speedup, **measured.summary()}
