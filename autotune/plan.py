@@ -87,20 +87,8 @@ LEADER_TRIALS = 12
 # 1.15-1.3x at 64 tokens, about 1.0x on its first prompts).
 DRAFT_FREE_COST = 0.9
 
-# Within a method's tuning time (shares of what is left when each step starts): n-gram's
-# proxy search, then its measured study (the rest: the side by side of its finalists and
-# of each serving engine's own setting);
-# self-spec's mask search on the proxy, then its draft-exit study; EAGLE's static then
-# dynamic tree studies; Medusa's tree study; GLIDE's study; CAPE's fit per chain method.
-NGRAM_PROXY_SHARE = 0.4
-NGRAM_STUDY_SHARE = 0.75
-MASK_SEARCH_SHARE = 0.6
-DRAFT_EXIT_SHARE = 0.9
-EAGLE_STATIC_SHARE = 0.4
-EAGLE_DYNAMIC_SHARE = 0.8
-MEDUSA_TREE_SHARE = 0.85
-GLIDE_STUDY_SHARE = 0.9
-CAPE_FIT_SHARE = 0.5
+# Within a method's tuning time, each step's share is the method's own: declared on its
+# registry entry (``Entry.time_shares``).
 
 # After the verdict, the recommended method's engine settings are measured held back in
 # the time the run has left, when at least this much is left; the margin is kept for

@@ -94,6 +94,10 @@ class Entry(ABC):
     kind: ClassVar[Literal["method", "expansion"]]
     summary: ClassVar[str] = ""
     space_model: ClassVar[type[BaseModel] | None] = None
+    # What its tuning does with the time the plan gives it: each step's share of what is
+    # left of that time when the step starts (``registry.time_share``); the plan
+    # (``autotune.plan``) sizes the phases, each method sizes its own steps within one.
+    time_shares: ClassVar[Mapping[str, float]] = {}
 
     def space(self, path: str | Path | None = None) -> Any:
         """The search space: the packaged ``space.yaml`` of the method's package, with the

@@ -101,6 +101,12 @@ def method(name: str) -> Method:
     return drafting[found.name]
 
 
+def time_share(name: str, step: str) -> float:
+    """The share of its tuning time the method ``name`` gives ``step`` (its entry's
+    ``time_shares``)."""
+    return get(name).time_shares[step]
+
+
 def _load_builtin() -> None:
     global _loaded
     if _loaded:

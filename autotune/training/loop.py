@@ -10,11 +10,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from autotune import plan
 from autotune.progress import step
 
-# However long generation took, training gets at least this long (a profile's probe
-# trains heads for ~30 s on answers already decoded: a longer floor overran it 2x).
-MIN_TRAIN_S = 20.0
 WARMUP_STEPS = 10
 
 
@@ -79,5 +77,5 @@ def train_loop(
 
 def training_time(budget_s: float | None, started: float, now: float) -> float | None:
     """Seconds left for training when the budget counts from ``started``: at least
-    ``MIN_TRAIN_S`` however long generation took; None: no limit."""
-    return None if budget_s is None else max(budget_s - (now - started), MIN_TRAIN_S)
+    ``plan.LEAST_TRAINING_S`` however long generation took; None: no limit."""
+    return None if budget_s is None else max(budget_s - (now - started), plan.LEAST_TRAINING_S)

@@ -23,6 +23,8 @@ class Eagle(Method):
     space_model: ClassVar = EagleSpace
     heads = "eagle"
     chain = True
+    # the static tree study, then the dynamic (EAGLE-2) one
+    time_shares: ClassVar = {"static tree study": 0.4, "dynamic tree study": 0.8}
     exporters: ClassVar = EXPORTERS
     cannot_export: ClassVar = CANNOT
 

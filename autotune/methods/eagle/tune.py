@@ -8,11 +8,11 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from autotune import plan
 from autotune.drafters.eagle import DynamicTree, EagleDrafter, StaticTree
 from autotune.measure.eagle_accuracy import measure_eagle_accuracy, measure_level_costs
 from autotune.measure.head_accuracy import HeadAccuracy
 from autotune.measure.timing import measure_variants
+from autotune.methods import registry
 from autotune.methods.base import TuneContext
 from autotune.methods.eagle.settings import EagleSettings, tree_block
 from autotune.methods.eagle.space import EagleSpace
@@ -206,7 +206,7 @@ def tree_searches(
             },
             static_seeds,
             space.static.trials,
-            plan.EAGLE_STATIC_SHARE,
+            registry.time_share("eagle", "static tree study"),
         ),
         "dynamic": TreeSearch(
             {
@@ -217,7 +217,7 @@ def tree_searches(
             },
             dynamic_seeds(static_seeds),
             dynamic.trials,
-            plan.EAGLE_DYNAMIC_SHARE,
+            registry.time_share("eagle", "dynamic tree study"),
         ),
     }
 

@@ -22,6 +22,7 @@ class Glide(Method):
     space_model: ClassVar = GlideSpace
     heads = "glide"
     chain = True
+    time_shares: ClassVar = {"study": 0.9}
     exporters: ClassVar = EXPORTERS
     cannot_export: ClassVar = CANNOT
 

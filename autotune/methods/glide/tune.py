@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from autotune import plan
 from autotune.drafters.cape import NO_EXPANSION
 from autotune.drafters.self_spec import DraftExitPolicy
 from autotune.measure.cape_stats import ChainSteps
@@ -29,6 +28,7 @@ from autotune.measure.glide_accuracy import (
     measure_step_seconds,
 )
 from autotune.measure.timing import EncodedPrompt
+from autotune.methods import registry
 from autotune.methods.base import TuneContext
 from autotune.methods.glide.settings import GlideSettings
 from autotune.methods.glide.space import GlideSpace
@@ -221,7 +221,7 @@ def draft_study(ctx: TuneContext, head_dir: str, calibrated: Calibrated, predict
         trials=ctx.trials or space.draft.trials,
         seeds=seeds,
         sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=len(seeds)),
-        budget=ctx.budget.share(plan.GLIDE_STUDY_SHARE),
+        budget=ctx.budget.share(registry.time_share("glide", "study")),
         label="glide draft-length study (measured)",
         objective_text="measured speedup",
         attrs={"head": head_dir},

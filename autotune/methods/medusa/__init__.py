@@ -22,6 +22,7 @@ class Medusa(Method):
     settings_model: ClassVar = MedusaSettings
     space_model: ClassVar = MedusaSpace
     heads = "medusa"
+    time_shares: ClassVar = {"tree study": 0.85}  # the rest: typical acceptance
     exporters: ClassVar = EXPORTERS
     cannot_export: ClassVar = CANNOT
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune import plan
 from autotune.measure.costs import LatencyCurve
 from autotune.measure.head_accuracy import HeadAccuracy, measure_head_accuracy, measure_head_costs
+from autotune.methods import registry
 from autotune.methods.base import TuneContext
 from autotune.methods.heads import (
     cached_accuracy,
@@ -168,7 +168,7 @@ def tree_study(
         trials=ctx.trials or space.tree.trials,
         seeds=seeds,
         sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=len(seeds)),
-        budget=ctx.budget.share(plan.MEDUSA_TREE_SHARE),
+        budget=ctx.budget.share(registry.time_share("medusa", "tree study")),
         label="medusa tree study (measured)",
         objective_text="measured speedup",
         attrs={"heads": str(ctx.heads)},

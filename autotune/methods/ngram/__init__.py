@@ -27,6 +27,9 @@ class Ngram(Method):
     space_model: ClassVar = NgramSpace
     chain = False
     draft_free = True
+    # the proxy's search, then the measured study (the rest: the side by side of its
+    # finalists and of each serving engine's own setting)
+    time_shares: ClassVar = {"proxy search": 0.4, "measured study": 0.75}
     exporters: ClassVar = EXPORTERS
     cannot_export: ClassVar = CANNOT
 

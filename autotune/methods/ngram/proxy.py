@@ -11,7 +11,7 @@ import hashlib
 import itertools
 from dataclasses import dataclass, field
 
-from autotune import plan
+from autotune.methods import registry
 from autotune.methods.base import TuneContext
 from autotune.methods.ngram import engines
 from autotune.methods.ngram.calibration import KINDS, grids, start_config
@@ -77,7 +77,7 @@ def _search_key(name: str, ctx: TuneContext, sequences: list[Continuation]) -> t
 
 def proxy_search(ctx: TuneContext, replayer: Replayer) -> Proxy:
     space: NgramSpace = ctx.space
-    budget = ctx.budget.part(plan.NGRAM_PROXY_SHARE)
+    budget = ctx.budget.part(registry.time_share("ngram", "proxy search"))
     everything = replayer.indices()
     best, predicted, ranked = {}, {}, []
     for kind in KINDS:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import hashlib
 
-from autotune import plan
 from autotune.measure.timing import EncodedPrompt
+from autotune.methods import registry
 from autotune.methods.base import TuneContext
 from autotune.methods.ngram import trials as ngram_trials
 from autotune.methods.ngram.calibration import KINDS, start_config
@@ -48,7 +48,7 @@ def measured_study(
         trials=wanted,
         seeds=seeds[:wanted],
         sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=min(len(seeds), wanted)),
-        budget=ctx.budget.share(plan.NGRAM_STUDY_SHARE),
+        budget=ctx.budget.share(registry.time_share("ngram", "measured study")),
         label="n-gram study (measured)",
         objective_text="measured speedup",
     )

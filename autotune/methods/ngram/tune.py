@@ -22,6 +22,7 @@ from collections.abc import Collection
 
 from autotune import plan
 from autotune.measure.timing import EncodedPrompt
+from autotune.methods import registry
 from autotune.methods.base import Probe, TuneContext
 from autotune.methods.ngram import engines
 from autotune.methods.ngram.calibration import (
@@ -51,7 +52,6 @@ from autotune.methods.ngram.study import measured_study
 # live in the modules of their step).
 __all__ = [
     "KINDS",
-    "TRIAL_START_S",
     "category_verdicts",
     "grids",
     "kind_of",
@@ -259,21 +259,16 @@ def tuning_seconds(space: NgramSpace, forward_s: float, trials: int) -> float:
     prompts long) and by greedy re-timing (every prompt, once its timing is old); every
     trial starts its worker's decoding and warms up; greedy is timed on every prompt once
     first. The study is
-    ``NGRAM_STUDY_SHARE`` of the time, the side by side after it the rest."""
+    the measured study's share of the time, the side by side after it the rest."""
     from autotune.measure.shared_greedy import RETIME_AFTER_S
     from autotune.methods.studies import REDUCTION_FACTOR
 
     prompt_s = space.trials.tokens * forward_s
     study = space.study
-    whole = study.prompts * prompt_s * plan.DRAFT_FREE_COST + TRIAL_START_S
-    pruned = min(study.grace, study.prompts) * prompt_s * plan.DRAFT_FREE_COST + TRIAL_START_S
+    whole = study.prompts * prompt_s * plan.DRAFT_FREE_COST + plan.TRIAL_START_S
+    pruned = min(study.grace, study.prompts) * prompt_s * plan.DRAFT_FREE_COST + plan.TRIAL_START_S
     # re-timing: each prompt once its timing is RETIME_AFTER_S old
     retiming = 1 + study.prompts * prompt_s / RETIME_AFTER_S
     per_whole = (whole + (REDUCTION_FACTOR - 1) * pruned) * retiming
     seconds = trials * per_whole + study.prompts * prompt_s
-    return seconds / plan.NGRAM_STUDY_SHARE
-
-
-# What a trial costs besides its decoding: Tune starting it, the drafter's warm-up (2
-# cores: whole trials took 19-22 s for 14 s of decoding, pruned 7-12 s for 6).
-TRIAL_START_S = 1.5
+    return seconds / registry.time_share("ngram", "measured study")

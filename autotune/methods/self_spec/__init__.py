@@ -20,6 +20,8 @@ class SelfSpec(Method):
     settings_model: ClassVar = SelfSpecSettings
     space_model: ClassVar = SelfSpecSpace
     chain = True
+    # the skip-mask search on the proxy, then the draft-exit study on measured speed
+    time_shares: ClassVar = {"mask search": 0.6, "draft-exit study": 0.9}
     exporters: ClassVar = EXPORTERS
     cannot_export: ClassVar = CANNOT
 

@@ -7,11 +7,11 @@ import functools
 import hashlib
 from dataclasses import dataclass
 
-from autotune import plan
 from autotune.drafters.self_spec import DV_DEFAULT_POLICY, DraftExitPolicy, LayerSkipDrafter
 from autotune.engine.skip import SkipMask
 from autotune.measure.costs import LatencyCurve, SublayerCosts
 from autotune.measure.timing import measure_with_progress
+from autotune.methods import registry
 from autotune.methods.base import Probe, TuneContext
 from autotune.methods.heads import confirm_and_calibration
 from autotune.methods.self_spec import trials
@@ -124,7 +124,7 @@ def search_masks(
         trials=ctx.trials or space.trials,
         sampler=mask_sampler(space.sampler),
         seeds=[trials.params_from_mask(m, space, layers) for m in seeds],
-        budget=ctx.budget.share(plan.MASK_SEARCH_SHARE),
+        budget=ctx.budget.share(registry.time_share("self_spec", "mask search")),
         timed=False,
         label="skip-mask search (proxy)",
         objective_text="proxy speedup (teacher-forced draft traces, measured costs)",
@@ -231,7 +231,7 @@ def tune_draft_exit(ctx: TuneContext, best: MaskCandidate, search) -> tuple[Draf
             trials.params_from_policy(best.policy, space),
             trials.params_from_policy(DV_DEFAULT_POLICY, space),
         ],
-        budget=ctx.budget.share(plan.DRAFT_EXIT_SHARE),
+        budget=ctx.budget.share(registry.time_share("self_spec", "draft-exit study")),
         timed=True,
         label="draft-exit tuning (measured)",
         objective_text="measured speedup",
