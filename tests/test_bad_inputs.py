@@ -19,7 +19,8 @@ import typer
 from typer.testing import CliRunner
 
 import autotune.models
-from autotune.cli import _user_errors, app
+from autotune.cli import app
+from autotune.cli.errors import user_errors
 from autotune.methods import registry
 
 DATA = Path(__file__).parent / "data"
@@ -237,7 +238,7 @@ wait_app = typer.Typer()
 
 
 @wait_app.command()
-@_user_errors
+@user_errors
 def wait(how: str) -> None:
     """Stands for a long command; SIGTERM reaches it as from ``kill``, or as after
     ray.init() (whose handler exits with the signal's number)."""

@@ -53,7 +53,13 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     ("autotune.profile", "autotune.export"),
     ("autotune.methods",),
-    ("autotune.profiling", "autotune.bench", "autotune.runs", "autotune.verify"),
+    (
+        "autotune.profiling",
+        "autotune.bench",
+        "autotune.runs",
+        "autotune.verify",
+        "autotune.commands",
+    ),
     ("autotune.cli", "autotune.__main__"),
 ]
 
