@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,20 +57,14 @@ class Measuring:
 
     @classmethod
     def of(cls, request: ProfileRequest) -> Measuring:
-        return cls(
-            request.margin,
-            request.max_new_tokens,
-            request.select_prompts,
-            request.heldback_prompts,
-            request.concurrency,
-        )
+        return cls(**_fields_of(cls, request))
 
 
 @dataclass(frozen=True)
 class Tuning:
     """How the methods tune, from the request: where trials run, the user's caps, the
-    engines deployed to, and whether the user named the methods (those are tuned
-    whatever their bound)."""
+    engines deployed to, and the methods the user named (those are tuned whatever their
+    bound; None: every method that applies)."""
 
     workers: Workers
     trials: int | None
@@ -77,19 +72,20 @@ class Tuning:
     max_new_tokens: int
     engines: tuple[str, ...] | None
     margin: float
-    named: bool
+    methods: tuple[str, ...] | None
 
     @classmethod
     def of(cls, request: ProfileRequest) -> Tuning:
-        return cls(
-            request.workers,
-            request.trials,
-            request.time_budget_s,
-            request.max_new_tokens,
-            request.engines,
-            request.margin,
-            request.methods is not None,
-        )
+        return cls(**_fields_of(cls, request))
+
+    @property
+    def named(self) -> bool:
+        return self.methods is not None
+
+
+def _fields_of(cls: type, request: ProfileRequest) -> dict:
+    """The request's values of the fields of ``cls`` (a part of the request)."""
+    return {f.name: getattr(request, f.name) for f in dataclasses.fields(cls)}
 
 
 def default_out(model_name: str) -> Path:

@@ -3,6 +3,8 @@ state to a new one (``autotune.profiling`` says what each does)."""
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.budget import Budget
@@ -43,9 +45,10 @@ def run_profile(request: ProfileRequest) -> tuple[ProfileBase, Path]:
     verdict = decide(
         selection.tuned, selection.ranking, held, measuring.margin, run.evidence.skipped
     ).model_copy(update={"dropped": selection.dropped})
-    run, tuned, held = after_verdict(run, selection.tuned, verdict.recommended, held, measuring)
+    outcome = Outcome(selection.tuned, verdict.recommended, held)
+    run, outcome = after_verdict(run, outcome, measuring)
     verdict = verdict.model_copy(update={"time": list(run.ledger)})
-    profile = assemble(ws, tuned, held, verdict, run.noise, measuring)
+    profile = assemble(ws, outcome.tuned, outcome.held, verdict, run.noise, measuring)
     write_profile(profile, out)
     write_verdict_plot(profile, plot_path(out))
     return profile, out
@@ -76,49 +79,46 @@ def held_back(
     return state.with_readings(run, held.readings), held, bought
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What the verdict stands on and what follows it adds to: the tuned settings, the
+    recommended method and the held-back figures."""
+
+    tuned: dict[str, MethodSettings]
+    recommended: str
+    held: HeldBack
+
+
 def after_verdict(
-    run: RunState,
-    tuned: dict[str, MethodSettings],
-    recommended: str,
-    held: HeldBack,
-    measuring: Measuring,
-) -> tuple[RunState, dict[str, MethodSettings], HeldBack]:
+    run: RunState, outcome: Outcome, measuring: Measuring
+) -> tuple[RunState, Outcome]:
     """In the time left: the recommended method as each engine serves it (in the time
     the run has left, unplanned, less what the load levels are planned), then under load
     (planned; it takes what the run has left)."""
     levels = measuring.concurrency
     load_kept = state.planned(run, "under load (held back)") if levels else 0.0
-    if engine_settings_to_measure(tuned, recommended):
-        run, held = engine_settings(run, tuned, recommended, held, measuring, load_kept)
-    if levels and recommended in tuned:
-        run, tuned = under_load(run, tuned, recommended, held, measuring)
-    return run, tuned, held
+    if engine_settings_to_measure(outcome.tuned, outcome.recommended):
+        run, outcome = engine_settings(run, outcome, measuring, load_kept)
+    if levels and outcome.recommended in outcome.tuned:
+        run, outcome = under_load(run, outcome, measuring)
+    return run, outcome
 
 
 @state.phase(lambda run, *args: "engine settings (held back)")
 def engine_settings(
-    run: RunState,
-    budget: Budget,
-    tuned: dict[str, MethodSettings],
-    recommended: str,
-    held: HeldBack,
-    measuring: Measuring,
-    load_kept: float,
-) -> tuple[RunState, HeldBack, str]:
+    run: RunState, budget: Budget, outcome: Outcome, measuring: Measuring, load_kept: float
+) -> tuple[RunState, Outcome, str]:
     """Its own time is what the run has left, unplanned (less ``load_kept``)."""
-    held = measure_engine_settings(run.ws, tuned, recommended, held, measuring, load_kept)
-    return run, held, f"{recommended} as each engine serves it"
+    tuned, name = outcome.tuned, outcome.recommended
+    held = measure_engine_settings(run.ws, tuned, name, outcome.held, measuring, load_kept)
+    return run, dataclasses.replace(outcome, held=held), f"{name} as each engine serves it"
 
 
 @state.phase(lambda run, *args: "under load (held back)")
 def under_load(
-    run: RunState,
-    budget: Budget,
-    tuned: dict[str, MethodSettings],
-    recommended: str,
-    held: HeldBack,
-    measuring: Measuring,
-) -> tuple[RunState, dict[str, MethodSettings], str]:
+    run: RunState, budget: Budget, outcome: Outcome, measuring: Measuring
+) -> tuple[RunState, Outcome, str]:
     """Planned; it takes what the run has left."""
-    tuned = measure_load(run.ws, tuned, recommended, held, measuring)
-    return run, tuned, load_summary(tuned[recommended].load)
+    name = outcome.recommended
+    tuned = measure_load(run.ws, outcome.tuned, name, outcome.held, measuring)
+    return run, dataclasses.replace(outcome, tuned=tuned), load_summary(tuned[name].load)
