@@ -9,6 +9,7 @@ measures every setting once on the held-back split through ``drafter``.
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -126,10 +127,14 @@ class Method(Entry):
         one (``MethodSettings.engines``), else ``settings`` themselves."""
         return settings
 
+    # It gathers cheap evidence before its training or studies (``probe``).
+    probes: ClassVar[bool] = False
+
     def probe(self, ctx: TuneContext) -> Probe | None:
         """The cheap evidence gathered before this method's training or studies (None:
-        it has none; it is tuned whatever the others measured)."""
-        return None
+        it has none; it is tuned whatever the others measured): by default its tuning
+        module's ``probe(ctx)`` where it ``probes``."""
+        return self.tuning().probe(ctx) if self.probes else None
 
     def tuning_seconds(self, space: Any, forward_s: float, trials: int) -> float | None:
         """About how long its tuning takes to finish ``trials`` whole measured trials of
@@ -140,10 +145,16 @@ class Method(Entry):
     def check_heads(self, folder: Path) -> None:
         """Fail at once (AutotuneError) if ``folder`` cannot be this method's heads."""
 
-    @abstractmethod
     def tune(self, ctx: TuneContext) -> MethodSettings:
         """Choose the setting on the search split; return the profile block (its
-        ``measured`` figures are the pipeline's to fill)."""
+        ``measured`` figures are the pipeline's to fill): by default its tuning module's
+        ``tune(ctx)``."""
+        return self.tuning().tune(ctx)
+
+    def tuning(self) -> Any:
+        """The method package's ``tune`` module, imported when first needed (it loads the
+        search libraries, which listing or exporting methods does not need)."""
+        return importlib.import_module(f"{type(self).__module__}.tune")
 
     @abstractmethod
     def drafter(self, settings: Any, env: DraftEnv) -> DrafterFactory:

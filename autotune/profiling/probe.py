@@ -20,7 +20,7 @@ from autotune.progress import say
 def probes(method: Method, facts: plan.Facts) -> bool:
     """Whether ``method`` has cheap evidence to gather (its heads are trained in the run,
     or it says how to probe it); else it is tuned whatever the others measured."""
-    return method.name in facts.train or type(method).probe is not Method.probe
+    return method.name in facts.train or method.probes
 
 
 @state.phase(lambda run, method: f"probe {method.name}")

@@ -38,11 +38,6 @@ class Eagle(Method):
                 "`autotune heads train --kind eagle`"
             )
 
-    def tune(self, ctx: TuneContext) -> EagleSettings:
-        from autotune.methods.eagle.tune import tune
-
-        return tune(ctx)
-
     def drafter(self, settings: EagleSettings, env: DraftEnv):
         return self._drafter(settings, env, settings.drafting_tree(), 0)
 

@@ -35,11 +35,6 @@ class Glide(Method):
                 f"a draft with {TRAIN_COMMAND}"
             )
 
-    def tune(self, ctx: TuneContext) -> GlideSettings:
-        from autotune.methods.glide.tune import tune
-
-        return tune(ctx)
-
     def drafter(self, settings: GlideSettings, env: DraftEnv):
         return self._drafter(settings, env, None, 0)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, ClassVar, cast
 
 from autotune.errors import AutotuneError
-from autotune.methods.base import DraftEnv, Method, TuneContext
+from autotune.methods.base import DraftEnv, Method
 from autotune.methods.medusa.export import CANNOT, EXPORTERS
 from autotune.methods.medusa.settings import MedusaSettings
 from autotune.methods.medusa.space import MedusaSpace
@@ -32,11 +32,6 @@ class Medusa(Method):
                 f"Medusa heads {folder}: no medusa_lm_head.safetensors or .pt "
                 "there; train heads with `autotune heads train --kind medusa`"
             )
-
-    def tune(self, ctx: TuneContext) -> MedusaSettings:
-        from autotune.methods.medusa.tune import tune
-
-        return tune(ctx)
 
     def drafter(self, settings: MedusaSettings, env: DraftEnv):
         from autotune.drafters.medusa import MedusaDrafter

@@ -10,7 +10,7 @@ import functools
 from pathlib import Path
 from typing import Any, ClassVar
 
-from autotune.methods.base import DraftEnv, Method, TuneContext
+from autotune.methods.base import DraftEnv, Method
 from autotune.methods.ngram.export import CANNOT, EXPORTERS
 from autotune.methods.ngram.settings import EngineLookup, NgramLookup, NgramSettings, SuffixLookup
 from autotune.methods.ngram.space import NgramSpace
@@ -30,18 +30,9 @@ class Ngram(Method):
     # the proxy's search, then the measured study (the rest: the side by side of its
     # finalists and of each serving engine's own setting)
     time_shares: ClassVar = {"proxy search": 0.4, "measured study": 0.75}
+    probes = True
     exporters: ClassVar = EXPORTERS
     cannot_export: ClassVar = CANNOT
-
-    def probe(self, ctx: TuneContext):
-        from autotune.methods.ngram.tune import probe
-
-        return probe(ctx)
-
-    def tune(self, ctx: TuneContext) -> NgramSettings:
-        from autotune.methods.ngram.tune import tune
-
-        return tune(ctx)
 
     def tuning_seconds(self, space: NgramSpace, forward_s: float, trials: int) -> float:
         from autotune.methods.ngram.tune import tuning_seconds

@@ -22,18 +22,9 @@ class SelfSpec(Method):
     chain = True
     # the skip-mask search on the proxy, then the draft-exit study on measured speed
     time_shares: ClassVar = {"mask search": 0.6, "draft-exit study": 0.9}
+    probes = True
     exporters: ClassVar = EXPORTERS
     cannot_export: ClassVar = CANNOT
-
-    def probe(self, ctx: TuneContext):
-        from autotune.methods.self_spec.tune import probe
-
-        return probe(ctx)
-
-    def tune(self, ctx: TuneContext) -> SelfSpecSettings:
-        from autotune.methods.self_spec.tune import tune
-
-        return tune(ctx)
 
     def drafter(self, settings: SelfSpecSettings, env: DraftEnv):
         from autotune.drafters.self_spec import LayerSkipDrafter
