@@ -22,8 +22,9 @@ class Phase:
     count: int | None = None  # what the seconds were planned for (prompts), where it counts
 
 
-def parse_duration(text: str) -> float:
-    """``--budget``: ``20m``, ``1h``, ``90s`` or plain seconds."""
+def parse_duration(text: str, option: str = "--budget") -> float:
+    """A duration option (``--budget``, ``--time-budget``, ``--tune``): ``20m``, ``1h``,
+    ``90s`` or plain seconds. A bad one is refused naming ``option`` and the syntax."""
     units = {"s": 1, "m": 60, "h": 3600}
     value = text.strip().lower()
     scale = units.get(value[-1:])
@@ -32,10 +33,10 @@ def parse_duration(text: str) -> float:
         seconds = float(number) * (scale or 1)
     except ValueError:
         raise AutotuneError(
-            f"--budget {text!r} is not a duration: write it like 20m, 1h or 900s"
+            f"{option} {text!r} is not a duration: write it like 20m, 1h or 900s"
         ) from None
     if seconds <= 0:
-        raise AutotuneError(f"--budget {text!r}: give a positive duration")
+        raise AutotuneError(f"{option} {text!r}: give a positive duration")
     return seconds
 
 

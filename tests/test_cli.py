@@ -395,6 +395,7 @@ def test_profile_writes_valid_profile_with_stubbed_search(workdir, tiny_llama_di
     assert profile.workload.num_prompts == 8 and profile.workload.max_new_tokens == 12
     assert seen["ctx"].trials == 3 and seen["ctx"].budget.seconds == 30
     assert "recommended:" in result.stdout
+    assert "next: " in result.stdout  # the export commands, or what to do instead
 
 
 def test_a_budget_too_small_for_the_least_run_is_refused_at_once(workdir, tiny_llama_dir):

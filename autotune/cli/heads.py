@@ -8,12 +8,15 @@ import typer
 
 from autotune.cli.errors import user_errors
 from autotune.cli.options import (
-    DEVICE_HELP,
-    DTYPE_HELP,
+    DURATION_HELP,
     MODEL_HELP,
     MODEL_PATH_HELP,
     PROMPTS_HELP,
     THREADS_HELP,
+    choices,
+    device_option,
+    dtype_option,
+    duration,
 )
 from autotune.training import kinds
 from autotune.training.report import accuracy_table
@@ -23,8 +26,9 @@ from autotune.training.report import accuracy_table
 def train(
     kind: str = typer.Option(
         ...,
-        help="Head kind: medusa (Medusa-1 heads) or eagle "
-        "(an EAGLE-1/2 draft head: one decoder layer).",
+        metavar="KIND",
+        help=f"Head kind: {choices(kinds.KINDS)} (Medusa-1 heads, an EAGLE-1/2 one-layer "
+        "draft head, a GLIDE small-decoder draft).",
     ),
     model: str = typer.Option("smollm2-135m", help=MODEL_HELP),
     model_path: str | None = typer.Option(None, help=MODEL_PATH_HELP),
@@ -42,16 +46,16 @@ def train(
     epochs: int | None = typer.Option(
         None, min=1, help="Passes over the answers (default: medusa 6, eagle 40)."
     ),
-    time_budget: float | None = typer.Option(
+    time_budget: str | None = typer.Option(
         None,
-        min=1,
-        help="Seconds for generation and training together (default: medusa 780, "
-        "eagle 870): training ends early to keep it; the held-back report "
-        "comes after.",
+        metavar="DURATION",
+        help=f"Time for generation and training together ({DURATION_HELP}; default: "
+        "medusa 780s, eagle 870s, glide 600s): training ends early to keep it; the "
+        "held-back report comes after.",
     ),
     threads: int | None = typer.Option(None, min=1, help=THREADS_HELP),
-    device: str = typer.Option("auto", help=DEVICE_HELP),
-    dtype: str = typer.Option("auto", help=DTYPE_HELP),
+    device: str = device_option(),
+    dtype: str = dtype_option(),
 ):
     """Train heads on the target's own greedy answers; report accuracy on held-back prompts
     (per head for Medusa; per draft depth for EAGLE, each depth drafting from the last)."""
@@ -64,7 +68,7 @@ def train(
         "num_heads": num_heads,
         "max_new_tokens": max_new_tokens,
         "epochs": epochs,
-        "time_budget_s": time_budget,
+        "time_budget_s": duration(time_budget, "--time-budget"),
     }
     job = HeadsJob(
         kind=kind,

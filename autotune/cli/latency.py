@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
 
 from autotune.cli.errors import user_errors
 from autotune.cli.options import (
-    DEVICE_HELP,
-    DTYPE_HELP,
     MODEL_HELP,
     MODEL_PATH_HELP,
     THREADS_HELP,
     console,
+    device_option,
+    dtype_option,
+    json_option,
+    output_format,
     set_torch_threads,
 )
+from autotune.output import Format, format_option, render
 
 
 @user_errors
@@ -39,9 +40,10 @@ def latency(
         "print each size's floor, max(weight bytes / bandwidth, flops / peak), and the "
         "curve's ratio to it (sizes past 16 timed on a grid, the rest interpolated).",
     ),
-    dtype: str = typer.Option("auto", help=DTYPE_HELP),
-    device: str = typer.Option("auto", help=DEVICE_HELP),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    dtype: str = dtype_option(),
+    device: str = device_option(),
+    json_out: bool = json_option(),
+    fmt: Format = format_option(),
     threads: int | None = typer.Option(None, min=1, help=THREADS_HELP),
 ):
     """This device's verify-latency curve: the time of one target forward over n new tokens
@@ -68,8 +70,9 @@ def latency(
             roofline=roofline,
         )
     )
-    if json_out:
-        typer.echo(json.dumps(result.as_dict(), indent=2))
+    fmt = output_format(fmt, json_out)
+    if fmt is not Format.table:
+        typer.echo(render(result.as_dict(), fmt))
         return
     typer.echo(latency_heading(result))
     if (line := roofline_line(result)) is not None:

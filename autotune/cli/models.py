@@ -5,15 +5,17 @@ from __future__ import annotations
 import typer
 
 from autotune.cli.errors import user_errors
+from autotune.cli.options import json_option, output_format
 from autotune.output import Format, format_option, render
 
 
 @user_errors
-def models_list(fmt: Format = format_option()):
+def models_list(fmt: Format = format_option(), json_out: bool = json_option()):
     """Aliases and whether their weights are on this machine."""
     from autotune.models import list_models
 
     rows = list_models()
+    fmt = output_format(fmt, json_out)
     if fmt is not Format.table:
         data = [
             {

@@ -10,12 +10,12 @@ import typer
 from autotune import plan
 from autotune.cli.errors import user_errors
 from autotune.cli.options import (
-    DEVICE_HELP,
-    DTYPE_HELP,
-    MODEL_HELP,
     MODEL_PATH_HELP,
     PROMPTS_HELP,
-    STORAGE_HELP,
+    device_option,
+    dtype_option,
+    duration,
+    engine_help,
     method_pairs,
 )
 from autotune.schedule import parse_duration
@@ -25,107 +25,139 @@ if TYPE_CHECKING:
     from autotune.profile.schema import ProfileBase
 
 
+# --help's panels: the everyday options (no panel: click's own "Options") come first
+MODEL_PANEL = "Model"
+HEADS_PANEL = "Heads"
+SEARCH_PANEL = "Search and measurement"
+WORKERS_PANEL = "Workers and storage"
+
+
 @user_errors
 def profile(
-    model: str = typer.Option("smollm2-135m", help=MODEL_HELP),
-    model_path: str | None = typer.Option(None, help=MODEL_PATH_HELP),
-    methods: str | None = typer.Option(
-        None,
-        help="Comma-separated methods to tune (default: every one that applies; "
-        "`autotune methods` lists them).",
+    model: str = typer.Option(
+        "smollm2-135m", metavar="MODEL", help="Alias, repo id, model folder or .gguf file."
     ),
-    prompts: str | None = typer.Option(None, help=PROMPTS_HELP),
-    out: Path | None = typer.Option(None, help="Profile path (default profiles/<model>.yaml)."),
-    storage: str | None = typer.Option(None, help=STORAGE_HELP),
-    trials: int | None = typer.Option(None, min=1, help="Trials of each method's main study."),
+    prompts: str | None = typer.Option(None, metavar="FILE", help=PROMPTS_HELP),
+    out: Path | None = typer.Option(
+        None, metavar="FILE", help="Profile path (default profiles/<model>.yaml)."
+    ),
     budget: str = typer.Option(
         f"{plan.BUDGET_S / 60:.0f}m",
-        help="Time for the whole run (18m, 1h, 900s): head training, searches, selection "
-        "and the held-back measurement share it, as the printed plan shows.",
+        metavar="DURATION",
+        help="Run time: 18m, 1h, 900s.",
     ),
-    time_budget: float | None = typer.Option(
-        None,
-        min=1,
-        help="Seconds for each method's searches, in place of its share of --budget.",
-    ),
-    train_heads: bool = typer.Option(
-        True,
-        help="Train the heads a method needs when none are given or found (autotune's "
-        "heads cache, then the Hugging Face cache); --no-train-heads skips those methods.",
-    ),
-    heads: list[str] | None = typer.Option(
-        None,
-        "--heads",
-        metavar="METHOD=DIR",
-        help="Head folder a method drafts with, e.g. medusa=DIR or eagle=DIR (repeatable).",
-    ),
-    search_space: list[str] | None = typer.Option(
-        None,
-        "--search-space",
-        metavar="METHOD=FILE",
-        help="Search-space YAML laid over a method's default (repeatable; `autotune "
-        "search-space METHOD` prints the default).",
-    ),
-    heldback_prompts: int = typer.Option(
-        16, min=1, help="Held-back prompts each method is measured on."
-    ),
-    max_new_tokens: int = typer.Option(128, min=2, help="Tokens per held-back prompt."),
-    ray_address: str | None = typer.Option(
-        None,
-        help="Join the Ray cluster at HOST:PORT (default: $RAY_ADDRESS, else the cluster "
-        "`ray start` left running here, else a local Ray instance sized to this machine).",
-    ),
-    workers: int = typer.Option(
-        1,
-        min=1,
-        help="Trials at once; each worker loads the target once and keeps it between trials.",
-    ),
-    cpus_per_trial: float | None = typer.Option(
-        None,
-        min=0.1,
-        help="Cores each trial reserves (default: a timed CPU trial takes a whole machine, a "
-        "proxy trial an equal share).",
-    ),
-    gpus_per_trial: float = typer.Option(
-        0.0,
-        min=0.0,
-        help="GPUs each trial reserves (timed trials then run side by side, one per GPU).",
-    ),
-    threads: int | None = typer.Option(
-        None, min=1, help="Torch threads (default: the cores this process may use)."
-    ),
-    margin: float = typer.Option(
-        0.0,
-        min=0.0,
-        help="Recommend a method only when its held-back interval's low end clears 1 + MARGIN.",
-    ),
-    select_prompts: int = typer.Option(
-        plan.SELECT_PROMPTS,
-        min=1,
-        help="Most search prompts the methods' candidates race on, side by side, to rank them.",
+    methods: str | None = typer.Option(
+        None, metavar="LIST", help="Comma-separated (default: all that apply)."
     ),
     engine: list[str] | None = typer.Option(
         None,
         "--engine",
         metavar="ENGINE",
-        help="The serving engine you deploy to (repeatable: vllm, sglang, trtllm, hf, "
-        "llamacpp, dv): only methods it serves are tuned, each within what it can express "
-        "(n-gram drafts by its own matching rule). Default: every method, and every "
-        "engine's own n-gram setting beside the profile's.",
+        help=engine_help("Tune for the engine you deploy to (repeatable)"),
+    ),
+    device: str = device_option(),
+    model_path: str | None = typer.Option(
+        None, metavar="DIR", help=MODEL_PATH_HELP, rich_help_panel=MODEL_PANEL
+    ),
+    dtype: str = dtype_option(rich_help_panel=MODEL_PANEL),
+    threads: int | None = typer.Option(
+        None,
+        min=1,
+        metavar="N",
+        help="Torch threads (default: all it may use).",
+        rich_help_panel=MODEL_PANEL,
+    ),
+    heads: list[str] | None = typer.Option(
+        None,
+        "--heads",
+        metavar="METHOD=DIR",
+        help="A method's heads, e.g. medusa=DIR (repeatable).",
+        rich_help_panel=HEADS_PANEL,
+    ),
+    train_heads: bool = typer.Option(
+        True,
+        help="Train missing heads, or skip their methods.",
+        show_default=False,
+        rich_help_panel=HEADS_PANEL,
+    ),
+    search_space: list[str] | None = typer.Option(
+        None,
+        "--search-space",
+        metavar="METHOD=FILE",
+        help="Search space YAML (repeatable).",
+        rich_help_panel=MODEL_PANEL,
+    ),
+    trials: int | None = typer.Option(
+        None,
+        min=1,
+        metavar="N",
+        help="Trials of a method's main study.",
+        rich_help_panel=SEARCH_PANEL,
+    ),
+    time_budget: str | None = typer.Option(
+        None,
+        metavar="DURATION",
+        help="Each method's search time.",
+        rich_help_panel=SEARCH_PANEL,
+    ),
+    select_prompts: int = typer.Option(
+        plan.SELECT_PROMPTS,
+        min=1,
+        metavar="N",
+        help="Most prompts raced on.",
+        rich_help_panel=SEARCH_PANEL,
+    ),
+    heldback_prompts: int = typer.Option(
+        16,
+        min=1,
+        metavar="N",
+        help="Held-back prompts.",
+        rich_help_panel=SEARCH_PANEL,
+    ),
+    max_new_tokens: int = typer.Option(
+        128, min=2, metavar="N", help="Tokens per held-back prompt.", rich_help_panel=SEARCH_PANEL
+    ),
+    margin: float = typer.Option(
+        0.0,
+        min=0.0,
+        metavar="X",
+        help="Recommend if its interval clears 1 + X.",
+        rich_help_panel=SEARCH_PANEL,
     ),
     concurrency: str = typer.Option(
         "1,2,4,8",
         metavar="LEVELS",
-        help="After the verdict, the recommended method with this many requests in flight "
-        "(comma-separated), level by level as the budget allows: each level's setting "
-        "(shorter drafts, or off) and throughput speedup go in the profile's load block. "
-        "none: skip.",
+        help="Load levels to schedule (none: skip).",
+        rich_help_panel=SEARCH_PANEL,
     ),
-    device: str = typer.Option("auto", help=DEVICE_HELP),
-    dtype: str = typer.Option("auto", help=DTYPE_HELP),
+    workers: int = typer.Option(
+        1, min=1, metavar="N", help="Trials at once.", rich_help_panel=WORKERS_PANEL
+    ),
+    cpus_per_trial: float | None = typer.Option(
+        None,
+        min=0.1,
+        metavar="X",
+        help="Cores a trial reserves (default: all for a timed CPU trial).",
+        rich_help_panel=WORKERS_PANEL,
+    ),
+    gpus_per_trial: float = typer.Option(
+        0.0, min=0.0, metavar="X", help="GPUs a trial reserves.", rich_help_panel=WORKERS_PANEL
+    ),
+    ray_address: str | None = typer.Option(
+        None,
+        metavar="HOST:PORT",
+        help="Ray cluster (default: $RAY_ADDRESS, `ray start`'s, else a local one).",
+        rich_help_panel=WORKERS_PANEL,
+    ),
+    storage: str | None = typer.Option(
+        None,
+        metavar="URL",
+        help="Study database (default: $AUTOTUNE_STORAGE, else studies/autotune.db).",
+        rich_help_panel=WORKERS_PANEL,
+    ),
 ):
     """Tune the methods on this model and device; write a YAML decoding profile."""
-    from autotune.commands.profile import profile_checked
+    from autotune.commands.profile import next_steps, profile_checked
     from autotune.export import check_engine
     from autotune.measure.load import parse_levels
     from autotune.profiling import ProfileRequest, parse_methods
@@ -138,7 +170,7 @@ def profile(
         out=out,
         storage=storage,
         trials=trials,
-        time_budget_s=time_budget,
+        time_budget_s=duration(time_budget, "--time-budget"),
         budget_s=parse_duration(budget),
         train_heads=train_heads,
         heads=method_pairs(heads, "--heads"),
@@ -154,7 +186,10 @@ def profile(
         engines=tuple(dict.fromkeys(check_engine(e) for e in engine)) if engine else None,
         concurrency=parse_levels(concurrency),
     )
-    _print_verdict(*profile_checked(request))
+    result, path = profile_checked(request)
+    _print_verdict(result, path)
+    for line in next_steps(result, path, request.engines):
+        typer.echo(line)
 
 
 def _print_verdict(result: ProfileBase, path: Path) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from autotune.cli.errors import user_errors
+from autotune.cli.options import engine_help, json_option, output_format
 from autotune.output import Format, format_option, render
 
 
@@ -15,12 +16,14 @@ from autotune.output import Format, format_option, render
 def validate(
     profile_path: Path = typer.Argument(..., metavar="PROFILE"),
     fmt: Format = format_option(),
+    json_out: bool = json_option(),
 ):
     """Check a profile's shape against the schema, and its meaning against its own model
     block (layer indices within the model, trees within the heads, the recommended method
     present, positive sizes); name each wrong field and what it should be."""
     from autotune.commands.profiles import problems_in
 
+    fmt = output_format(fmt, json_out)
     problems = problems_in(profile_path)
     if fmt is not Format.table:
         data = {"profile": str(profile_path), "valid": not problems, "problems": problems}
@@ -37,7 +40,7 @@ def validate(
 @user_errors
 def export(
     profile_path: Path = typer.Argument(..., metavar="PROFILE"),
-    engine: str = typer.Option(..., help="vllm, sglang, trtllm, hf, llamacpp or dv."),
+    engine: str = typer.Option(..., metavar="ENGINE", help=engine_help("The engine to export to")),
     method: str | None = typer.Option(
         None, help="The method to export (default: the profile's recommended method)."
     ),

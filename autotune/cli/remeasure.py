@@ -3,17 +3,30 @@ or in the serving engine its export is for."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from pathlib import Path
 
 import typer
 
 from autotune.cli.errors import user_errors
-from autotune.cli.options import DEVICE_HELP, ROUNDS_HELP, set_torch_threads
+from autotune.cli.options import (
+    DURATION_HELP,
+    ROUNDS_HELP,
+    choices,
+    device_option,
+    dtype_option,
+    duration,
+    echo_data,
+    engine_help,
+    json_option,
+    output_format,
+    set_torch_threads,
+)
 from autotune.errors import AutotuneError
-from autotune.output import Format, format_option, render
-from autotune.schedule import parse_duration
+from autotune.output import Format, format_option
+
+# the engines verify runs itself (autotune.verify.ENGINES, which imports too much for
+# --help to stay instant; a test keeps the two the same)
+VERIFIED_ENGINES = ("llamacpp", "hf")
 
 
 @user_errors
@@ -23,16 +36,12 @@ def bench(
         None, help="JSONL prompts (default: the profile's held-back split)."
     ),
     max_new_tokens: int = typer.Option(128, min=1),
-    json_out: bool = typer.Option(
-        False, "--json", help="The same as --format json: one object keyed by method."
-    ),
+    json_out: bool = json_option(": one object keyed by method"),
     fmt: Format = format_option(),
     model_path: str | None = typer.Option(None, help="Override where the model is."),
     threads: int | None = typer.Option(None, min=1),
-    device: str = typer.Option("auto", help=DEVICE_HELP),
-    dtype: str = typer.Option(
-        "auto", help="auto (the profile's dtype), float32, bfloat16 or float16."
-    ),
+    device: str = device_option(),
+    dtype: str = dtype_option(auto="the profile's dtype"),
     concurrency: str | None = typer.Option(
         None,
         metavar="LEVELS",
@@ -43,8 +52,11 @@ def bench(
     rounds: int = typer.Option(6, min=2, help=ROUNDS_HELP),
     engine: str | None = typer.Option(
         None,
-        help="With --concurrency: measure the setting this engine's export serves (its own "
-        "drafting rule), capped per level as the export caps it.",
+        metavar="ENGINE",
+        help=engine_help(
+            "With --concurrency: measure the setting this engine's export serves (its own "
+            "drafting rule), capped per level as the export caps it"
+        ),
     ),
 ):
     """Re-measure a profile's methods against plain greedy decoding, independently."""
@@ -52,7 +64,7 @@ def bench(
     from autotune.measure.load import parse_levels
 
     set_torch_threads(threads)
-    fmt = Format.json if json_out else fmt
+    fmt = output_format(fmt, json_out)
     if engine is not None and concurrency is None:
         raise AutotuneError("--engine goes with --concurrency: give the levels, e.g. 1,2,4,8")
     if concurrency is not None:
@@ -62,19 +74,10 @@ def bench(
         load = bench_load(
             profile_path, levels, prompts, max_new_tokens, rounds, model_path, dtype, device, engine
         )
-        _print(load, fmt, bench_load_lines)
+        echo_data(load, fmt, bench_load_lines)
         return
     results = bench_profile(profile_path, prompts, max_new_tokens, model_path, dtype, device)
-    _print(results, fmt, bench_lines)
-
-
-def _print(data: dict, fmt: Format, lines_of: Callable[[dict], list[str]]) -> None:
-    """``data`` in the format asked for; as a table, its lines."""
-    if fmt is not Format.table:
-        typer.echo(render(data, fmt))
-        return
-    for line in lines_of(data):
-        typer.echo(line)
+    echo_data(results, fmt, bench_lines)
 
 
 def bench_lines(results: dict) -> list[str]:
@@ -125,7 +128,11 @@ def bench_load_lines(load: dict) -> list[str]:
 @user_errors
 def verify(
     profile_path: Path = typer.Argument(..., metavar="PROFILE"),
-    engine: str = typer.Option(..., help="llamacpp or hf: the engine to measure the export in."),
+    engine: str = typer.Option(
+        ...,
+        metavar="ENGINE",
+        help=f"The engine to measure the export in: {choices(VERIFIED_ENGINES)}.",
+    ),
     limit: int | None = typer.Option(
         None, min=1, help="At most this many held-back prompts (default: all of them)."
     ),
@@ -145,13 +152,14 @@ def verify(
         None,
         metavar="DURATION",
         help="llama.cpp, n-gram: first tune ngram-simple's options in llama-server itself on "
-        "the search prompts for at most this long (5m, 300s), and verify that setting; it "
-        "becomes the profile's llama.cpp setting.",
+        f"the search prompts for at most this long ({DURATION_HELP}), and verify that "
+        "setting; it becomes the profile's llama.cpp setting.",
     ),
     storage: str | None = typer.Option(
         None, help="Study database for --tune (default: as `autotune profile`)."
     ),
-    json_out: bool = typer.Option(False, "--json", help="One JSON object instead of lines."),
+    json_out: bool = json_option(),
+    fmt: Format = format_option(),
     concurrency: str | None = typer.Option(
         None,
         metavar="LEVELS",
@@ -168,6 +176,7 @@ def verify(
     from autotune.verify import load_report_lines, report_lines, verify_load
     from autotune.verify import verify as verify_export
 
+    fmt = output_format(fmt, json_out)
     if concurrency is not None:
         load = verify_load(
             profile_path,
@@ -179,13 +188,12 @@ def verify(
             record,
             draft_gguf,
         )
-        if json_out:
-            typer.echo(json.dumps(load.model_dump(), indent=1))
-            return
-        for line in load_report_lines(read_profile(profile_path).recommended, load):
-            typer.echo(line)
-        if record:
-            typer.echo(f"recorded in {profile_path} (load.engines.llamacpp)")
+        echo_data(
+            load.model_dump(),
+            fmt,
+            lambda _: load_report_lines(read_profile(profile_path).recommended, load),
+        )
+        _say_recorded(fmt, record, f"recorded in {profile_path} (load.engines.llamacpp)")
         return
     report = verify_export(
         profile_path,
@@ -195,16 +203,17 @@ def verify(
         gguf,
         record,
         draft_gguf,
-        parse_duration(tune) if tune is not None else None,
+        duration(tune, "--tune"),
         storage,
     )
-    if json_out:
-        typer.echo(json.dumps(report.summary(), indent=1))
-        return
-    for line in report_lines(report):
+    echo_data(report.summary(), fmt, lambda _: report_lines(report))
+    _say_recorded(fmt, record, f"recorded in {profile_path} (verified)")
+
+
+def _say_recorded(fmt: Format, record: bool, line: str) -> None:
+    """Where the figures were recorded, under the lines for people (data holds only data)."""
+    if record and fmt is Format.table:
         typer.echo(line)
-    if record:
-        typer.echo(f"recorded in {profile_path} (verified)")
 
 
 def _served_levels(concurrency: str, engine: str, tune: str | None) -> tuple[int, ...]:

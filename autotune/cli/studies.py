@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from autotune.cli.errors import user_errors
-from autotune.cli.options import STORAGE_HELP, console
+from autotune.cli.options import STORAGE_HELP, console, json_option, output_format
 from autotune.output import Format, format_option, render
 from autotune.studies.dashboard import dashboard_server, require_dashboard
 
@@ -16,12 +16,14 @@ from autotune.studies.dashboard import dashboard_server, require_dashboard
 def studies_list(
     storage: str | None = typer.Option(None, help=STORAGE_HELP),
     fmt: Format = format_option(),
+    json_out: bool = json_option(),
 ):
     """Every study: model, method, trials, best value and measured speedup, last update."""
     from autotune.studies.inspect import StudyDatabase, studies_table
 
     db = StudyDatabase(storage)
     summaries = db.summaries()
+    fmt = output_format(fmt, json_out)
     if fmt is not Format.table:
         data = {"storage": db.where, "studies": [s.as_dict() for s in summaries]}
         typer.echo(render(data, fmt))
@@ -41,10 +43,12 @@ def show(
         Path("profiles"), help="Folder of profiles to search for the one this study fed."
     ),
     fmt: Format = format_option(),
+    json_out: bool = json_option(),
 ):
     """A study's best parameters and measured figures, its attributes, and the profile it fed."""
     from autotune.studies.inspect import StudyDatabase, profiles_naming, show_data, show_lines
 
+    fmt = output_format(fmt, json_out)
     db = StudyDatabase(storage)
     summary = db.summary(name)
     uses = list(profiles_naming(summary, profiles))
@@ -60,9 +64,7 @@ def trials(
     name: str = typer.Argument(..., metavar="NAME"),
     storage: str | None = typer.Option(None, help=STORAGE_HELP),
     top: int | None = typer.Option(None, min=1, help="Only the N best trials."),
-    json_out: bool = typer.Option(
-        False, "--json", help="The same as --format json: every parameter and measured figure."
-    ),
+    json_out: bool = json_option(": every parameter and measured figure"),
     fmt: Format = format_option(),
 ):
     """A study's trials, best first: number, state, value, parameters, fail reason, duration."""
@@ -75,7 +77,7 @@ def trials(
 
     summary = StudyDatabase(storage).summary(name)
     rows = summary.trials[:top] if top else summary.trials
-    fmt = Format.json if json_out else fmt
+    fmt = output_format(fmt, json_out)
     if fmt is not Format.table:
         data = {
             "study": summary.name,

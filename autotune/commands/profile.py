@@ -1,12 +1,18 @@
-"""`autotune profile`: what can fail at once is checked before the long run starts."""
+"""`autotune profile`: what can fail at once is checked before the long run starts, and
+what to run after it is said."""
 
 from __future__ import annotations
 
 import dataclasses
+import shlex
+from collections.abc import Collection
 from pathlib import Path
 
+from autotune.errors import AutotuneError
+from autotune.export import export_profile
 from autotune.files import check_writable
 from autotune.measure.noise import set_threads
+from autotune.methods import registry
 from autotune.models.loading import placement
 from autotune.profile.schema import ProfileBase
 from autotune.profiling import ProfileRequest, run_profile
@@ -27,3 +33,42 @@ def profile_checked(request: ProfileRequest) -> tuple[ProfileBase, Path]:
     check_trial_gpus(request.workers.gpus_per_trial, device)
     ray_target(request.workers.ray_address)
     return run_profile(dataclasses.replace(request, dtype=dtype, device=device))
+
+
+NOTHING_TO_EXPORT = (
+    "next: no method is recommended, so there is nothing to export: serve the model with "
+    "plain decoding, or profile again with a larger --budget or other --methods"
+)
+
+
+def next_steps(
+    profile: ProfileBase, path: Path, engines: Collection[str] | None = None
+) -> list[str]:
+    """What to run after the profile: the export command of each engine its recommended
+    method exports to (of ``engines``, the ones deployed to, when given), each export
+    tried now so that no command shown is refused; with no recommendation, one line on
+    what to do instead."""
+    method = profile.recommended
+    if method == "none":
+        return [NOTHING_TO_EXPORT]
+    shown = shlex.quote(str(path))
+    offered = [
+        engine
+        for engine in registry.method(method).exporters
+        if (engines is None or engine in engines) and _exports(profile, engine)
+    ]
+    if not offered:
+        return [
+            f"next: no engine takes {method}'s export as measured here; "
+            f"`autotune export {shown} --engine ENGINE` says why"
+        ]
+    commands = [f"  autotune export {shown} --engine {engine}" for engine in offered]
+    return [f"next: export {method}'s settings for the engine you serve with:", *commands]
+
+
+def _exports(profile: ProfileBase, engine: str) -> bool:
+    try:
+        export_profile(profile, engine)
+    except AutotuneError:
+        return False
+    return True
