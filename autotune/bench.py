@@ -61,12 +61,15 @@ def open_profile(
     from autotune.models.loading import placement
 
     profile = read_profile(Path(path))
+    missing = profile.missing()
+    if missing:
+        raise AutotuneError(f"{path}: {missing[0]}")
     dtype, device = placement(profile.model.dtype if dtype == "auto" else dtype, device)
     if model_path is not None:
         ref = TargetRef.for_user(profile.model.name, model_path, dtype, device)
     else:
         ref = TargetRef.for_user(find_model(profile.model), None, dtype, device)
-    prompts_file = prompts or workload_prompts(profile.workload.prompts)
+    prompts_file = prompts or profile_prompts(profile)
     ws = Workspace.open(ref, prompts_file, storage=None, need_storage=False)
     ws.check_context(max_new_tokens)
     if ws.target.fingerprint != profile.model.fingerprint:
@@ -161,12 +164,14 @@ def engine_setting(method, settings, engine: str):
 
 def find_model(info: ModelInfo) -> str:
     """The profile's model on this machine, as a model spec: the first of its alias, its
-    repo id (in the local hub cache) and the path it had when profiled that is here with
-    the profile's fingerprint; else the first that is here at all (bench then warns that
-    the fingerprint differs)."""
+    repo's snapshot at the profile's revision, its repo id (in the local hub cache) and
+    its path that is here with the profile's fingerprint; else the first that is here at
+    all (bench then warns that the fingerprint differs)."""
     from autotune.models import fingerprint, resolve_model
 
-    tried = list(dict.fromkeys(s for s in (info.name, info.repo, info.path) if s))
+    tried = list(
+        dict.fromkeys(s for s in (info.name, _at_revision(info), info.repo, info.path) if s)
+    )
     present = []
     for spec in tried:
         try:
@@ -180,17 +185,49 @@ def find_model(info: ModelInfo) -> str:
         return present[0]
     raise ModelNotFoundError(
         f"the profile's model {info.name} (fingerprint {info.fingerprint}) is not on this "
-        f"machine (looked for {', '.join(tried)}): pass --model-path with its local folder "
-        "or .gguf file"
+        f"machine (looked for {', '.join(tried)}): "
+        "pass --model-path with its local folder or .gguf file"
     )
 
 
+def _at_revision(info: ModelInfo) -> str | None:
+    """The hub-cache snapshot of the profile's repo at its revision, where it is here."""
+    from autotune.models.hub import repo_folder
+
+    if info.repo is None or info.revision is None:
+        return None
+    snapshot = repo_folder(info.repo) / "snapshots" / info.revision
+    return str(snapshot) if snapshot.is_dir() else None
+
+
+def profile_prompts(profile: ProfileBase) -> str:
+    """The profile's prompts file on this machine (``workload_prompts``), with a warning
+    where its content is not the profile's (its sha256 differs)."""
+    from autotune.profile.travel import file_sha256
+
+    found = workload_prompts(profile.workload.prompts)
+    recorded = profile.workload.prompts_sha256
+    if recorded is not None and file_sha256(found) != recorded:
+        say(
+            f"[yellow]warning: {found} is not the prompts file the profile was made with "
+            f"(sha256 {recorded[:12]}...): its held-back split may differ[/yellow]"
+        )
+    return found
+
+
 def workload_prompts(recorded: str) -> str:
-    """The profile's prompts file, or the same file of this installation's autotune when
-    the profile used a packaged one (its recorded path is the profiling machine's)."""
+    """The profile's prompts file: as read (``profile.travel``: beside the profile, or the
+    packaged file of that name in this installation), else the same packaged file of
+    this installation (a path recorded by an older profile); where none is here, one line
+    saying what is missing and how to point at it."""
     from autotune.prompts import packaged_prompt_files
 
     if Path(recorded).is_file():
         return recorded
     same = [f for f in packaged_prompt_files() if f.name == Path(recorded).name]
-    return str(same[0]) if same else recorded
+    if same:
+        return str(same[0])
+    raise AutotuneError(
+        f"the profile's prompts file {recorded} is not on this machine: pass --prompts "
+        f"FILE, or copy {Path(recorded).name} beside the profile"
+    )

@@ -43,6 +43,9 @@ def export_profile(
     name, choice_warnings = choose_method(profile, engine, method)
     if not force:
         guard(profile, name)
+    missing = profile.missing(name)
+    if missing:  # the export would point the engine at a folder that is not here
+        raise AutotuneError(missing[0])
     problems = registry.method(name).problems(profile.block(name), profile.model)
     if problems:
         raise AutotuneError(

@@ -12,12 +12,15 @@ class Block(BaseModel):
 
 class ModelInfo(Block):
     """The model, named so that another machine finds it: by ``name`` (an alias) or
-    ``repo`` (a Hugging Face repo id in the local hub cache), checked by ``fingerprint``;
-    ``path`` is where it was on the machine that wrote the profile (the last resort)."""
+    ``repo`` (a Hugging Face repo id in the local hub cache, at ``revision`` where known),
+    checked by ``fingerprint``; ``path`` where it is on this machine (written only where
+    the model sits beside the profile, relative to it; older profiles hold the absolute
+    path of the machine that wrote them: the last resort)."""
 
     name: str
     path: str | None = None
     repo: str | None = None
+    revision: str | None = None  # the hub-cache snapshot it was loaded from
     fingerprint: str
     architecture: str
     num_layers: int
@@ -35,7 +38,8 @@ class HardwareInfo(Block):
 
 
 class Workload(Block):
-    prompts: str
+    prompts: str  # written: a packaged file's name, or relative to the profile
+    prompts_sha256: str | None = None  # the prompts file's, to know it again elsewhere
     num_prompts: int
     max_new_tokens: int
     temperature: float = 0.0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import types
 import typing
@@ -15,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 from autotune.errors import AutotuneError
 from autotune.files import check_writable as check_writable  # profiling's check, before work
 from autotune.files import write_atomic
+from autotune.profile import layout, travel
 from autotune.profile.blocks import field_names
 from autotune.profile.schema import SCHEMA, ProfileBase, profile_model
 
@@ -32,16 +32,18 @@ class ProfileInvalidError(AutotuneError):
 
 
 def write_profile(profile: ProfileBase, path: Path) -> None:
-    """The profile as YAML, made to travel: head folders relative to the profile's folder,
-    a model from the hub cache named by its repo id as well as its path. Written whole or
-    not at all (``autotune.files``)."""
+    """The profile as YAML, made to travel (``profile.travel``: no path of this machine
+    in it) and laid out for deploying first (``profile.layout``). Written whole or not at
+    all (``autotune.files``)."""
     data = profile.model_dump(mode="json", by_alias=True)
-    _change_head_paths(data, lambda head: _relative(head, path.parent))
-    _name_repo(data.get("model"))
-    write_atomic(path, yaml.safe_dump(data, sort_keys=False))
+    travel.portable(data, path.parent)
+    text = yaml.safe_dump(layout.split(data), sort_keys=False)
+    write_atomic(path, layout.with_comment(text))
 
 
 def read_profile(path: Path) -> ProfileBase:
+    """The profile at ``path``, with this machine's paths (what it names and is not here
+    is kept on the profile: ``ProfileBase.missing``)."""
     if not path.is_file():
         raise AutotuneError(f"profile {path} not found; write one with `autotune profile`")
     try:
@@ -53,52 +55,16 @@ def read_profile(path: Path) -> ProfileBase:
     if not isinstance(data, dict):
         raise AutotuneError(f"profile {path} is not a mapping; expected schema {SCHEMA}")
     _check_schema(path, data.get("schema"))
-    _change_head_paths(data, lambda head: _absolute(head, path.parent))
+    diagnostics = data.get(layout.DIAGNOSTICS)
+    data = layout.merged(data)
+    missing = travel.local(data, path.parent)
     try:
-        return profile_model().model_validate(data)
+        profile = profile_model().model_validate(data)
     except ValidationError as exc:
-        raise ProfileInvalidError(path, describe_errors(exc)) from None
-
-
-# Method settings that name a head folder (Medusa's ``heads``, EAGLE's and GLIDE's
-# ``head``): a profile holds those beside it (within its folder's parent: ``profiles/`` and
-# ``heads/`` of one project) relative to its own folder, so that a profile copied or moved
-# together with its heads finds them; heads elsewhere (a cache, a shared folder) keep
-# their absolute path, which survives moving the profile. In memory they are absolute.
-HEAD_FIELDS = ("head", "heads")
-
-
-def _change_head_paths(data: dict, change) -> None:
-    methods = data.get("methods")
-    for block in methods.values() if isinstance(methods, dict) else ():
-        for key in HEAD_FIELDS if isinstance(block, dict) else ():
-            if isinstance(block.get(key), str) and block[key]:
-                block[key] = change(block[key])
-
-
-def _relative(head: str, folder: Path) -> str:
-    path = Path(head).expanduser()
-    if not path.is_absolute():
-        return head  # relative already: to the profile's folder, as read
-    try:
-        relative = Path(os.path.relpath(path, folder.resolve()))
-    except ValueError:  # another drive (Windows): no relative path exists
-        return head
-    return head if relative.parts[:2] == ("..", "..") else relative.as_posix()
-
-
-def _absolute(head: str, folder: Path) -> str:
-    path = Path(head).expanduser()
-    return str(path if path.is_absolute() else (folder / path).resolve())
-
-
-def _name_repo(model) -> None:
-    """A model found in the Hugging Face hub cache is named by its repo id too, which
-    another machine's cache resolves wherever it lives."""
-    if isinstance(model, dict) and model.get("path") and not model.get("repo"):
-        from autotune.models.hub import repo_of
-
-        model["repo"] = repo_of(Path(model["path"]))
+        problems = [layout.where_written(p, diagnostics) for p in describe_errors(exc)]
+        raise ProfileInvalidError(path, problems) from None
+    profile._missing = missing
+    return profile
 
 
 def _check_schema(path: Path, schema) -> None:

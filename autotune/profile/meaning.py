@@ -2,7 +2,8 @@
 outside its model, a recommended method it does not hold, sizes that are not positive.
 The schema checks shape; these checks read the profile's own ``model`` block (layers,
 hidden size, vocabulary), so no model is loaded. Each method says what is wrong with its
-own block (``Method.problems``)."""
+own block (``Method.problems``); a head folder the profile names and this machine lacks is
+said too (``profile.travel``)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ def profile_problems(profile: ProfileBase) -> list[str]:
         *_sizes(profile),
         *_recommendation(profile),
         *_methods(profile),
+        *profile.missing(),
     ]
 
 

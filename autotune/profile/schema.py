@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model
 
 from autotune.methods import registry
 from autotune.profile.blocks import (
@@ -36,6 +36,21 @@ class ProfileBase(Block):
     methods: BaseModel
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # what the profile names that is not on this machine, as read (``profile.travel``):
+    # ``methods.<m>.<field>`` -> one line saying what is missing and how to point at it
+    _missing: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def __eq__(self, other: object) -> bool:
+        """The same content (what this machine lacks of it is no part of a profile)."""
+        if not isinstance(other, ProfileBase):
+            return NotImplemented
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    def missing(self, method: str | None = None) -> list[str]:
+        """``field: what is missing and how to point at it``, one line each: all of the
+        profile's, or ``method``'s."""
+        prefix = f"methods.{method}." if method is not None else ""
+        return [f"{w}: {line}" for w, line in self._missing.items() if w.startswith(prefix)]
 
     def method_blocks(self) -> dict[str, MethodSettings]:
         """The methods this profile holds, by name."""

@@ -3,6 +3,8 @@ verdict table does not show."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from autotune.engine.sampling import GREEDY
 from autotune.measure.load import requests_text
 from autotune.measure.noise import NoiseRecord
@@ -21,6 +23,7 @@ from autotune.profile.blocks import (
     Workload,
 )
 from autotune.profile.schema import ProfileBase, methods_block, profile_model
+from autotune.profile.travel import file_sha256, hub_identity
 from autotune.profiling.heldback import ENGINE_MARK, HeldBack, served_as_tuned
 from autotune.profiling.request import Measuring
 from autotune.schedule import clock
@@ -56,6 +59,7 @@ def assemble(
         environment=Environment(noise=noise.as_dict()),
         workload=Workload(
             prompts=str(ws.prompts_path.resolve()),
+            prompts_sha256=file_sha256(ws.prompts_path),
             num_prompts=len(ws.prompts),
             max_new_tokens=measuring.max_new_tokens,
             temperature=GREEDY.temperature,
@@ -97,10 +101,15 @@ def with_engine_figures(
 
 
 def model_info(ws: Workspace) -> ModelInfo:
+    """The target, named by what identifies it elsewhere (``profile.travel``) and where
+    it is here."""
     cfg = ws.runner.config
+    repo, revision = hub_identity(Path(ws.target.path))
     return ModelInfo(
         name=ws.target.name,
         path=str(ws.target.path),
+        repo=repo,
+        revision=revision,
         fingerprint=ws.target.fingerprint,
         architecture=ws.target.architecture,
         num_layers=ws.runner.num_layers,
