@@ -25,6 +25,8 @@ from pathlib import Path
 
 import yaml
 
+from autotune.profile.layout import merged
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -54,7 +56,7 @@ def profile(args: argparse.Namespace, work: Path, label: str, extra: list[str]) 
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise SystemExit(f"{label} run failed:\n{done.stderr[-3000:]}")
-    data = yaml.safe_load(out.read_text())
+    data = merged(yaml.safe_load(out.read_text()))
     methods = {
         name: block["measured"]
         for name, block in data["methods"].items()

@@ -539,3 +539,23 @@ def test_profiles_naming_reads_eagle_study_dicts(profiles):
         assert found(f"tiny/eagle-{kind}/e393e1c6") == [("tiny-eagle.yml", "eagle")]
     assert found("tiny/eagle-static/00000000") == []
     assert found("tiny/eagle") == []
+
+
+def test_profiles_naming_reads_the_study_from_a_profiles_diagnostics(tmp_path):
+    """A profile written today keeps a method's study name in its closing diagnostics
+    section, beside the deployable block: the study is still found to have fed it."""
+    import yaml
+
+    from autotune.studies.inspect import StudySummary, profiles_naming
+
+    profile = {
+        "schema": "autotune/profile@1",
+        "model": {"name": "tiny"},
+        "recommended": "ngram",
+        "methods": {"ngram": {"measured": {"speedup": 1.2}}},
+        "diagnostics": {"methods": {"ngram": {"study": "tiny/ngram"}}},
+    }
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(profile))
+    summary = StudySummary("tiny/ngram", {}, "maximize", [])
+    uses = [(use.path.name, use.method) for use in profiles_naming(summary, tmp_path)]
+    assert uses == [("tiny.yaml", "ngram")]

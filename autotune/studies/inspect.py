@@ -48,8 +48,8 @@ def profiles_naming(summary: StudySummary, folder: Path) -> Iterator[ProfileUse]
             data = yaml.safe_load(path.read_text())
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
             continue  # not ours to judge here: `autotune validate` does
-        methods = data.get("methods") if isinstance(data, dict) else None
-        if not isinstance(methods, dict):
+        methods = _method_blocks(data)
+        if not methods:
             continue
         for method, block in methods.items():
             if isinstance(block, dict) and _fed(summary, block):
@@ -396,3 +396,21 @@ def _param(value: Any) -> str:
     if isinstance(value, (list, dict)):
         return json.dumps(value)
     return str(value)
+
+
+def _method_blocks(data: object) -> dict:
+    """A profile's method blocks as read from its YAML, each with what the profile keeps
+    of it in its closing ``diagnostics`` section (the study's name lives there)."""
+    if not isinstance(data, dict):
+        return {}
+    diagnostics = data.get("diagnostics")
+    kept = diagnostics.get("methods") if isinstance(diagnostics, dict) else None
+    kept = kept if isinstance(kept, dict) else {}
+    methods = data.get("methods")
+    methods = methods if isinstance(methods, dict) else {}
+    out = {}
+    for name in {**kept, **methods}:
+        block, more = methods.get(name), kept.get(name)
+        if isinstance(block, dict) or isinstance(more, dict):
+            out[name] = {**(more if isinstance(more, dict) else {}), **(block or {})}
+    return out
