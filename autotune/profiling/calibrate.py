@@ -115,6 +115,15 @@ def start(
     run = state.drop_untrainable(run)
     for line in state.schedule(run).lines():
         say(line)
+    for name, why in setup.skipped.items():
+        say(f"[yellow]{name} skipped: {why}[/yellow]")
+    return run
+
+
+def calibrate(run: RunState) -> RunState:
+    """The target's greedy answers to the search prompts not answered yet."""
+    if run.facts.answer_prompts:
+        run, _ = answers(run)
     return run
 
 

@@ -17,6 +17,18 @@ from autotune.profiling.state import RunState
 from autotune.progress import say
 
 
+def probe_all(run: RunState) -> RunState:
+    """Every contender's probe, in the plan's order (draft-free first, head methods
+    last), each bound weighed against the leader as it comes."""
+    from autotune.methods import registry
+
+    for method in (registry.method(name) for name in run.facts.methods):
+        if method.name not in run.evidence.skipped and probes(method, run.facts):
+            run, _ = probe(run, method)
+            run = weigh(run, method)
+    return run
+
+
 def probes(method: Method, facts: plan.Facts) -> bool:
     """Whether ``method`` has cheap evidence to gather (its heads are trained in the run,
     or it says how to probe it); else it is tuned whatever the others measured."""

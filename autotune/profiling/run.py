@@ -13,7 +13,7 @@ from autotune.profile.io import check_writable, write_profile
 from autotune.profile.report import plot_path, write_verdict_plot
 from autotune.profile.schema import ProfileBase
 from autotune.profiling import state
-from autotune.profiling.calibrate import check_machine, open_workspace, start
+from autotune.profiling.calibrate import calibrate, check_machine, open_workspace, start
 from autotune.profiling.heldback import (
     HeldBack,
     engine_settings_to_measure,
@@ -21,6 +21,7 @@ from autotune.profiling.heldback import (
     measure_held_back,
 )
 from autotune.profiling.load import load_summary, measure_load
+from autotune.profiling.probe import probe_all
 from autotune.profiling.report import assemble
 from autotune.profiling.request import Measuring, ProfileRequest, Tuning, default_out
 from autotune.profiling.select import Selection, select
@@ -39,7 +40,8 @@ def run_profile(request: ProfileRequest) -> tuple[ProfileBase, Path]:
     check_writable(out)
     noise = check_machine(ws, threads_chosen=request.threads is not None)
     measuring = Measuring.of(request)
-    run, tuned = tune(start(setup, ws, Tuning.of(request), measuring, budget, noise))
+    run = start(setup, ws, Tuning.of(request), measuring, budget, noise)
+    run, tuned = tune(probe_all(calibrate(run)))
     run, selection = selected(run, tuned, measuring)
     run, held = held_back(run, selection, measuring)
     verdict = decide(

@@ -14,8 +14,8 @@ from autotune.methods import registry
 from autotune.methods.base import Method, TuneContext
 from autotune.profile.blocks import MethodSettings
 from autotune.profiling import state
-from autotune.profiling.calibrate import answers, extra_answers
-from autotune.profiling.probe import context, probe, probes, weigh
+from autotune.profiling.calibrate import extra_answers
+from autotune.profiling.probe import context
 from autotune.profiling.request import ProfileRequest
 from autotune.profiling.setup import Setup
 from autotune.profiling.state import RunState
@@ -26,15 +26,7 @@ from autotune.workspace import Workspace
 
 
 def tune(run: RunState) -> tuple[RunState, dict[str, MethodSettings]]:
-    """Answers, probes, training and tuning: every contender's setting."""
-    for name, why in run.setup.skipped.items():
-        say(f"[yellow]{name} skipped: {why}[/yellow]")
-    if run.facts.answer_prompts:
-        run, _ = answers(run)
-    for method in _methods(run):
-        if method.name not in run.evidence.skipped and probes(method, run.facts):
-            run, _ = probe(run, method)
-            run = weigh(run, method)
+    """Training and tuning, after the probes: every contender's setting."""
     # with a leader known, its study comes first: a kind the rest cannot train
     # usefully is dropped now, its time going to the leader
     run = state.drop_untrainable(run)
