@@ -25,7 +25,7 @@ def run_method_study(
     *,
     trials: int,
     label: str,
-    objective_text: str,
+    objective_text: str = "measured speedup",
     seeds: Sequence[dict] = (),
     sampler: Any = None,
     budget: float | None = None,
@@ -39,8 +39,16 @@ def run_method_study(
 
     A ``Progressive`` objective runs under ASHA (``asha``): trials behind the others at a
     rung are pruned; ``trials`` then counts whole trials, and the study stops at
-    ``PRUNED_CAP`` times as many of every kind."""
+    ``PRUNED_CAP`` times as many of every kind.
+
+    ``sampler`` None: TPE (seeded), its start-up trials the ``seeds`` (the measured
+    studies' choice: a few known-good settings first, then the model of the space)."""
+    import optuna
+
     from autotune.studies.tune import StudySpec, open_study, run_study
+
+    if sampler is None:
+        sampler = optuna.samplers.TPESampler(seed=0, n_startup_trials=len(seeds))
 
     ws = ctx.workspace
     method = name.split("/")[0]

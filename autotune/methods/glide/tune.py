@@ -204,7 +204,6 @@ def study_seeds(space: GlideSpace, predicted: list[dict]) -> list[dict]:
 
 
 def draft_study(ctx: TuneContext, head_dir: str, calibrated: Calibrated, predicted: list[dict]):
-    import optuna
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     space: GlideSpace = ctx.space
@@ -220,10 +219,8 @@ def draft_study(ctx: TuneContext, head_dir: str, calibrated: Calibrated, predict
         GlideObjective(ctx.workspace.ref, head_dir, calibrated.confirm, space.trials.tokens),
         trials=ctx.trials or space.draft.trials,
         seeds=seeds,
-        sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=len(seeds)),
         budget=ctx.budget.share(registry.time_share("glide", "study")),
         label="glide draft-length study (measured)",
-        objective_text="measured speedup",
         attrs={"head": head_dir},
     )
 

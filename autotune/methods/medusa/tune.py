@@ -145,7 +145,6 @@ def tree_study(
 ) -> tuple[list[tuple[int, ...]], dict]:
     """The best predicted trees first, then the sampler's, decoded for real on search
     prompts; the fastest tree (the best prediction when no trial finished in time)."""
-    import optuna
 
     space: MedusaSpace = ctx.space
     seeds = [
@@ -167,10 +166,8 @@ def tree_study(
         objective,
         trials=ctx.trials or space.tree.trials,
         seeds=seeds,
-        sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=len(seeds)),
         budget=ctx.budget.share(registry.time_share("medusa", "tree study")),
         label="medusa tree study (measured)",
-        objective_text="measured speedup",
         attrs={"heads": str(ctx.heads)},
     )
     return study_winner(ctx, study, accuracy, candidates), study_summary(study)
