@@ -31,7 +31,7 @@ from autotune.workspace import Workspace
 
 LOSSLESS_REFERENCE = (
     "plain greedy decoding by autotune's own runner (the same weights and "
-    "kernels); see the README for its parity with transformers' generate"
+    "kernels); see docs/profile.md for its parity with transformers' generate"
 )
 # A forward that got this much slower or faster between checks is said in the verdict.
 SPEED_CHANGE_SAID = 1.5
