@@ -32,22 +32,22 @@ def workload(tmp_path, monkeypatch):
 def test_the_answers_phase_stops_when_the_next_chunk_would_not_fit(tiny_target, workload):
     path, prompts = workload
     # the first chunk always runs (every method calibrates on it); then the time is gone
-    answered = job.decode_calibration(tiny_target, path, prompts, 8, seconds=1e-3)
+    answered = calibration.decode_calibration(tiny_target, path, prompts, 8, seconds=1e-3)
     extras = answered.extras
     assert extras == []  # no calibration prompt from the packaged files fitted
     search = split_prompts(prompts)[0]
-    trained = job.heads_split(search)
+    trained = calibration.heads_split(search)
     reported = [p for p in search if p not in trained]
     first = [p for pair in zip(reported, trained) for p in pair]
     first = (first + trained[len(reported) :])[: distill.GENERATION_BATCH]
-    cache = job.answer_cache(tiny_target.fingerprint)
+    cache = calibration.answer_cache(tiny_target.fingerprint)
     known = cache.load([tiny_target.encode_chat(p.text) for p in search], 8)
     decoded = {p.id for p, k in zip(search, known) if k is not None}
     assert decoded == {p.id for p in first}
     # the time ledger says what the phase bought: the search prompts' answers it decoded
     assert answered.text() == f"answers to {len(first)} search prompts"
     # the trainers take what was decoded, and nothing else
-    keep = job.answered(tiny_target, 8)
+    keep = calibration.answered(tiny_target, 8)
     _, train_on, reported, _ = job.training_lists(prompts, extras, keep)
     assert {p.id for p in train_on} <= decoded and {p.id for p in reported} <= decoded
     assert reported, "the search prompts the heads do not train on come first"
@@ -61,11 +61,11 @@ def test_a_first_chunk_that_cannot_fit_is_cut_to_its_least(tiny_target, workload
     )  # none yet
     # at an estimated 10 s an answer none fits: the least, 3, is decoded (not the 16 of a
     # first chunk), and then the time is gone
-    job.decode_calibration(
+    calibration.decode_calibration(
         tiny_target, path, prompts, 8, seconds=1e-3, extras=False, first_estimate=(10.0, 3)
     )
     search = split_prompts(prompts)[0]
-    known = job.answer_cache(tiny_target.fingerprint).load(
+    known = calibration.answer_cache(tiny_target.fingerprint).load(
         [tiny_target.encode_chat(p.text) for p in search], 8
     )
     assert sum(k is not None for k in known) == 3

@@ -56,7 +56,7 @@ def measure_facts(
     """What the plan is made from: this machine's forward time and verify curve, the
     methods in the order they run (draft-free first, head methods last), and what the
     answers phase has to decode."""
-    from autotune.training.job import answered, calibration_extras, search_thirds
+    from autotune.training.calibration import answered, calibration_extras, search_thirds
     from autotune.training.kinds import KINDS
 
     order = sorted(setup.methods, key=lambda m: (m.heads is not None, not m.draft_free))
@@ -131,7 +131,7 @@ def calibrate(run: RunState) -> RunState:
 def answers(run: RunState, budget: Budget) -> tuple[RunState, None, str]:
     """The target's greedy answers to the search prompts: what every proxy replays, and
     what heads train on."""
-    from autotune.training.job import decode_calibration
+    from autotune.training.calibration import decode_calibration
 
     answered = decode_calibration(
         run.ws.target,
@@ -148,7 +148,7 @@ def answers(run: RunState, budget: Budget) -> tuple[RunState, None, str]:
 @state.phase(lambda run: "extra answers")
 def extra_answers(run: RunState, budget: Budget) -> tuple[RunState, list, str]:
     """Answers to the packaged calibration prompts too: more for heads to learn from."""
-    from autotune.training.job import decode_calibration
+    from autotune.training.calibration import decode_calibration
 
     answered = decode_calibration(
         run.ws.target, run.ws.prompts_path, run.ws.prompts, plan.ANSWER_TOKENS, budget.seconds

@@ -19,10 +19,6 @@ from autotune.training.calibration import (
     decode_calibration,
     search_thirds,
 )
-
-# Unused here: the profile imports them from this module (``as`` marks them re-exported).
-from autotune.training.calibration import calibration_extras as calibration_extras
-from autotune.training.calibration import heads_split as heads_split
 from autotune.training.kinds import KINDS as HEAD_KINDS
 from autotune.training.kinds import kind as head_kind
 from autotune.training.loss import loss_dtype
