@@ -9,6 +9,11 @@ recommended method the fastest there, and how much faster than its published def
     .venv/bin/python benchmarks/end_to_end.py --budget 10m  # extra flags go to profile
     .venv/bin/python benchmarks/end_to_end.py --fresh       # README command 1 as a new
                                                             # user runs it: see below
+    .venv/bin/python benchmarks/end_to_end.py --fresh --command-only --record "NOTE"
+
+``--command-only`` skips the side by side after the profile. ``--record NOTE`` appends the
+run to the end-to-end table of ``benchmarks/results.yaml`` (NOTE: what the run was) and
+rewrites the docs' tables (``benchmarks/tables.py``).
 
 ``--fresh`` clones the repository's HEAD into a temporary folder and times its set-up
 (``scripts/setup.sh``) and the profile with an empty cache (the model converted, the
@@ -28,13 +33,16 @@ import time
 from pathlib import Path
 
 from _report import machine_line, watch_machine
+from tables import record
 
 PHASE = re.compile(r"^\[(\d+)/(\d+)\] (.+?) \(~")
 
 
 def main(argv: list[str]) -> int:
     fresh = "--fresh" in argv
-    extra = [a for a in argv if a != "--fresh"]
+    command_only = "--command-only" in argv
+    note = argv[argv.index("--record") + 1] if "--record" in argv else None
+    extra = [a for a in argv if a not in ("--fresh", "--command-only", "--record", note)]
     autotune = Path(sys.executable).parent / "autotune"
     work = Path(tempfile.mkdtemp(prefix="autotune-e2e-"))
     env = dict(os.environ)
@@ -69,9 +77,35 @@ def main(argv: list[str]) -> int:
     if fresh:
         print(f"  {'set-up (scripts/setup.sh)':<40} {_clock(setup_s):>7}")
         print(f"  {'README command 1, set-up included':<40} {_clock(setup_s + ended - started):>7}")
-    if code == 0:
-        _figures(out, env)
+    if code != 0:
+        return code
+    whole = _clock(setup_s + ended - started) + (f" (set-up {_clock(setup_s)})" if fresh else "")
+    profile = _figures(out, env)
+    ratio = "not measured (the command alone)" if command_only else _against_defaults(profile)
+    if note is not None:
+        record("end-to-end", _row(profile, note, whole, ratio))
+        print("recorded in benchmarks/results.yaml and the docs' tables")
     return code
+
+
+def _row(profile, note: str, whole: str, ratio: str) -> dict:
+    """The run as a row of the end-to-end table."""
+    measured = []
+    for name, block in profile.method_blocks().items():
+        m = block.measured
+        if m is not None:
+            low, high = m.speedup_interval or (m.speedup, m.speedup)
+            mark = " (recommended)" if name == profile.recommended else ""
+            measured.append(f"{name} {m.speedup:.2f}x [{low:.2f}, {high:.2f}] on {m.prompts}{mark}")
+    noise = profile.environment.noise if profile.environment is not None else {}
+    return {
+        "date": time.strftime("%Y-%m-%d"),
+        "run": f"{note} ({machine_line(noise).removeprefix('machine: ')})",
+        "whole": whole,
+        "n-gram study: whole / pruned trials": "",
+        "held back (MT-bench)": "; ".join(measured) or f"recommended: {profile.recommended}",
+        "tuned / best default": ratio,
+    }
 
 
 def _set_up_clone(folder: Path, env: dict) -> tuple[float, Path]:
@@ -89,7 +123,8 @@ def _set_up_clone(folder: Path, env: dict) -> tuple[float, Path]:
     return time.monotonic() - started, folder / ".venv" / "bin" / "autotune"
 
 
-def _figures(path: Path, env: dict) -> None:
+def _figures(path: Path, env: dict):
+    """The profile's figures printed; the profile."""
     import json
 
     from autotune.profile.io import read_profile
@@ -128,7 +163,7 @@ def _figures(path: Path, env: dict) -> None:
             print(f"{name} skipped: {why}")
         for name, why in verdict.dropped.items():
             print(f"{name} dropped from the selection race: {why}")
-    _against_defaults(profile)
+    return profile
 
 
 # What the engines ship: the setting a user deploys without tuning (benchmarks/ngram.py
@@ -149,9 +184,10 @@ def _published(method: str) -> dict:
     }
 
 
-def _against_defaults(profile) -> None:
+def _against_defaults(profile) -> str:
     """Every method's section and the recommended method's published defaults, on the
-    held-back prompts the profile measured, side by side against plain greedy."""
+    held-back prompts the profile measured, side by side against plain greedy; the tuned
+    setting over the best default, for the table."""
     from autotune.measure.timing import interval_text, measure_variants
     from autotune.methods import registry
     from autotune.methods.base import DraftEnv
@@ -161,7 +197,7 @@ def _against_defaults(profile) -> None:
     blocks = profile.method_blocks()  # the race's dropped too: were they rightly dropped?
     counts = [b.measured.prompts for b in blocks.values() if b.measured is not None]
     if not counts:
-        return
+        return "not measured (no method measured held back)"
     ws = Workspace.open(
         TargetRef.for_user("smollm2-135m"), profile.workload.prompts, None, need_storage=False
     )
@@ -184,6 +220,8 @@ def _against_defaults(profile) -> None:
         best = max(defaults, key=lambda n: measured[n].speedup)
         ratio = measured[profile.recommended].speedup / measured[best].speedup
         print(f"tuned {profile.recommended} / best published default ({best}): {ratio:.3f}x")
+        return f"{ratio:.2f}x ({best.removeprefix('default: ')})"
+    return "not measured (no published default of the recommended method)"
 
 
 def _clock(seconds: float) -> str:

@@ -1,6 +1,7 @@
 """The README is a front door and the docs hold together: the README stays short and
 starts with the two commands, every relative link in it and in docs/ reaches a file, and
-docs/cli.md is what the CLI itself says (scripts/cli_reference.py)."""
+docs/cli.md is what the CLI itself says (scripts/cli_reference.py), and the tables of
+measured figures are what benchmarks/results.yaml records (benchmarks/tables.py)."""
 
 from __future__ import annotations
 
@@ -63,10 +64,8 @@ def test_the_link_check_sees_links():
     assert "docs/cli.md" in relative_links(README)
 
 
-def load_cli_reference():
-    spec = importlib.util.spec_from_file_location(
-        "cli_reference", ROOT / "scripts" / "cli_reference.py"
-    )
+def load_script(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -74,7 +73,33 @@ def load_cli_reference():
 
 
 def test_cli_reference_is_generated_from_the_cli():
-    wanted = load_cli_reference().reference()
+    wanted = load_script(ROOT / "scripts" / "cli_reference.py").reference()
     assert (DOCS / "cli.md").read_text() == wanted, (
         "docs/cli.md is stale: run .venv/bin/python scripts/cli_reference.py"
     )
+
+
+def test_figure_tables_are_written_from_the_record():
+    tables = load_script(ROOT / "benchmarks" / "tables.py")
+    record = tables.load()
+    for document in tables.DOCUMENTS:
+        text = document.read_text()
+        assert text == tables.rewritten(text, record), (
+            f"{document.relative_to(ROOT)} has stale tables: run "
+            ".venv/bin/python benchmarks/tables.py"
+        )
+    # the README's table of where it stands comes from the record too
+    assert "<!-- results: standing -->" in README.read_text()
+
+
+def test_a_recorded_row_reaches_the_table(tmp_path):
+    tables = load_script(ROOT / "benchmarks" / "tables.py")
+    table = {"columns": ["date", "figure"], "rows": [{"date": "2026-11-26", "figure": "1.5x"}]}
+    text = "before\n<!-- results: t -->\nold\n<!-- /results -->\nafter\n"
+    new = tables.rewritten(text, {"t": table})
+    assert new == (
+        "before\n<!-- results: t -->\n| date | figure |\n|---|---|\n"
+        "| 2026-11-26 | 1.5x |\n<!-- /results -->\nafter\n"
+    )
+    with pytest.raises(ValueError, match="columns the table lacks"):
+        tables.render({"columns": ["date"], "rows": [{"speed": "1x"}]})
