@@ -63,7 +63,7 @@ def test_none_when_no_finalist_clears_the_bar():
     tuned = {"medusa": Settings(1.05, 0.95, 1.2)}
     held = HeldBack({"medusa": measured(0.98, spread=0.3)}, 1, "prompts")
     verdict = decide(tuned, ["medusa"], held, 0.0)  # type: ignore[arg-type]
-    assert verdict.recommended == "none" and "no interval clears 1.00" in verdict.reason
+    assert verdict.recommended == "none" and "no interval lies above 1.00" in verdict.reason
 
 
 def test_a_method_slower_on_search_prompts_is_no_finalist():
