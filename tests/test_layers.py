@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
         "autotune.schedule",
         "autotune.plan",
         "autotune.files",
+        "autotune.cache_entry",
     ),
     ("autotune.engine",),
     ("autotune.heads",),
