@@ -21,7 +21,6 @@ count's table, a fifth of a 5-minute budget), so shapes without a record take
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
@@ -33,6 +32,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from autotune.cache_entry import CacheEntry
 from autotune.engine import native
 from autotune.hardware import machine_key
 
@@ -145,34 +145,37 @@ class KernelTable:
         if self._loaded:
             return
         self._loaded = True
-        if self._store is None or not self._store.is_file():
+        entry = self._entry()
+        if entry is None or not entry.usable():
             return
         try:
-            record = json.loads(self._store.read_text())
+            record = json.loads(entry.path.read_text())
             for key, choices in record["choices"].items():
                 dtype, out_features, in_features = key.split(":")
                 if len(choices) == len(ROWS) and set(choices) <= {LINEAR, TRANSPOSED, SMALL}:
                     shape = (dtype, int(out_features), int(in_features))
                     self._choices[shape] = tuple(choices)
-        except (OSError, ValueError, KeyError, AttributeError):
-            self._choices.clear()  # an unreadable record is measured again
+        except (OSError, ValueError, KeyError, AttributeError) as exc:
+            self._choices.clear()
+            entry.discard(f"unreadable: {type(exc).__name__}", "measuring the kernels again")
+            return
+        entry.loaded()
 
     def _save(self) -> None:
-        if self._store is None:
+        entry = self._entry()
+        if entry is None:
             return
-        from autotune.errors import OutputPathError
-        from autotune.files import write_atomic
-
         record = {
             "machine": machine_key(),
             "rows": list(ROWS),
             "choices": {":".join(map(str, shape)): list(c) for shape, c in self._choices.items()},
         }
-        # unwritable: measured again in the next process (slower to start, nothing lost)
-        with contextlib.suppress(OutputPathError):
-            write_atomic(
-                self._store, json.dumps(record, indent=1), "free space in autotune's cache"
-            )
+        entry.write_bytes(json.dumps(record, indent=1).encode())
+
+    def _entry(self) -> CacheEntry | None:
+        if self._store is None:
+            return None
+        return CacheEntry(self._store, "this machine's kernel table")
 
 
 def _store_path() -> Path:

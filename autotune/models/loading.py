@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
 import logging
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from autotune import hardware
+from autotune.cache_entry import CacheEntry
 from autotune.errors import AutotuneError
 from autotune.models import memory
 from autotune.models.chat import encode_chat, encode_conversation, is_vicuna
@@ -82,32 +82,30 @@ def _drop_quantizer(model: Any) -> None:
         del model.config.quantization_config
 
 
-def _convert_gguf(resolved: ResolvedModel, model_fingerprint: str) -> Path:
-    """Dequantise the GGUF once (~30 s) and cache it as safetensors; return the folder."""
-    final = converted_gguf_dir(model_fingerprint)
-    if (final / "config.json").is_file():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    log.info("converting %s to safetensors once; cached in %s", resolved.path, final)
-    # Build in a sibling temp dir and rename, so a crash never leaves a half-written cache.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{model_fingerprint}-", dir=final.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
+def converted_entry(resolved: ResolvedModel, model_fingerprint: str) -> CacheEntry:
+    """The cache entry of a GGUF's safetensors conversion (``converted_gguf_dir``)."""
+    return CacheEntry(
+        converted_gguf_dir(model_fingerprint),
+        f"the converted model {resolved.name}",
+        folder=True,
+    )
+
+
+def _convert_gguf(resolved: ResolvedModel, into: Path) -> None:
+    """Dequantise the GGUF (~30 s) and save it as safetensors in the folder ``into``."""
+    log.info("converting %s to safetensors once; cached in autotune's cache", resolved.path)
+    where, name = resolved.path.parent, resolved.path.name
     try:
-        where, name = resolved.path.parent, resolved.path.name
         model = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
-        _drop_quantizer(model)
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        del model
-        try:
-            tmp.rename(final)
-        except OSError:
-            if not (final / "config.json").is_file():  # not a concurrent conversion winning
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    except OSError as exc:  # the GGUF's failure, not the cache's (which would name it)
+        raise AutotuneError(
+            f"could not read {resolved.path} ({str(exc).strip().splitlines()[0]}): check it "
+            "is a whole GGUF file"
+        ) from None
+    _drop_quantizer(model)
+    model.save_pretrained(into)
+    tokenizer.save_pretrained(into)
 
 
 def _load_tokenizer(folder: Path) -> Any:
@@ -153,29 +151,12 @@ def load_target(
     dtype_name, device = placement(dtype, device)
     resolved = resolve_model(spec, model_path)
     model_fingerprint = fingerprint(resolved)
-    folder = resolved.path
+    load = functools.partial(_load_weights, resolved.name, dtype_name, device, tokens)
     if resolved.kind == "gguf":
-        folder = _convert_gguf(resolved, model_fingerprint)
-    model: Any
-    try:
-        config = AutoConfig.from_pretrained(folder, local_files_only=True)
-        memory.check_fits(resolved.name, config, dtype_name, device, tokens)
-        model = AutoModelForCausalLM.from_pretrained(
-            folder,
-            dtype=DTYPES[dtype_name],
-            attn_implementation="sdpa",
-            local_files_only=True,
-            # straight onto the GPU, tensor by tensor: the whole model never sits in RAM
-            device_map=device if device.startswith("cuda") else None,
-        )
-        tokenizer = _load_tokenizer(folder)
-    except (OSError, ValueError) as e:
-        lines = str(e).strip().splitlines()
-        raise AutotuneError(
-            f"could not load model '{resolved.name}' from {folder} "
-            f"({lines[0] if lines else type(e).__name__}): "
-            f"check it holds config.json, weights and tokenizer files"
-        ) from e
+        entry = converted_entry(resolved, model_fingerprint)
+        model, tokenizer = entry.obtain(lambda into: _convert_gguf(resolved, into), load)
+    else:
+        model, tokenizer = load(resolved.path)
     model.to(device).eval()
     return Target(
         name=resolved.name,
@@ -186,6 +167,35 @@ def load_target(
         architecture=_architecture(model),
         dtype=dtype_name,
     )
+
+
+def _load_weights(
+    name: str, dtype_name: str, device: str, tokens: int | None, folder: Path
+) -> tuple[Any, Any]:
+    """(model, tokenizer) from a model folder, checked to fit first."""
+    from safetensors import SafetensorError
+
+    model: Any
+    try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+        memory.check_fits(name, config, dtype_name, device, tokens)
+        model = AutoModelForCausalLM.from_pretrained(
+            folder,
+            dtype=DTYPES[dtype_name],
+            attn_implementation="sdpa",
+            local_files_only=True,
+            # straight onto the GPU, tensor by tensor: the whole model never sits in RAM
+            device_map=device if device.startswith("cuda") else None,
+        )
+        tokenizer = _load_tokenizer(folder)
+    except (OSError, ValueError, SafetensorError) as e:
+        lines = str(e).strip().splitlines()
+        raise AutotuneError(
+            f"could not load model '{name}' from {folder} "
+            f"({lines[0] if lines else type(e).__name__}): "
+            f"check it holds config.json, weights and tokenizer files"
+        ) from e
+    return model, tokenizer
 
 
 def _in_memory_fingerprint(model: Any) -> str:

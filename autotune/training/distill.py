@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
+from autotune.cache_entry import CacheEntry
 from autotune.errors import AutotuneError
-from autotune.files import write_atomic
 from autotune.progress import say, step
 
 # Greedy answers are generated this many prompts at a time (left-padded, prompts of
@@ -173,12 +173,25 @@ class AnswerCache:
     def file(self) -> Path:
         return self.folder / f"{self.fingerprint}.json"
 
+    @property
+    def entry(self) -> CacheEntry:
+        return CacheEntry(self.file, f"the answers of model {self.fingerprint}")
+
     def _read(self) -> dict:
+        """The kept answers by prompt digest; none when there are none, or when the file
+        is broken (said, moved aside: the answers are decoded again)."""
+        entry = self.entry
+        if not entry.usable():
+            return {}
         try:
             record = json.loads(self.file.read_text())
-            return record if isinstance(record, dict) else {}
-        except (OSError, ValueError):
+            if not isinstance(record, dict):
+                raise ValueError("not a JSON object")
+        except (OSError, ValueError) as exc:
+            entry.discard(f"unreadable: {str(exc).splitlines()[0]}", "decoding them again")
             return {}
+        entry.loaded()
+        return record
 
     def load(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int] | None]:
         """Each prompt's answer cut to ``max_new_tokens`` (a longer greedy answer's prefix
@@ -198,11 +211,8 @@ class AnswerCache:
         record = self._read()
         for prompt, answer in zip(prompts, answers):
             record[_digest(prompt)] = {"max_new_tokens": max_new_tokens, "tokens": answer.tokens}
-        self.folder.mkdir(parents=True, exist_ok=True)
         # whole or not at all: a killed run leaves no half file
-        write_atomic(
-            self.file, json.dumps(record), "free space in autotune's cache (AUTOTUNE_CACHE)"
-        )
+        self.entry.write_bytes(json.dumps(record).encode())
 
 
 def _digest(prompt: list[int]) -> str:
