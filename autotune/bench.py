@@ -9,7 +9,7 @@ from autotune.measure.timing import categories_in_turn, measure_variants
 from autotune.methods import registry
 from autotune.methods.base import DraftEnv
 from autotune.models.ref import TargetRef
-from autotune.profile.blocks import ModelInfo
+from autotune.profile.blocks import AUTOTUNE_ENGINE, ModelInfo, by_rule
 from autotune.profile.io import read_profile
 from autotune.profile.schema import ProfileBase
 from autotune.progress import say, step
@@ -38,8 +38,9 @@ def bench_profile(
         measured = measure_variants(
             ws.runner, makers, encoded, max_new_tokens, on_prompt=lambda _: advance()
         )
-    results: dict[str, object] = {
-        name: {**m.summary(), "per_prompt": m.per_prompt()} for name, m in measured.items()
+    results: dict[str, object] = {  # every figure here is autotune's engine's
+        name: {**m.summary(), "measured_in": AUTOTUNE_ENGINE, "per_prompt": m.per_prompt()}
+        for name, m in measured.items()
     }
     margin = profile.verdict.margin if profile.verdict is not None else 0.0
     top = measured.get(profile.recommended)
@@ -131,7 +132,13 @@ def bench_load(
         row: dict = {"concurrency": concurrency, "scheduled": pick, "rounds": level.rounds}
         row.update({n: figure.summary() for n, figure in level.figures.items()})
         rows.append(row)
-    return {"method": name, "engine": engine, "max_new_tokens": max_new_tokens, "levels": rows}
+    return {
+        "method": name,
+        "engine": engine,
+        "measured_in": by_rule(engine) if engine is not None else AUTOTUNE_ENGINE,
+        "max_new_tokens": max_new_tokens,
+        "levels": rows,
+    }
 
 
 def _level_settings(method, settings, cap: int | None) -> tuple[str, dict]:

@@ -138,8 +138,13 @@ def test_engine_settings_are_measured_beside_the_leader_and_reported_per_engine(
     assert abs(filled.engines["llamacpp"].measured.speedup - 0.9) < 0.05
     assert filled.engines["vllm"].measured is None  # no time for it: not invented
     lines = engine_lines("ngram", filled)
-    assert any(line.startswith("ngram in llamacpp: llamacpp: 0.89") for line in lines)
-    assert "ngram in vllm: vllm: unmeasured" in lines
+    # each figure says where it was measured: in autotune's engine, by the engine's rule
+    (llamacpp,) = [line for line in lines if line.startswith("ngram for llama.cpp: llamacpp: 0.89")]
+    assert llamacpp.endswith("in autotune's engine, by llama.cpp's rule")
+    assert "ngram for vLLM: vllm: unmeasured" in lines
+    assert not any(" in llamacpp" in line for line in lines)
+    # not measured in llama-server: said to be an estimate, with how to measure it there
+    assert any("autotune's engine's estimate" in line for line in lines)
 
 
 def test_engine_restricts_the_methods_to_those_it_serves():

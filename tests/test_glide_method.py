@@ -159,7 +159,7 @@ def test_writer_reads_a_profile_and_writes_json(tmp_path, capsys):
     data = json.loads(out.read_text())
     assert data["num_draft_tokens"] == 5 and data["_autotune"]["warnings"] == warnings
     assert "GliDe_with_a_CaPE" in data["_autotune"]["engine_version"]
-    assert any("measured by autotune" in line for line in data["_autotune"]["provenance"])
+    assert any("measured in autotune's engine" in line for line in data["_autotune"]["provenance"])
     write_reference(path)
     assert json.loads(capsys.readouterr().out)["method"] == "glide"
 

@@ -42,6 +42,7 @@ def export_profile(
         raise AutotuneError(f"the profile's model block {problem}")
     name, choice_warnings = choose_method(profile, engine, method)
     if not force:
+        guard_engine(profile, engine)
         guard(profile, name)
     missing = profile.missing(name)
     if missing:  # the export would point the engine at a folder that is not here
@@ -53,7 +54,7 @@ def export_profile(
         )
     exporter = exporter_for(name, engine)
     assert exporter is not None  # choose_method checked it
-    deployment = Deployment.of(profile, name)
+    deployment = Deployment.of(profile, name, engine)
     served = registry.method(name).for_engine(deployment.settings, engine)
     if served is not deployment.settings and not force:
         guard_variant(served, name, engine)
@@ -96,6 +97,18 @@ def guard(profile: ProfileBase, name: str) -> None:
             f"{name} was not clearly faster than plain greedy decoding "
             f"({measured.speedup:.3f}x, interval low end {low:.3f}); to export "
             "it anyway, pass --force"
+        )
+
+
+def guard_engine(profile: ProfileBase, engine: str) -> None:
+    """Refuse an export to an engine whose own verdict, measured in it, recommends no
+    method (``--force`` passes)."""
+    verdict = profile.verdict.engines.get(engine) if profile.verdict is not None else None
+    if verdict is not None and verdict.recommended == "none":
+        raise AutotuneError(
+            f"measured in {verdict.measured_in}, the profile recommends no method for "
+            f"{ENGINES[engine]} ({verdict.reason}); serve it there without speculation, or "
+            "to export anyway, pass --force"
         )
 
 

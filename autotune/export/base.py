@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.profile.blocks import HardwareInfo, MethodSettings, ModelInfo
+from autotune.profile.blocks import (
+    AUTOTUNE_ENGINE,
+    EngineFigures,
+    HardwareInfo,
+    MethodSettings,
+    ModelInfo,
+    by_rule,
+)
 
 JSON_META_KEY = "_autotune"
 
@@ -33,14 +40,22 @@ class Deployment:
     settings: Any  # its settings block (each method's own model, a ``MethodSettings``)
     model: ModelInfo
     hardware: HardwareInfo
+    # the engine whose own drafting rule the settings follow (its own setting, measured in
+    # autotune's engine by that rule), and that setting measured in the engine itself
+    rule: str | None = None
+    in_engine: EngineFigures | None = None
 
     @classmethod
-    def of(cls, profile: Any, method: str) -> Deployment:
-        """``method``'s deployment from a profile (``ProfileBase``)."""
+    def of(cls, profile: Any, method: str, engine: str | None = None) -> Deployment:
+        """``method``'s deployment from a profile (``ProfileBase``); for ``engine``: with
+        that engine's own setting's provenance, where the block holds one."""
         settings: MethodSettings | None = profile.block(method)
         if settings is None:
             raise ValueError(f"the profile has no {method} settings")
-        return cls(method, settings, profile.model, profile.hardware)
+        variant = settings.engines.get(engine) if engine is not None else None
+        if variant is None:
+            return cls(method, settings, profile.model, profile.hardware)
+        return cls(method, settings, profile.model, profile.hardware, engine, variant.in_engine)
 
 
 @dataclass(frozen=True)
@@ -115,8 +130,12 @@ class Exporter:
         return ENGINES[self.engine]
 
 
+LOSSLESS = {True: "lossless", False: "NOT lossless", None: "lossless not checked"}
+
+
 def provenance(d: Deployment) -> list[str]:
-    """Where the settings come from, in a few lines for the top of the file."""
+    """Where the settings come from and where each figure was measured, in a few lines
+    for the top of the file."""
     measured = d.settings.measured
     where = "held-back"
     if measured is None:  # an engine's own setting the held-back measurement had no time for
@@ -128,13 +147,29 @@ def provenance(d: Deployment) -> list[str]:
     ]
     if measured is None:
         return [*lines, f"method: {d.method}; not measured by autotune (the proxy's choice)"]
-    lossless = {True: "lossless", False: "NOT lossless", None: "lossless not checked"}
-    return [
-        *lines,
-        f"method: {d.method}; measured by autotune on {d.hardware.device} "
+    tuned_in = d.settings.search.get("tuned_in") if isinstance(d.settings.search, dict) else None
+    measured_in = tuned_in or (by_rule(d.rule) if d.rule else AUTOTUNE_ENGINE)
+    lines.append(
+        f"method: {d.method}; measured in {measured_in} on {d.hardware.device} "
         f"({d.hardware.device_name}): {measured.speedup:.3f}x plain greedy, "
-        f"{measured.tokens_per_step:.2f} tokens/step, {lossless[measured.lossless]}, "
-        f"{measured.prompts} {where} prompts",
+        f"{measured.tokens_per_step:.2f} tokens/step, {LOSSLESS[measured.lossless]}, "
+        f"{measured.prompts} {where} prompts"
+    )
+    return lines + in_engine_provenance(d.in_engine)
+
+
+def in_engine_provenance(figures: EngineFigures | None) -> list[str]:
+    """The setting measured in the serving engine itself, where it was."""
+    if figures is None:
+        return []
+    low, high = figures.speedup_interval or [figures.speedup, figures.speedup]
+    lossless = LOSSLESS[figures.lossless]
+    if figures.first_difference:
+        lossless += f" (first difference at {figures.first_difference})"
+    return [
+        f"measured in {figures.measured_in} ({figures.release}): {figures.speedup:.3f}x "
+        f"[{low:.3f}, {high:.3f}] of its own greedy decoding, {lossless}, "
+        f"{figures.prompts} held-back prompts"
     ]
 
 

@@ -54,6 +54,14 @@ class Environment(Block):
     noise: dict = Field(default_factory=dict)
 
 
+class EngineVerdict(Block):
+    """What to deploy in one serving engine, from figures measured in that engine."""
+
+    recommended: str  # a method, or "none"
+    reason: str
+    measured_in: str  # "llama-server 0c1e57098"
+
+
 class Verdict(Block):
     """Which method to deploy, and why, in one sentence."""
 
@@ -68,6 +76,9 @@ class Verdict(Block):
     dropped: dict[str, str] = Field(default_factory=dict)
     # where the run's time went: each phase's planned and spent seconds and what it bought
     time: list[dict] = Field(default_factory=list)
+    # engine -> its own verdict, where the run measured in that engine itself (profile
+    # --engine llamacpp with llama-server built); older profiles have none
+    engines: dict[str, EngineVerdict] = Field(default_factory=dict)
 
 
 class Figures(Block):
@@ -109,6 +120,20 @@ class Verified(Block):
     max_new_tokens: int
 
 
+class EngineFigures(Figures):
+    """Held-back figures measured in the serving engine itself (``profile --engine``):
+    its decoding with the export against its own greedy decoding, interleaved; lossless
+    is checked against that greedy output."""
+
+    measured_in: str  # "llama-server 0c1e57098"
+    release: str  # the engine's full release string
+    flags: str  # what the engine was given
+    # where lossless fails: "token 37 of prompt 4" (the first prompt that differs)
+    first_difference: str | None = None
+    # why the engine's verdict does not recommend it there (None: it may be recommended)
+    not_recommended: str | None = None
+
+
 class EngineVariant(Block):
     """Where an engine cannot serve a method as it was tuned (a tree, autotune's own
     matching): the best setting that engine can express, tuned and measured as the engine
@@ -123,6 +148,11 @@ class EngineVariant(Block):
     # there, on search prompts against the engine's own greedy decoding
     tuned_in: str | None = None
     served: Figures | None = None
+    # where ``selection`` and ``measured`` were measured ("autotune's engine, by llama.cpp's
+    # rule"); older profiles: unsaid, and it was that
+    measured_in: str | None = None
+    # held-back prompts in the engine itself, against its own greedy decoding
+    in_engine: EngineFigures | None = None
 
 
 class LoadLevel(Block):
@@ -202,6 +232,16 @@ class MethodSettings(Block):
     def _own_settings_first(self, handler):
         data = handler(self)
         return {key: data[key] for key in field_names(type(self)) if key in data}
+
+
+AUTOTUNE_ENGINE = "autotune's engine"
+
+
+def by_rule(engine: str) -> str:
+    """Where an engine's own setting drafted in autotune was measured, for people."""
+    from autotune.export.engines import ENGINES
+
+    return f"{AUTOTUNE_ENGINE}, by {ENGINES.get(engine, engine)}'s rule"
 
 
 def field_names(model: type[BaseModel]) -> list[str]:

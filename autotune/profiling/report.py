@@ -6,11 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from autotune.engine.sampling import GREEDY
+from autotune.export.engines import ENGINES
 from autotune.measure.load import requests_text
 from autotune.measure.noise import NoiseRecord
 from autotune.measure.timing import Measurement, interval_text
 from autotune.methods import registry
 from autotune.profile.blocks import (
+    EngineVariant,
     Environment,
     Figures,
     HardwareInfo,
@@ -21,6 +23,7 @@ from autotune.profile.blocks import (
     ModelInfo,
     Verdict,
     Workload,
+    by_rule,
 )
 from autotune.profile.schema import ProfileBase, methods_block, profile_model
 from autotune.profile.travel import file_sha256, hub_identity
@@ -32,6 +35,10 @@ from autotune.workspace import Workspace
 LOSSLESS_REFERENCE = (
     "plain greedy decoding by autotune's own runner (the same weights and "
     "kernels); see docs/profile.md for its parity with transformers' generate"
+)
+# How a llama.cpp figure of autotune's engine is measured in llama-server instead.
+MEASURE_IN_LLAMACPP = (
+    "`autotune engines build llamacpp`, then `autotune verify PROFILE --engine llamacpp`"
 )
 # A forward that got this much slower or faster between checks is said in the verdict.
 SPEED_CHANGE_SAID = 1.5
@@ -81,7 +88,7 @@ def with_engine_figures(
     for name, block in blocks.items():
         if name in measured and measured[name].prompts:
             own = {
-                e: v.model_copy(update={"measured": block.measured})
+                e: v.model_copy(update={"measured": block.measured, "measured_in": by_rule(e)})
                 if served_as_tuned(block, v)
                 else v
                 for e, v in block.engines.items()
@@ -93,7 +100,9 @@ def with_engine_figures(
             continue
         figures = Measured(**measurement.summary())
         own = {
-            e: v.model_copy(update={"measured": figures}) if e in engines.split(",") else v
+            e: v.model_copy(update={"measured": figures, "measured_in": by_rule(e)})
+            if e in engines.split(",")
+            else v
             for e, v in out[name].engines.items()
         }
         out[name] = out[name].model_copy(update={"engines": own})
@@ -220,7 +229,8 @@ def _proven(level: LoadLevel) -> bool:
 
 def engine_lines(name: str, method: MethodSettings) -> list[str]:
     """The method as each engine serves it (its own rule and options): the figures the
-    export to that engine carries."""
+    export to that engine carries, each with where it was measured; where the engine
+    itself measured it, that figure and whether it is recommended there."""
     lines = []
     for engine, variant in method.engines.items():
         figures: Figures | None = variant.measured
@@ -232,9 +242,38 @@ def engine_lines(name: str, method: MethodSettings) -> list[str]:
                 f" (the proxy predicted {variant.predicted:.3f}x)" if variant.predicted else ""
             )
         else:
-            said = f"{interval_text(figures.model_dump())} on {figures.prompts} {where}"
-        lines.append(f"{name} in {engine}: {variant.description}: {said}")
+            measured_in = variant.measured_in or by_rule(engine)
+            said = (
+                f"{interval_text(figures.model_dump())} on {figures.prompts} {where}, "
+                f"in {measured_in}"
+            )
+        title = ENGINES.get(engine, engine)
+        lines.append(f"{name} for {title}: {variant.description}: {said}")
+        lines += in_engine_lines(name, engine, variant)
     return lines
+
+
+def in_engine_lines(name: str, engine: str, variant: EngineVariant) -> list[str]:
+    """The setting measured in the engine itself, and what that decides; for llama.cpp
+    without it, how to measure it there."""
+    measured = variant.in_engine
+    if measured is None:
+        if engine != "llamacpp" or variant.served is not None:
+            return []
+        return [
+            f"{name} for llama.cpp: the figure above is autotune's engine's estimate; "
+            f"measure it in llama-server: {MEASURE_IN_LLAMACPP}"
+        ]
+    lossless = "lossless" if measured.lossless else "NOT lossless"
+    if measured.first_difference:
+        lossless += f" (first difference at {measured.first_difference})"
+    why = measured.not_recommended
+    judged = f"not recommended for {ENGINES[engine]}: {why}" if why else "faster there"
+    return [
+        f"{name} in {measured.measured_in}: {measured.flags}: "
+        f"{interval_text(measured.model_dump())} on {measured.prompts} held back against its "
+        f"greedy decoding, {lossless}; {judged}"
+    ]
 
 
 def time_lines(rows: list[dict]) -> list[str]:

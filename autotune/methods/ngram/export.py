@@ -198,6 +198,11 @@ def _rule_note(
     tuned_in = d.settings.search.get("tuned_in")
     if tuned_in:
         return f"tuned and measured in {tuned_in} itself, on search prompts"
+    if isinstance(config, EngineLookupConfig) and config.engine == engine and d.in_engine:
+        return (
+            f"tuned in autotune's engine drafting by {title}'s own rule, then measured in "
+            f"{d.in_engine.measured_in} itself on held-back prompts (the figure above)"
+        )
     if isinstance(config, EngineLookupConfig) and config.engine == engine:
         return (
             f"tuned and measured in autotune's engine drafting by {title}'s own rule (its "
