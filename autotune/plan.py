@@ -103,6 +103,10 @@ LOAD_ROUNDS = 4
 LOAD_TOKENS = 64
 LOAD_SHARE = 0.1
 LOAD_CANDIDATES = 5  # the tuned setting and four caps (``Method.load_settings``)
+# The held-back prompts decoded in a serving engine itself (``Facts.engine_decoders``):
+# at most this share of the budget; its servers start in about ENGINE_START_S each.
+ENGINE_SHARE = 0.1
+ENGINE_START_S = 5.0
 
 # --- probes and bounds ------------------------------------------------------------------
 # The verify curve the bounds read (n = 1 .. this many tokens).
@@ -159,6 +163,9 @@ class Facts:
     # that phases overrunning before them cannot shrink it
     budget_s: float | None = None
     load_levels: int = 0  # concurrency levels to measure after the verdict (--concurrency)
+    # decoders measured held back in a serving engine itself (its greedy decoding and the
+    # candidates; 0: none), where the user deploys to one that runs here
+    engine_decoders: int = 0
 
 
 @dataclass(frozen=True)
@@ -357,6 +364,8 @@ def measuring_phases(facts: Facts, methods: int, chains: int, seconds: float) ->
             count=held_back,
         )
     )
+    if facts.engine_decoders:
+        phases.append(engine_phase(facts, held_back, seconds))
     if facts.load_levels:
         phases.append(
             Phase(
@@ -367,6 +376,19 @@ def measuring_phases(facts: Facts, methods: int, chains: int, seconds: float) ->
             )
         )
     return phases
+
+
+def engine_phase(facts: Facts, prompts: int, seconds: float) -> Phase:
+    """The held-back prompts decoded in a serving engine by each of its decoders (its own
+    speed unknown until then: about this machine's forward), at most ``ENGINE_SHARE``."""
+    decoding = prompts * facts.heldback_tokens * facts.forward_s * facts.engine_decoders
+    planned = decoding + ENGINE_START_S * facts.engine_decoders
+    return Phase(
+        "in serving engine (held back)",
+        min(ENGINE_SHARE * (facts.budget_s or seconds), planned),
+        f"{prompts} prompts x {facts.engine_decoders} decoders in the engine itself",
+        reserved=True,
+    )
 
 
 def load_level_runs(candidates: int, proven: bool) -> int:

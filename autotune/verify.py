@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.budget import Budget
 from autotune.errors import AutotuneError
-from autotune.measure.timing import EncodedPrompt, Measurement
+from autotune.measure.timing import MIN_PROMPTS, EncodedPrompt, Measurement
 from autotune.profile.blocks import EngineLoad, EngineLoadLevel, Verified
 from autotune.serving import Decoded, paired
 from autotune.serving.tuning import InEngine
@@ -78,15 +79,21 @@ def side_by_side(
     prompts: list[EncodedPrompt],
     max_new_tokens: int,
     on_prompt: Callable[[], None] | None = None,
+    until: Budget | None = None,
+    seen: Callable[[EncodedPrompt, dict[str, Decoded]], None] | None = None,
 ) -> dict[str, Measurement]:
     """Every variant but the first (the engine's greedy decoding) against the first, per
-    prompt, in an order that rotates; a warm-up prompt first, not counted."""
+    prompt, in an order that rotates; a warm-up prompt first, not counted. ``until``:
+    stop once it is spent (after ``MIN_PROMPTS`` prompts); ``seen``: given each prompt's
+    decodings, by variant."""
     names = list(variants)
     if prompts:
         for name in names:
             variants[name](prompts[0].ids, min(max_new_tokens, 8))
     out = {name: Measurement() for name in names[1:]}
     for index, prompt in enumerate(prompts):
+        if until is not None and until.spent() and index >= MIN_PROMPTS:
+            break
         shift = index % len(names)
         decoded = {
             n: variants[n](prompt.ids, max_new_tokens) for n in names[shift:] + names[:shift]
@@ -94,6 +101,8 @@ def side_by_side(
         greedy = decoded[names[0]]
         for name in names[1:]:
             out[name].prompts.append(paired(prompt, greedy, decoded[name]))
+        if seen is not None:
+            seen(prompt, decoded)
         if on_prompt is not None:
             on_prompt()
     return out

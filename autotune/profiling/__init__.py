@@ -18,6 +18,8 @@ run takes them (``run.run_profile`` is the ladder):
 - ``heldback``: against plain greedy, on prompts no choice was made on; then each
   engine's own setting;
 - ``verdict``: the rules that recommend (or not);
+- ``in_engine``: deploying to llama.cpp, its candidates measured in llama-server itself,
+  and the llama.cpp verdict made from that;
 - ``load``: the recommended method under load, level by level;
 - ``report``: the profile assembled, and the lines that tell people about it.
 

@@ -12,7 +12,7 @@ from autotune.profile.blocks import MethodSettings
 from autotune.profile.io import check_writable, write_profile
 from autotune.profile.report import plot_path, write_verdict_plot
 from autotune.profile.schema import ProfileBase
-from autotune.profiling import state
+from autotune.profiling import in_engine, state
 from autotune.profiling.calibrate import calibrate, check_machine, open_workspace, start
 from autotune.profiling.heldback import (
     HeldBack,
@@ -40,14 +40,18 @@ def run_profile(request: ProfileRequest) -> tuple[ProfileBase, Path]:
     check_writable(out)
     noise = check_machine(ws, threads_chosen=request.threads is not None)
     measuring = Measuring.of(request)
-    run = start(setup, ws, Tuning.of(request), measuring, budget, noise)
+    run = in_engine.planned(start(setup, ws, Tuning.of(request), measuring, budget, noise))
     run, tuned = tune(probe_all(calibrate(run)))
     run, selection = selected(run, tuned, measuring)
     run, held = held_back(run, selection, measuring)
     verdict = decide(
         selection.tuned, selection.ranking, held, measuring.margin, run.evidence.skipped
     ).model_copy(update={"dropped": selection.dropped})
-    outcome = Outcome(selection.tuned, verdict.recommended, held)
+    # what the profile says of llama.cpp is measured in llama-server, where it runs here
+    run, tuned, in_server = in_engine.in_llama_server(run, selection.tuned, measuring)
+    if in_server is not None:
+        verdict = verdict.model_copy(update={"engines": {in_engine.ENGINE: in_server}})
+    outcome = Outcome(tuned, verdict.recommended, held)
     run, outcome = after_verdict(run, outcome, measuring)
     verdict = verdict.model_copy(update={"time": list(run.ledger)})
     profile = assemble(ws, outcome.tuned, outcome.held, verdict, run.noise, measuring)
