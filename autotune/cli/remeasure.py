@@ -93,6 +93,7 @@ def bench_lines(results: dict) -> list[str]:
             f"{method}: {interval_text(row)} ({row['tokens_per_s']:.1f} vs "
             f"{row['baseline_tokens_per_s']:.1f} tokens/s), {row['tokens_per_step']:.2f} "
             f"tokens/step, lossless {row['lossless']}, {row['prompts']} prompts"
+            + (f", in {row['measured_in']}" if row.get("measured_in") else "")
         )
         for category, part in (row.get("by_category") or {}).items():
             lines.append(f"  {category}: {interval_text(part)} ({part['prompts']} prompts)")
@@ -118,6 +119,7 @@ def bench_load_lines(load: dict) -> list[str]:
                 f"{figure['baseline_tokens_per_s']:.1f} tokens/s, lossless {figure['lossless']})"
             )
         whose = f" (the {load['engine']} export's setting)" if load.get("engine") else ""
+        whose += f" in {load['measured_in']}" if load.get("measured_in") else ""
         lines.append(
             f"{load['method']}{whose} with {requests_text(row['concurrency'])} in flight, "
             f"{row['rounds']} rounds: " + "; ".join(parts)
