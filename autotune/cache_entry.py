@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from autotune.errors import AutotuneError, OutputPathError
 from autotune.paths import cache_location_error
 from autotune.progress import console
 
@@ -42,6 +43,7 @@ FILE_RECORD_SUFFIX = ".record"
 # Larger ones are checked by size and header, and hashed after a failed load only.
 HASH_LIMIT = 2**30
 _CHUNK = 4 * 2**20
+STALE_STAGED_S = 24 * 3600.0  # converting a large GGUF takes minutes, not a day
 
 T = TypeVar("T")
 
@@ -94,10 +96,10 @@ class CacheEntry:
                 return fault
         return None
 
-    def discard(self, why: str, then: str = "rebuilding it") -> None:
+    def discard(self, why: str, then: str = "rebuilding it", say: bool = True) -> Path:
         """Say in one line what is broken, move the entry aside to
         ``<name>.broken-<time>`` (an earlier copy aside is removed: a cache that breaks
-        again must not fill the disk) and drop its record."""
+        again must not fill the disk) and drop its record; where it went."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
         aside = self.path.with_name(f"{self.path.name}.broken-{stamp}")
         for older in glob.glob(glob.escape(str(self.path)) + ".broken-*"):
@@ -110,13 +112,15 @@ class CacheEntry:
             pass  # another process moved it first
         except OSError as exc:
             raise cache_location_error(self.path, exc, "move aside") from None
-        console.print(
-            f"warning: {self.what} in {self.path} was broken ({why}); moved aside to "
-            f"{aside.name}, {then}",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
+        if say:
+            console.print(
+                f"warning: {self.what} in {self.path} was broken ({why}); moved aside to "
+                f"{aside.name}, {then}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
+        return aside
 
     def loaded(self) -> None:
         """The entry loaded: record it if it was written before records were kept (a
@@ -143,6 +147,7 @@ class CacheEntry:
             parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise cache_location_error(parent, exc, "create") from None
+        _remove_stale_staged(self.path)
         staged = _staged_name(self.path)
         try:
             if self.folder:
@@ -151,6 +156,8 @@ class CacheEntry:
             self._commit(staged)
         except BaseException as exc:
             _remove(staged)
+            if isinstance(exc, OutputPathError) and isinstance(exc.__context__, OSError):
+                exc = exc.__context__  # a writer's own line (files.atomic_path's names --out)
             if isinstance(exc, OSError):
                 raise cache_location_error(self.path, exc, "write") from None
             raise
@@ -159,6 +166,28 @@ class CacheEntry:
         """The file entry's whole content, written and recorded (``writing``)."""
         with self.writing() as staged:
             _write_all(staged, data)
+
+    @contextlib.contextmanager
+    def reading(self, then: str) -> Iterator[None]:
+        """Around a load of the entry that the caller cannot rebuild itself: an entry
+        written before records that loads is recorded; a load that fails on an entry that
+        is not as written (or has no record) discards it (``then``: what the user does
+        about it) and the failure goes on as it was."""
+        try:
+            yield
+        except MemoryError:
+            raise
+        except Exception as exc:
+            fault = self._load_fault(exc)
+            if fault is None:
+                raise
+            if not isinstance(exc, AutotuneError):
+                self.discard(fault, then)
+                raise
+            # the user's one line says it all: what failed, where it went, what to do
+            aside = self.discard(fault, then, say=False)
+            raise type(exc)(f"{exc}; it was moved aside to {aside.name}: {then}") from None
+        self.loaded()
 
     def obtain(self, build: Callable[[Path], None], read: Callable[[Path], T]) -> T:
         """``read(path)`` of the entry, after ``build(staged)`` made it where it was
@@ -170,7 +199,7 @@ class CacheEntry:
             except MemoryError:
                 raise
             except Exception as exc:
-                fault = self.fault(thorough=True) if self.recorded() else _did_not_load(exc)
+                fault = self._load_fault(exc)
                 if fault is None:
                     raise  # the entry is as written: the failure is not the cache's
                 self.discard(fault)
@@ -180,6 +209,14 @@ class CacheEntry:
         with self.writing() as staged:
             build(staged)
         return read(self.path)
+
+    def _load_fault(self, exc: Exception) -> str | None:
+        """Why a load that failed with ``exc`` is the entry's fault (every hash checked),
+        or None when the entry is as written and the failure is not the cache's."""
+        if self.recorded():
+            return self.fault(thorough=True)
+        lines = str(exc).strip().splitlines()
+        return f"it did not load: {type(exc).__name__}: {lines[0][:160] if lines else '-'}"
 
     def _file(self, name: str) -> Path:
         return self.path / name if self.folder else self.path
@@ -201,11 +238,6 @@ class CacheEntry:
             record_staged.unlink(missing_ok=True)
 
 
-def _did_not_load(exc: Exception) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"it did not load: {type(exc).__name__}: {lines[0][:160] if lines else 'no message'}"
-
-
 def _write_all(path: Path, data: str | bytes) -> None:
     """``data`` (text as UTF-8) as the whole of the file ``path``, by ``os.write`` until
     all is written (a full disk may write part, then refuse)."""
@@ -219,7 +251,31 @@ def _write_all(path: Path, data: str | bytes) -> None:
 
 
 def _staged_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp{path.suffix}")
+    """A new name beside ``path`` that says which process writes it, keeping the suffix
+    (writers that choose a format by it)."""
+    return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp{path.suffix}")
+
+
+def _remove_stale_staged(path: Path) -> None:
+    """Staged copies of ``path`` that a killed run left (a converted model's is hundreds
+    of MB): those whose process has ended, and any older than a write could take (a
+    process of that number may be another's by now)."""
+    pattern = glob.escape(str(path.with_name(f".{path.name}."))) + "*.tmp*"
+    for staged in glob.glob(pattern):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(Path(staged).name[len(path.name) + 2 :].split("-")[0])
+            if not _alive(pid) or time.time() - os.path.getmtime(staged) > STALE_STAGED_S:
+                _remove(Path(staged))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
 
 
 def _record_of(root: Path, folder: bool, name: str) -> dict:

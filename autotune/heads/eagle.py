@@ -27,6 +27,7 @@ from autotune.engine import layers
 from autotune.engine.kvcache import KVCache
 from autotune.engine.runner import visibility
 from autotune.files import write_atomic
+from autotune.heads.cache import loading_heads
 from autotune.heads.medusa import HeadsError, read_weights, write_heads_folder
 
 CONFIG = "config.json"
@@ -206,37 +207,39 @@ def load_eagle_head(
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise HeadsError(f"EAGLE head folder {folder} not found")
-    config = _read_config(folder)
-    state = _read_state(folder)
-    if "fc.weight" not in state:
-        raise HeadsError(
-            f"{folder}: no 'fc.weight' among the weights: not an EAGLE-1/2 head "
-            "(EAGLE-3 heads, with fc over three layers' features, are not supported)"
-        )
-    hidden = state["fc.weight"].shape[0]
-    if state["fc.weight"].shape[1] != 2 * hidden:
-        raise HeadsError(
-            f"{folder}: fc.weight is {list(state['fc.weight'].shape)}; an EAGLE-1/2 "
-            f"head has [{hidden}, {2 * hidden}]"
-        )
-    if (hidden, config.vocab_size) != (target_config.hidden_size, target_config.vocab_size):
-        raise HeadsError(
-            f"the head in {folder} is for hidden size {hidden} and vocabulary "
-            f"{config.vocab_size}; the model has {target_config.hidden_size} and "
-            f"{target_config.vocab_size}: train a head for this model with "
-            "`autotune heads train --kind eagle`"
-        )
-    layers = 1 + max((int(k.split(".")[1]) for k in state if k.startswith("layers.")), default=-1)
-    if layers < 1:
-        raise HeadsError(f"{folder}: no decoder layer weights ('layers.0.*')")
-    config.num_hidden_layers = layers
-    head = EagleHead(config, bias="fc.bias" in state)
-    expected = {k for k in head.state_dict() if not k.startswith("rotary.")}
-    missing = expected - state.keys()
-    if missing:
-        raise HeadsError(f"{folder}: weights missing for {sorted(missing)[:4]}")
-    head.load_state_dict({k: state[k] for k in expected}, strict=False)
-    return head.to(dtype=dtype, device=device).eval().requires_grad_(False)
+    with loading_heads(folder, "eagle"):
+        config = _read_config(folder)
+        state = _read_state(folder)
+        if "fc.weight" not in state:
+            raise HeadsError(
+                f"{folder}: no 'fc.weight' among the weights: not an EAGLE-1/2 head "
+                "(EAGLE-3 heads, with fc over three layers' features, are not supported)"
+            )
+        hidden = state["fc.weight"].shape[0]
+        if state["fc.weight"].shape[1] != 2 * hidden:
+            raise HeadsError(
+                f"{folder}: fc.weight is {list(state['fc.weight'].shape)}; an EAGLE-1/2 "
+                f"head has [{hidden}, {2 * hidden}]"
+            )
+        if (hidden, config.vocab_size) != (target_config.hidden_size, target_config.vocab_size):
+            raise HeadsError(
+                f"the head in {folder} is for hidden size {hidden} and vocabulary "
+                f"{config.vocab_size}; the model has {target_config.hidden_size} and "
+                f"{target_config.vocab_size}: train a head for this model with "
+                "`autotune heads train --kind eagle`"
+            )
+        indices = (int(k.split(".")[1]) for k in state if k.startswith("layers."))
+        layers = 1 + max(indices, default=-1)
+        if layers < 1:
+            raise HeadsError(f"{folder}: no decoder layer weights ('layers.0.*')")
+        config.num_hidden_layers = layers
+        head = EagleHead(config, bias="fc.bias" in state)
+        expected = {k for k in head.state_dict() if not k.startswith("rotary.")}
+        missing = expected - state.keys()
+        if missing:
+            raise HeadsError(f"{folder}: weights missing for {sorted(missing)[:4]}")
+        head.load_state_dict({k: state[k] for k in expected}, strict=False)
+        return head.to(dtype=dtype, device=device).eval().requires_grad_(False)
 
 
 # --- draft vocabulary ------------------------------------------------------------------

@@ -37,6 +37,7 @@ from torch import nn
 from autotune.engine import layers
 from autotune.engine.kvcache import KVCache
 from autotune.engine.runner import Runner, visibility
+from autotune.heads.cache import loading_heads
 from autotune.heads.medusa import HeadsError, read_weights, write_heads_folder
 
 CONFIG = "config.json"
@@ -510,34 +511,35 @@ def load_glide_draft(
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise HeadsError(f"GLIDE draft folder {folder} not found")
-    raw = _read_config(folder)
-    state = _read_state(folder)
-    if any(k.startswith("model.layers.") for k in state):
-        state = upstream_state(state)
-    if any(r in k for k in state for r in _REMAP):
-        raise HeadsError(
-            f"{folder}: cross_attn.remap_k / remap_v are ColossalAI's GLIDE variant, not "
-            "the reference's layout: use a reference checkpoint or train one with "
-            f"{TRAIN_COMMAND}"
-        )
-    count = _count_layers(state, folder)
-    config = _llama_config(raw)
-    config.num_hidden_layers = count
-    spec = _spec(raw, count, target_config)
-    _check_fits(folder, config, spec, target_config, raw)
-    query = state.get("layers.0.cross_attn.q_proj.weight")
-    wanted = target_config.num_attention_heads * head_dim_of(target_config)
-    if query is None or query.shape != (wanted, config.hidden_size):
-        shape = None if query is None else list(query.shape)
-        raise HeadsError(
-            f"{folder}: layers.0.cross_attn.q_proj.weight is {shape}; reading this model's "
-            f"cache needs [{wanted}, {config.hidden_size}]: train a draft for this model "
-            f"with {TRAIN_COMMAND}"
-        )
-    draft = GlideDraft(config, target_config, spec)
-    expected = set(draft.state_dict())
-    missing = expected - state.keys()
-    if missing:
-        raise HeadsError(f"{folder}: weights missing for {sorted(missing)[:4]}")
-    draft.load_state_dict({k: state[k] for k in expected})
-    return draft.to(dtype=dtype, device=device).eval().requires_grad_(False)
+    with loading_heads(folder, "glide"):
+        raw = _read_config(folder)
+        state = _read_state(folder)
+        if any(k.startswith("model.layers.") for k in state):
+            state = upstream_state(state)
+        if any(r in k for k in state for r in _REMAP):
+            raise HeadsError(
+                f"{folder}: cross_attn.remap_k / remap_v are ColossalAI's GLIDE variant, not "
+                "the reference's layout: use a reference checkpoint or train one with "
+                f"{TRAIN_COMMAND}"
+            )
+        count = _count_layers(state, folder)
+        config = _llama_config(raw)
+        config.num_hidden_layers = count
+        spec = _spec(raw, count, target_config)
+        _check_fits(folder, config, spec, target_config, raw)
+        query = state.get("layers.0.cross_attn.q_proj.weight")
+        wanted = target_config.num_attention_heads * head_dim_of(target_config)
+        if query is None or query.shape != (wanted, config.hidden_size):
+            shape = None if query is None else list(query.shape)
+            raise HeadsError(
+                f"{folder}: layers.0.cross_attn.q_proj.weight is {shape}; reading this model's "
+                f"cache needs [{wanted}, {config.hidden_size}]: train a draft for this model "
+                f"with {TRAIN_COMMAND}"
+            )
+        draft = GlideDraft(config, target_config, spec)
+        expected = set(draft.state_dict())
+        missing = expected - state.keys()
+        if missing:
+            raise HeadsError(f"{folder}: weights missing for {sorted(missing)[:4]}")
+        draft.load_state_dict({k: state[k] for k in expected})
+        return draft.to(dtype=dtype, device=device).eval().requires_grad_(False)

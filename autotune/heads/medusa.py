@@ -21,6 +21,7 @@ from torch import nn
 from autotune.engine import layers
 from autotune.errors import AutotuneError
 from autotune.files import atomic_path, write_atomic
+from autotune.heads.cache import loading_heads
 
 CONFIG = "config.json"
 WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
@@ -178,30 +179,31 @@ def load_medusa_heads(
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise HeadsError(f"Medusa head folder {folder} not found")
-    state = _read_state(folder)
-    state = {re.sub(r"^(medusa_head\.|module\.)+", "", k): v for k, v in state.items()}
-    count, num_layers, (vocab, hidden) = _heads_shape(folder, state)
-    heads = MedusaHeads(hidden, vocab, count, num_layers)
-    expected = {f"{k}.{key}" for k, head in enumerate(heads.heads) for key in head.state_dict()}
-    missing = expected - state.keys()
-    if missing:
-        raise HeadsError(f"{folder}: weights missing for {sorted(missing)[:4]}")
-    heads.heads.load_state_dict({k: state[k] for k in expected})
-    heads.to(dtype=dtype, device=device).eval().requires_grad_(False)
-    if lm_head is not None and all(
-        w.shape == lm_head.shape and torch.equal(w, lm_head.to(w.dtype))
-        for w in heads.vocab_weights()
-    ):
-        heads.share_vocab_projection(lm_head)
-    declared = _declared_heads(folder)
-    if declared is not None and declared != count:
-        from autotune.progress import say
+    with loading_heads(folder, "medusa"):
+        state = _read_state(folder)
+        state = {re.sub(r"^(medusa_head\.|module\.)+", "", k): v for k, v in state.items()}
+        count, num_layers, (vocab, hidden) = _heads_shape(folder, state)
+        heads = MedusaHeads(hidden, vocab, count, num_layers)
+        expected = {f"{k}.{key}" for k, head in enumerate(heads.heads) for key in head.state_dict()}
+        missing = expected - state.keys()
+        if missing:
+            raise HeadsError(f"{folder}: weights missing for {sorted(missing)[:4]}")
+        heads.heads.load_state_dict({k: state[k] for k in expected})
+        heads.to(dtype=dtype, device=device).eval().requires_grad_(False)
+        if lm_head is not None and all(
+            w.shape == lm_head.shape and torch.equal(w, lm_head.to(w.dtype))
+            for w in heads.vocab_weights()
+        ):
+            heads.share_vocab_projection(lm_head)
+        declared = _declared_heads(folder)
+        if declared is not None and declared != count:
+            from autotune.progress import say
 
-        say(
-            f"[yellow]{folder}/config.json says {declared} heads; the weights hold "
-            f"{count}: using {count}[/yellow]"
-        )
-    return heads
+            say(
+                f"[yellow]{folder}/config.json says {declared} heads; the weights hold "
+                f"{count}: using {count}[/yellow]"
+            )
+        return heads
 
 
 def _heads_shape(folder: Path, state: dict[str, torch.Tensor]) -> tuple[int, int, torch.Size]:

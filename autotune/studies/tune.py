@@ -278,14 +278,48 @@ def _run_name(study_name: str) -> str:
     return f"{study_name.replace('/', '__').replace(':', '_')}-{stamp}-{os.getpid()}"
 
 
+RAY_RESULTS_ENV = "AUTOTUNE_RAY_RESULTS"
+
+
 def _ray_results_dir() -> str:
-    """Ray Tune's experiment folders. Nothing there is read back: resuming goes
-    through the study database."""
-    path = os.environ.get("AUTOTUNE_RAY_RESULTS") or os.path.join(
-        tempfile.gettempdir(), "autotune-ray"
-    )
-    os.makedirs(path, exist_ok=True)
-    return path
+    """Ray Tune's experiment folders. Nothing there is read back (resuming goes through
+    the study database), so a default place that cannot be used (a file in the way,
+    another user's folder) is passed over for a new folder; a place the user set that
+    cannot be used is one line naming $AUTOTUNE_RAY_RESULTS."""
+    from autotune.errors import AutotuneError
+
+    explicit = os.environ.get(RAY_RESULTS_ENV)
+    path = explicit or os.path.join(tempfile.gettempdir(), "autotune-ray")
+    problem = _unusable_folder(path)
+    if problem is None:
+        return path
+    hint = f"set {RAY_RESULTS_ENV} to a folder autotune can write"
+    if explicit:
+        raise AutotuneError(f"cannot use {path} for Ray Tune's results: {problem}; {hint}")
+    try:
+        return tempfile.mkdtemp(prefix="autotune-ray-")
+    except OSError as exc:
+        from autotune.files import reason
+
+        raise AutotuneError(
+            f"cannot make a folder for Ray Tune's results in {tempfile.gettempdir()}: "
+            f"{reason(exc)}; {hint}"
+        ) from None
+
+
+def _unusable_folder(path: str) -> str | None:
+    """Why ``path`` cannot hold Ray's experiment folders, in words; None when it can."""
+    from autotune.files import reason
+
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        return reason(exc)
+    if not os.path.isdir(path):
+        return "it is not a folder"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return "permission denied"
+    return None
 
 
 @contextlib.contextmanager

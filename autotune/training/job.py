@@ -11,7 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from autotune import plan
+from autotune.cache_entry import CacheEntry
 from autotune.errors import AutotuneError, OutputPathError
+from autotune.heads.cache import heads_entry
+from autotune.paths import cache_folder
 from autotune.progress import say
 from autotune.training.calibration import (
     answer_cache,
@@ -99,8 +102,7 @@ def run_heads_train(job: HeadsJob):
         )
     loss_dtype(options.loss_dtype)
     resolved = resolve_model(job.model, job.model_path)
-    out = job.out or cached_heads_folder(fingerprint(resolved), job.kind)
-    check_out_folder(out)
+    out, entry = _heads_destination(job, fingerprint(resolved))
     say(f"loading {resolved.name} from {resolved.path}")
     target = load_target(job.model, job.model_path, job.dtype, job.device)
     # the packaged prompts calibrate together (those whose answers fit the time); a
@@ -117,16 +119,33 @@ def run_heads_train(job: HeadsJob):
     trained = train_heads_on(
         target, job.kind, options, prompts_path, prompts, extras, started, keep
     )
-    save_heads(trained, job.kind, options, target, resolved, prompts_path, out)
+    if entry is None:
+        save_heads(trained, job.kind, options, target, resolved, prompts_path, out)
+    else:
+        with entry.writing() as staged:  # whole or not at all, with its record
+            save_heads(trained, job.kind, options, target, resolved, prompts_path, staged)
     return trained.result, out
+
+
+def _heads_destination(job: HeadsJob, model_fingerprint: str) -> tuple[Path, CacheEntry | None]:
+    """Where the heads go, checked before any long work: the --out folder, or their entry
+    in the heads cache (its parent made now: a cache place that cannot be used is one
+    line naming $AUTOTUNE_CACHE)."""
+    if job.out is not None:
+        check_out_folder(job.out)
+        return job.out, None
+    cache_folder("heads", model_fingerprint)
+    entry = heads_entry(model_fingerprint, job.kind)
+    return entry.path, entry
 
 
 def cached_heads_folder(model_fingerprint: str, kind: str) -> Path:
     """autotune's heads cache: where `heads train` (by default) and `profile` keep the
-    heads trained for a model, and where `profile` looks for them."""
-    from autotune.paths import cache_root
-
-    return cache_root() / "heads" / model_fingerprint / kind
+    heads trained for a model, and where `profile` looks for them. Heads there that are
+    not as they were written are said, moved aside: the caller finds none, and trains."""
+    entry = heads_entry(model_fingerprint, kind)
+    entry.usable()
+    return entry.path
 
 
 @dataclass
@@ -163,7 +182,6 @@ def train_kind(ws, extras: list, answer_tokens: int, kind: str, seconds: float |
     (their answers ``answer_tokens`` long, from the shared set) and keep them in
     autotune's heads cache (replaced whole: a killed run leaves the old folder or none)."""
     import dataclasses
-    import shutil
 
     from autotune.models import resolve_model
     from autotune.progress import console
@@ -183,13 +201,11 @@ def train_kind(ws, extras: list, answer_tokens: int, kind: str, seconds: float |
         time.perf_counter(),
         keep=answered(target, answer_tokens),
     )
-    final = cached_heads_folder(target.fingerprint, kind)
-    fresh = final.with_name(f".{kind}-{os.getpid()}")
-    shutil.rmtree(fresh, ignore_errors=True)
+    entry = heads_entry(target.fingerprint, kind)
     resolved = resolve_model(ws.ref.spec, ws.ref.model_path)
-    save_heads(trained, kind, options, target, resolved, ws.prompts_path, fresh)
-    shutil.rmtree(final, ignore_errors=True)
-    fresh.rename(final)
+    with entry.writing() as staged:
+        save_heads(trained, kind, options, target, resolved, ws.prompts_path, staged)
+    final = entry.path
     result = trained.result
     console.print(
         accuracy_table(
