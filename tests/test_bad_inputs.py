@@ -25,7 +25,9 @@ from autotune.methods import registry
 
 DATA = Path(__file__).parent / "data"
 PROFILE = DATA / "profile_smollm2-135m_self_spec.yaml"
-PROMPTS = '{"prompt": "Tell me a story.", "id": "p0"}\n{"prompt": "Name a color.", "id": "p1"}\n'
+# enough for profile's splits (22 hold back the 6 an interval needs), so that each case
+# reaches the input it is about
+PROMPTS = "".join(f'{{"prompt": "Tell me story {i}.", "id": "p{i}"}}\n' for i in range(24))
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,30 @@ def small_model(folder: Path) -> Path:
     model.mkdir()
     (model / "config.json").write_text('{"model_type": "llama"}')
     return model
+
+
+def short_context_model(folder: Path) -> Path:
+    """A model folder whose config.json gives a context of 256 positions."""
+    model = folder / "short-model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama", "max_position_embeddings": 256}')
+    return model
+
+
+def prompts_file(folder: Path, count: int) -> Path:
+    path = folder / f"{count}-prompts.jsonl"
+    path.write_text("".join(f'{{"prompt": "Say {i}.", "id": "q{i}"}}\n' for i in range(count)))
+    return path
+
+
+def profile_of_one_prompt(folder: Path) -> Path:
+    """SmolLM2-135M's profile made, it says, on a file of one prompt beside it."""
+    prompts_file(folder, 1)
+    path = folder / "one.yaml"
+    path.write_text(
+        PROFILE.read_text().replace("prompts: mt_bench.jsonl", "prompts: 1-prompts.jsonl")
+    )
+    return path
 
 
 def renamed_profile(folder: Path) -> Path:
@@ -170,6 +196,49 @@ CASES = [
         lambda d: [str(d / "space.yaml"), "draft_tokens"],
     ),
     Case(
+        "profile: a prompts file of one prompt holds none back (issue 43)",
+        lambda d: profile_args(d, "--prompts", prompts_file(d, 1), "--out", d / "p.yaml"),
+        lambda d: [str(d / "1-prompts.jsonl"), "1 prompt:", "held-back", "at least 22 prompts"],
+    ),
+    Case(
+        "profile: a held-back quarter too small for an interval",
+        lambda d: profile_args(d, "--prompts", prompts_file(d, 8), "--out", d / "p.yaml"),
+        lambda d: ["8 prompts", "held-back quarter is 2", "the 6", "--heldback-prompts 2"],
+    ),
+    Case(
+        "profile: --max-new-tokens past the model's context",
+        lambda d: profile_args(
+            d, "--model", short_context_model(d), "--max-new-tokens", "300", "--out", d / "p.yaml"
+        ),
+        lambda d: ["short-model", "context is 256 tokens", "--max-new-tokens below 192"],
+    ),
+    Case(
+        "heads train on a prompts file of one prompt",
+        lambda d: [
+            *("heads", "train", "--kind", "medusa", "--model", small_model(d)),
+            *("--prompts", prompts_file(d, 1), "--out", d / "heads"),
+        ],
+        lambda d: [str(d / "1-prompts.jsonl"), "at least two"],
+    ),
+    Case(
+        "heads train: --max-new-tokens past the model's context",
+        lambda d: [
+            *("heads", "train", "--kind", "eagle", "--model", short_context_model(d)),
+            *("--max-new-tokens", "250", "--out", d / "heads"),
+        ],
+        lambda d: ["context is 256 tokens", "250 answer tokens", "--max-new-tokens below 192"],
+    ),
+    Case(
+        "bench: the profile's prompts file holds none back",
+        lambda d: ["bench", profile_of_one_prompt(d)],
+        lambda d: [str(d / "1-prompts.jsonl"), "1 prompt", "hold any back", "--prompts"],
+    ),
+    Case(
+        "verify: the profile's prompts file holds none back",
+        lambda d: ["verify", profile_of_one_prompt(d), "--engine", "hf", "--no-record"],
+        lambda d: [str(d / "1-prompts.jsonl"), "1 prompt", "hold any back"],
+    ),
+    Case(
         "validate: a profile naming vicuna-7b with SmolLM2's shapes",
         lambda d: ["validate", renamed_profile(d)],
         lambda d: ["vicuna-7b", "num_layers 40", "smollm2-135m", "autotune profile"],
@@ -254,8 +323,6 @@ def test_sigterm_is_an_interruption(how):
     before = signal.getsignal(signal.SIGTERM)
     result = CliRunner().invoke(wait_app, [how])
     assert result.exit_code == 130, (result.output, result.exception)
-    assert result.stderr.strip().splitlines() == [
-        "interrupted: nothing was written; finished study trials are kept, and running "
-        "the same command again resumes them"
-    ]
+    # a command that says nothing of its own: it wrote nothing (no study to speak of)
+    assert result.stderr.strip().splitlines() == ["interrupted: nothing was written"]
     assert signal.getsignal(signal.SIGTERM) is before  # put back when the command ends

@@ -411,6 +411,8 @@ def test_a_budget_too_small_for_the_least_run_is_refused_at_once(workdir, tiny_l
         "ngram",
         "--budget",
         "1s",
+        "--heldback-prompts",  # what 8 prompts hold back (issue 43: checked at the start)
+        "2",
         "--out",
         out,
         "--storage",

@@ -15,31 +15,30 @@ from typing import Any, NoReturn
 import click
 import typer
 
+from autotune.commands import interrupt
 from autotune.errors import AutotuneError
 from autotune.paths import cache_root
 
 
 def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
     """No traceback reaches the user. An AutotuneError is theirs to fix: one line, exit
-    status 2. Ctrl-C or SIGTERM: one line, status 130 (studies resume on the next run). Running out
+    status 2. Ctrl-C or SIGTERM: one line, status 130, saying what is true of this command
+    (``commands.interrupt``: what it removed, what is kept). Running out
     of memory: one line with what to try, status 2. Anything else is a bug of ours: one
     line naming the log file that holds the traceback, status 1."""
 
     @wraps(command)
     def run(*args, **kwargs):
+        interruption = None
         try:
-            with _sigterm_as_interrupt():
+            with interrupt.command() as interruption, _sigterm_as_interrupt():
                 return command(*args, **kwargs)
         except (typer.Exit, typer.Abort, click.ClickException):
             raise  # the command's own exit, or click's usage error: already said
         except AutotuneError as exc:
             _fail(f"error: {exc}", 2)
         except KeyboardInterrupt:
-            _fail(
-                "interrupted: nothing was written; finished study trials are kept, and "
-                "running the same command again resumes them",
-                130,
-            )
+            _fail((interruption or interrupt.Interruption()).message(), 130)
         except MemoryError as exc:
             _fail(
                 f"error: out of memory ({exc or 'the machine'}): try a smaller model, "

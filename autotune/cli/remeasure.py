@@ -3,6 +3,7 @@ or in the serving engine its export is for."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 
 import typer
@@ -21,6 +22,7 @@ from autotune.cli.options import (
     output_format,
     set_torch_threads,
 )
+from autotune.commands import interrupt, study_kept
 from autotune.errors import AutotuneError
 from autotune.output import Format, format_option
 
@@ -61,12 +63,15 @@ def bench(
 ):
     """Re-measure a profile's methods against plain greedy decoding, independently."""
     from autotune.bench import bench_load, bench_profile
+    from autotune.commands.inputs import check_profile_heldback
     from autotune.measure.load import parse_levels
 
     set_torch_threads(threads)
     fmt = output_format(fmt, json_out)
     if engine is not None and concurrency is None:
         raise AutotuneError("--engine goes with --concurrency: give the levels, e.g. 1,2,4,8")
+    if prompts is None:  # the profile's held-back split: it must hold a prompt
+        check_profile_heldback(profile_path, "pass --prompts FILE to measure on others")
     if concurrency is not None:
         levels = parse_levels(concurrency)
         if not levels:
@@ -174,11 +179,14 @@ def verify(
     """Measure the profile's export in the serving engine it is for: the engine's greedy
     decoding, its own default speculative setting and autotune's export, side by side on
     the held-back prompts, every output checked against the engine's greedy output."""
+    from autotune.commands.inputs import check_profile_heldback
     from autotune.profile.io import read_profile
     from autotune.verify import load_report_lines, report_lines, verify_load
     from autotune.verify import verify as verify_export
 
     fmt = output_format(fmt, json_out)
+    check_profile_heldback(profile_path, "profile again with a larger prompts file")
+    interrupt.tell(f"nothing was written ({profile_path} is as it was)")
     if concurrency is not None:
         load = verify_load(
             profile_path,
@@ -197,17 +205,19 @@ def verify(
         )
         _say_recorded(fmt, record, f"recorded in {profile_path} (load.engines.llamacpp)")
         return
-    report = verify_export(
-        profile_path,
-        engine.strip().lower(),
-        limit,
-        max_new_tokens,
-        gguf,
-        record,
-        draft_gguf,
-        duration(tune, "--tune"),
-        storage,
-    )
+    tuning = study_kept.kept_or_removed(storage) if tune is not None else nullcontext()
+    with tuning:  # --tune's trials, in the study database
+        report = verify_export(
+            profile_path,
+            engine.strip().lower(),
+            limit,
+            max_new_tokens,
+            gguf,
+            record,
+            draft_gguf,
+            duration(tune, "--tune"),
+            storage,
+        )
     echo_data(report.summary(), fmt, lambda _: report_lines(report))
     _say_recorded(fmt, record, f"recorded in {profile_path} (verified)")
 

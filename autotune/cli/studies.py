@@ -8,6 +8,7 @@ import typer
 
 from autotune.cli.errors import user_errors
 from autotune.cli.options import STORAGE_HELP, console, json_option, output_format
+from autotune.commands import interrupt
 from autotune.output import Format, format_option, render
 from autotune.studies.dashboard import dashboard_server, require_dashboard
 
@@ -126,6 +127,7 @@ def delete(
     ):
         typer.echo("not deleted", err=True)
         raise typer.Exit(1)
+    interrupt.tell("nothing was deleted (a study is deleted in one transaction)")
     db.delete(name)
     typer.echo(f"deleted study {name} ({count} trials)")
 

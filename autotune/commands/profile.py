@@ -8,6 +8,8 @@ import shlex
 from collections.abc import Collection
 from pathlib import Path
 
+from autotune import plan
+from autotune.commands import inputs, interrupt, study_kept
 from autotune.errors import AutotuneError
 from autotune.export import export_profile
 from autotune.files import check_writable
@@ -24,15 +26,22 @@ def profile_checked(request: ProfileRequest) -> tuple[ProfileBase, Path]:
     """The profile run and where it was written, after the checks that take no time: the
     output path (before the model, the heads and the study database), torch's threads
     (set deliberately: recorded in the profile), --dtype and --device (a GPU asked for and
-    absent is one line now), the GPUs a trial reserves, and the Ray cluster's address (a
-    bad one fails now, not after calibration)."""
+    absent is one line now), the GPUs a trial reserves, the Ray cluster's address (a bad
+    one fails now, not after calibration), the prompts' splits and the model's context.
+    Stopped before its end, it wrote no profile, and says what became of the study
+    database."""
     if request.out is not None:
         check_writable(request.out)
     set_threads(request.threads)
     dtype, device = placement(request.dtype, request.device)
     check_trial_gpus(request.workers.gpus_per_trial, device)
     ray_target(request.workers.ray_address)
-    return run_profile(dataclasses.replace(request, dtype=dtype, device=device))
+    inputs.check_profile_prompts(request.prompts, request.heldback_prompts)
+    answer_tokens = max(request.max_new_tokens, plan.ANSWER_TOKENS)
+    inputs.check_context_room(request.model, request.model_path, answer_tokens, "--max-new-tokens")
+    interrupt.tell("no profile was written")
+    with study_kept.kept_or_removed(request.storage):
+        return run_profile(dataclasses.replace(request, dtype=dtype, device=device))
 
 
 NOTHING_TO_EXPORT = (
