@@ -116,6 +116,20 @@ def test_export_to_llamacpp_refuses_a_llamacpp_verdict_of_none_unless_forced():
     assert export_profile(profile, "vllm").engine == "vllm"
 
 
+def test_measured_in_llama_server_its_own_verdict_decides_the_export():
+    """An autotune-engine estimate that loses does not refuse a setting llama-server
+    measured faster and lossless; without that measurement, it does."""
+    figures = in_server(1.3, 1.1, 1.5)
+    profile = llamacpp_profile(figures, in_engine.engine_verdict({"ngram": figures}, 0.0))
+    variant = profile.methods.ngram.engines["llamacpp"]
+    losing = variant.measured.model_copy(update={"speedup": 0.9, "speedup_interval": [0.8, 1.0]})
+    variant.measured = losing
+    assert "--spec-type ngram-simple" in export_profile(profile, "llamacpp").text
+    profile.verdict.engines = {}
+    with pytest.raises(AutotuneError, match="not clearly faster"):
+        export_profile(profile, "llamacpp")
+
+
 def test_the_profile_lines_name_where_each_llamacpp_figure_was_measured():
     from autotune.profiling.report import engine_lines
 

@@ -14,6 +14,7 @@ from autotune.errors import AutotuneError
 from autotune.export.base import Deployment, Export, Exporter
 from autotune.export.engines import ENGINES
 from autotune.methods import registry
+from autotune.profile.blocks import EngineVerdict
 from autotune.profile.schema import ProfileBase
 
 
@@ -56,7 +57,8 @@ def export_profile(
     assert exporter is not None  # choose_method checked it
     deployment = Deployment.of(profile, name, engine)
     served = registry.method(name).for_engine(deployment.settings, engine)
-    if served is not deployment.settings and not force:
+    # measured in the engine itself, its own verdict decides (``guard_engine``)
+    if served is not deployment.settings and not force and not in_engine_verdict(profile, engine):
         guard_variant(served, name, engine)
     rendered = exporter.render(dataclasses.replace(deployment, settings=served))
     # a switch of method is said on stderr; the file itself says which method it holds
@@ -100,10 +102,15 @@ def guard(profile: ProfileBase, name: str) -> None:
         )
 
 
+def in_engine_verdict(profile: ProfileBase, engine: str) -> EngineVerdict | None:
+    """The profile's verdict for ``engine`` from figures measured in it, where it has one."""
+    return profile.verdict.engines.get(engine) if profile.verdict is not None else None
+
+
 def guard_engine(profile: ProfileBase, engine: str) -> None:
     """Refuse an export to an engine whose own verdict, measured in it, recommends no
     method (``--force`` passes)."""
-    verdict = profile.verdict.engines.get(engine) if profile.verdict is not None else None
+    verdict = in_engine_verdict(profile, engine)
     if verdict is not None and verdict.recommended == "none":
         raise AutotuneError(
             f"measured in {verdict.measured_in}, the profile recommends no method for "
