@@ -40,23 +40,14 @@ class World:
     folder: Path
     monkeypatch: pytest.MonkeyPatch
 
-    @property
-    def cache(self) -> Path:
-        return self.folder / "cache"
-
-    @property
-    def gguf(self) -> Path:
-        return self.folder / "tiny.gguf"
-
-    @property
-    def model_dir(self) -> Path:
-        return self.folder / "tiny-model"
+    def __post_init__(self) -> None:
+        self.cache, self.gguf, self.model_dir = (
+            self.folder / name for name in ("cache", "tiny.gguf", "tiny-model")
+        )
 
     def converted(self) -> CacheEntry:
-        return loading.converted_entry(resolve_model(str(self.gguf)), self.gguf_fingerprint())
-
-    def gguf_fingerprint(self) -> str:
-        return fingerprint(resolve_model(str(self.gguf)))
+        resolved = resolve_model(str(self.gguf))
+        return loading.converted_entry(resolved, fingerprint(resolved))
 
 
 # --- the calls a case makes, each under the CLI's own error handling ---------------------
@@ -85,12 +76,8 @@ def answers_entry(world: World) -> CacheEntry:
     return answer_cache(tiny_target().fingerprint).entry
 
 
-TIMED: list[str] = []
-
-
 def measure_kernels(world: World) -> None:
     def timer(kernel: str, rows: int, run) -> float:
-        TIMED.append(kernel)
         return 0.0 if kernel == kernels.LINEAR else 1.0
 
     table = kernels.KernelTable(timer=timer, store=kernels._store_path())
@@ -131,6 +118,33 @@ def ray_results(world: World) -> None:
     from autotune.studies.tune import _ray_results_dir
 
     assert Path(_ray_results_dir()).is_dir()
+
+
+def build_engine(world: World) -> None:
+    from autotune.engine import native
+
+    assert native._load() is None  # the build is a stand-in, or has nowhere to go
+
+
+def engine_build_dir_a_file(world: World) -> None:
+    (world.folder / "ext").write_text("not a folder")
+    world.monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(world.folder / "ext"))
+
+
+def engine_build_cut_short(world: World) -> None:
+    """A build killed while linking left a few bytes of the library; builds stand in."""
+    from autotune.engine import native
+
+    world.monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(world.cache / "ext"))
+    native._folder().mkdir(parents=True)
+    native._built_file().write_bytes(b"\x7fELF\x02")
+    world.monkeypatch.setattr(native, "_build", lambda folder: None)
+
+
+def engine_build(world: World) -> CacheEntry:
+    from autotune.engine import native
+
+    return CacheEntry(native._folder(), "build", folder=True)
 
 
 def heads_train_args(world: World) -> list:
@@ -282,11 +296,11 @@ def damage(entry_of, fault, name: str | None = None, legacy: bool = False):
     return make
 
 
-def rebuilt(name: str, call, fault, words: tuple, entry_of) -> Case:
-    """A case whose entry, written by ``call``, is broken by ``fault``: the same call
-    says so in one line, moves it aside and writes it again."""
+def rebuilt(name: str, call, fault, words: tuple, entry_of, prepare=None) -> Case:
+    """A case whose entry, written by ``prepare`` (by default ``call``), is broken by
+    ``fault``: ``call`` says so in one line, moves it aside and writes it again."""
     whole_again = (whole(entry_of), moved_aside(entry_of))
-    return Case(name, call, fault, (*BROKEN, *words), whole_again, prepare=call)
+    return Case(name, call, fault, (*BROKEN, *words), whole_again, prepare=prepare or call)
 
 
 def refused(name: str, call, fault, words: tuple, entry_of=None, **more) -> Case:
@@ -401,29 +415,29 @@ CASES = [
         "kernel table: the cache root is a file", measure_kernels, cache_is_a_file, NOT_A_FOLDER
     ),
     # heads
-    Case(
+    rebuilt(
         "cached heads cut short: passed over, trained again",
         find_cached_heads,
         damage(cached_heads, truncate, HEADS_FILE),
-        (*BROKEN, "the cached medusa heads"),
-        (whole(cached_heads), moved_aside(cached_heads)),
-        prepare=write_heads,
+        ("the cached medusa heads",),
+        cached_heads,
+        write_heads,
     ),
-    Case(
+    rebuilt(
         "cached heads garbage-filled: passed over, trained again",
         find_cached_heads,
         damage(cached_heads, garble, HEADS_FILE),
-        (*BROKEN, "not what was written"),
-        (whole(cached_heads), moved_aside(cached_heads)),
-        prepare=write_heads,
+        ("not what was written",),
+        cached_heads,
+        write_heads,
     ),
-    Case(
+    rebuilt(
         "cached heads missing config.json: passed over, trained again",
         find_cached_heads,
         damage(cached_heads, Path.unlink, "config.json"),
-        (*BROKEN, "config.json is missing"),
-        (whole(cached_heads), moved_aside(cached_heads)),
-        prepare=write_heads,
+        ("config.json is missing",),
+        cached_heads,
+        write_heads,
     ),
     Case(
         "cached heads from before records, cut short: refused when loaded, moved aside",
@@ -456,6 +470,20 @@ CASES = [
         ("error: cannot write in", "permission denied", *CACHE_LINE),
         cli=True,
         root_skips=True,
+    ),
+    # the engine's C++ build (torch's extension folder)
+    Case(
+        "engine build: TORCH_EXTENSIONS_DIR is a file: torch's kernels, said once",
+        build_engine,
+        engine_build_dir_a_file,
+        ("warning: cannot build the engine's C++ code", "TORCH_EXTENSIONS_DIR", "slower"),
+    ),
+    Case(
+        "engine build cut short by a kill: moved aside, built again",
+        build_engine,
+        engine_build_cut_short,
+        (*BROKEN, "the engine's C++ build", "is cut short", "building it again"),
+        (moved_aside(engine_build),),
     ),
     # Ray results
     Case(
@@ -490,21 +518,14 @@ def stand_in_gguf_loaders(module) -> None:
     """``module``'s transformers loaders, where asked for a GGUF, give the tiny model and
     tokenizer (no GGUF file of a tiny model ships with the tests); otherwise the real ones."""
 
-    class Model:
-        @staticmethod
+    def stand_in(real, tiny_one):
         def from_pretrained(*args, **kwargs):
-            if "gguf_file" in kwargs:
-                return tiny.tiny_llama()
-            return REAL_MODEL.from_pretrained(*args, **kwargs)
+            return tiny_one() if "gguf_file" in kwargs else real.from_pretrained(*args, **kwargs)
 
-    class Tokenizer:
-        @staticmethod
-        def from_pretrained(*args, **kwargs):
-            if "gguf_file" in kwargs:
-                return tiny.tiny_tokenizer()
-            return REAL_TOKENIZER.from_pretrained(*args, **kwargs)
+        return type("StandIn", (), {"from_pretrained": staticmethod(from_pretrained)})
 
-    module.AutoModelForCausalLM, module.AutoTokenizer = Model, Tokenizer
+    module.AutoModelForCausalLM = stand_in(REAL_MODEL, tiny.tiny_llama)
+    module.AutoTokenizer = stand_in(REAL_TOKENIZER, tiny.tiny_tokenizer)
 
 
 REAL_MODEL, REAL_TOKENIZER = loading.AutoModelForCausalLM, loading.AutoTokenizer

@@ -23,6 +23,7 @@ import hashlib
 import io
 import os
 import shutil
+import struct
 import sys
 import time
 from pathlib import Path
@@ -99,8 +100,6 @@ def _built_file() -> Path:
 
 
 def _load() -> Any:
-    from torch.utils.cpp_extension import load
-
     from autotune.progress import say
 
     folder = _folder()
@@ -109,13 +108,31 @@ def _load() -> Any:
     here = str(Path(sys.executable).parent)
     if shutil.which("ninja") is None and here not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
+    if _built_file().is_file() and _cut_short(_built_file()):
+        # ninja sees the cut-short file newer than the sources and never builds it again
+        from autotune.cache_entry import CacheEntry
+
+        CacheEntry(folder, "the engine's C++ build", folder=True).discard(
+            f"{_built_file().name} is cut short", "building it again"
+        )
     if not _built_file().is_file():
         say("[dim]building the engine's C++ code for this CPU (once, about 20 s)[/dim]")
     try:
         folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _say_unusable(folder, exc)
+        return None
+    return _build(folder)
+
+
+def _build(folder: Path) -> Any:
+    """The module, built in ``folder`` unless built there already; None when it cannot be
+    (no compiler, a failed build): torch's kernels, which are correct, only slower."""
+    from torch.utils.cpp_extension import load
+
+    try:
         _drop_stale_lock(folder / "lock")
-        # the compiler's own output is not the user's business; a failure means torch's
-        # kernels, which are correct, only slower
+        # the compiler's own output is not the user's business
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             return load(
                 name=_name(),
@@ -127,6 +144,39 @@ def _load() -> Any:
             )
     except Exception:  # no compiler, a failed build, an unwritable folder
         return None
+
+
+def _say_unusable(folder: Path, exc: OSError) -> None:
+    """One line: the build folder cannot be made, so the engine runs slower."""
+    from autotune.files import reason
+    from autotune.progress import console
+
+    console.print(
+        f"warning: cannot build the engine's C++ code in {folder}: {reason(exc)}; using "
+        "torch's kernels (slower): set TORCH_EXTENSIONS_DIR to a folder autotune can write",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def _cut_short(library: Path) -> bool:
+    """Whether a built shared library ends before its ELF section headers do (what a
+    build killed while linking leaves)."""
+    try:
+        with library.open("rb") as f:
+            head = f.read(64)
+        size = library.stat().st_size
+    except OSError:
+        return False
+    if len(head) < 64 or head[:4] != b"\x7fELF":
+        return True  # not even its header: cut short, or not a library at all
+    if head[4] != 2:
+        return False  # a 32-bit library: its header is laid out otherwise, not checked
+    order = "<" if head[5] == 1 else ">"
+    (section_headers,) = struct.unpack_from(order + "Q", head, 0x28)
+    entry_size, count = struct.unpack_from(order + "HH", head, 0x3A)
+    return section_headers + entry_size * count > size
 
 
 STALE_LOCK_S = 600.0  # a build takes about 20 s, several minutes on a busy machine
