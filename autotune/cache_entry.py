@@ -109,7 +109,7 @@ class CacheEntry:
             if not self.folder:
                 self.record_path.unlink(missing_ok=True)
         except FileNotFoundError:
-            pass  # another process moved it first
+            return aside  # another process moved it first, and said so
         except OSError as exc:
             raise cache_location_error(self.path, exc, "move aside") from None
         if say:
