@@ -19,6 +19,5 @@ def build(
 
     if engine.strip().lower() != "llamacpp":
         raise AutotuneError(f"unknown engine '{engine}': autotune builds llamacpp only")
-    already = llamacpp.built()
-    path = llamacpp.build(jobs, log=lambda line: typer.echo(line, err=True))
-    typer.echo(f"{'already built' if already else 'built'}: {path} ({llamacpp.release()})")
+    done = llamacpp.build(jobs, log=lambda line: typer.echo(line, err=True))
+    typer.echo(done.line())

@@ -1,10 +1,13 @@
-"""llama.cpp's ``llama-server``: built here for this CPU from a pinned source package, and
-run on a GGUF file with a speculative setting given as its command-line flags.
+"""llama.cpp's ``llama-server``: built here for this CPU from a pinned source package,
+proven on the embedded model, and run on a GGUF file with a speculative setting given as
+its command-line flags.
 
 The build takes the llama.cpp tree that the PyPI sdist of llama-cpp-python vendors (MIT
 licensed, its release pinned below), configures it with CMake for this CPU and builds the
 server target alone (about 4 minutes on 2 cores), into autotune's cache. Nothing but that
-sdist is downloaded, from the package index pip already uses.
+sdist is downloaded, from the package index pip already uses. Before the build is moved
+into the cache it must serve a short completion (``llamacpp_proof``); the flags and build
+that took are recorded in its release.json and every start of the server uses them.
 """
 
 from __future__ import annotations
@@ -15,21 +18,20 @@ import itertools
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from autotune.errors import AutotuneError
+from autotune.files import write_atomic
 from autotune.hardware import machine_key
-from autotune.serving import Decoded
+from autotune.progress import say
+from autotune.serving import llamacpp_proof, llamacpp_server
+from autotune.serving.llamacpp_proof import Crashed, Proof, prove
 
 SDIST = ("llama-cpp-python", "0.3.36")
 COMMIT = "0c1e57098"  # the llama.cpp commit that sdist vendors (its CHANGELOG)
@@ -37,8 +39,6 @@ RELEASE = f"llama.cpp {COMMIT} (vendored in {SDIST[0]} {SDIST[1]})"
 # The release's own recommended speculative default (its --spec-default: ngram-mod,
 # n_match 24, n_min 48, n_max 64).
 OWN_DEFAULT = ("--spec-default",)
-START_TIMEOUT_S = 60.0
-REQUEST_TIMEOUT_S = 600.0
 
 
 def folder() -> Path:
@@ -67,34 +67,188 @@ def require_built() -> Path:
     return server_path()
 
 
-def build(jobs: int | None = None, log=print) -> Path:
-    """Build ``llama-server`` into the cache unless it is there; its path."""
+@dataclass(frozen=True)
+class Built:
+    """A proven build: where it is, what happened now (``built``, ``proven`` or
+    ``already built and proven``) and its proof."""
+
+    path: Path
+    how: str
+    proof: Proof
+
+    def line(self) -> str:
+        return f"{self.how}: {self.path} ({release()}; {self.proof.words()})"
+
+
+def build(jobs: int | None = None, log=print) -> Built:
+    """Build ``llama-server`` into the cache and prove it, unless a proven build is there;
+    a build made before builds were proven is proven now, not rebuilt."""
     if built():
-        return server_path()
+        proof = Proof.from_record(recorded())
+        if proof is not None:
+            return Built(server_path(), "already built and proven", proof)
+        return _prove_earlier_build(jobs, log)
+    _require_tools()
+    llamacpp_proof.proof_model()  # refused now rather than after minutes of compiling
+    return _build_proven(jobs, log, natives=(True, False))
+
+
+def _prove_earlier_build(jobs: int | None, log) -> Built:
+    """A build without a proof record: proven as it is, else rebuilt without native CPU
+    features when it crashed even without weight repacking."""
+    record = recorded()
+    native = bool(record.get("native", True))
+    log(f"proving the llama-server built earlier on this machine ({server_path()})")
+    try:
+        proof = prove(server_path(), native, log)
+    except Crashed as crashed:
+        if not native:
+            raise _refusal(crashed) from None
+        _require_tools()
+        return _build_proven(jobs, log, natives=(False,), earlier=crashed.crashes)
+    _write_record(folder(), {**record, **proof.record()})
+    return Built(server_path(), "proven", proof)
+
+
+def _build_proven(jobs: int | None, log, natives: Sequence[bool], earlier=()) -> Built:
+    """Built for each of ``natives`` in turn (native CPU features on, then off) until a
+    build passes its proof; it alone is moved into the cache, with its record."""
+    target = folder()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    crashes, last = list(earlier), None
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as work_dir:
+        for native in natives:
+            staged = _build_into(Path(work_dir), jobs or os.cpu_count() or 1, native, log)
+            try:
+                proof = prove(staged / "bin" / "llama-server", native, log, crashes)
+            except Crashed as crashed:
+                crashes, last = crashed.crashes, crashed
+                continue
+            _write_record(
+                staged, {**json.loads((staged / "release.json").read_text()), **proof.record()}
+            )
+            if target.exists():  # a half-finished or crashing earlier build: replaced whole
+                shutil.rmtree(target)
+            staged.rename(target)
+            return Built(server_path(), "built", proof)
+    assert last is not None
+    raise _refusal(last)
+
+
+def _refusal(crashed: Crashed) -> AutotuneError:
+    return AutotuneError(
+        f"{crashed}; nothing was kept or recorded: serve with --engine hf, and report this "
+        "with that log and this machine's CPU"
+    )
+
+
+def _require_tools() -> None:
     missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
     if missing:
         raise AutotuneError(
             f"building llama.cpp needs {' and '.join(missing)}: install them (Debian: "
             "apt install cmake g++) and run again"
         )
-    target = folder()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as work_dir:
-        work = Path(work_dir)
+
+
+def _build_into(work: Path, jobs: int, native: bool, log) -> Path:
+    """The source package's llama-server built (with or without native CPU features)
+    and staged in ``work`` with its license and release record: the staged folder."""
+    source = work / "sdist-source"
+    if not source.exists():
         log(f"downloading the {SDIST[0]} {SDIST[1]} source package (llama.cpp {COMMIT})")
-        source = _unpack(_download(work), work)
+        _unpack(_download(work), work).rename(source)
+    if native:
         log("building llama-server for this CPU (about 4 minutes on 2 cores)")
-        binary = _compile(source, work / "build", jobs or os.cpu_count() or 1)
-        staged = work / "staged"
-        (staged / "bin").mkdir(parents=True)
-        shutil.copy2(binary, staged / "bin" / "llama-server")
-        shutil.copy2(source / "LICENSE", staged / "LICENSE")
-        record = {"release": RELEASE, "sdist": list(SDIST), "commit": COMMIT}
-        (staged / "release.json").write_text(json.dumps(record, indent=1) + "\n")
-        if target.exists():  # a half-finished earlier build: replaced whole
-            shutil.rmtree(target)
-        staged.rename(target)
-    return server_path()
+    else:
+        log("building llama-server again without native CPU features (about 4 minutes)")
+    binary = _compile(source, work / f"build-native-{native}", jobs, native)
+    staged = work / f"staged-native-{native}"
+    (staged / "bin").mkdir(parents=True)
+    shutil.copy2(binary, staged / "bin" / "llama-server")
+    shutil.copy2(source / "LICENSE", staged / "LICENSE")
+    record = {"release": RELEASE, "sdist": list(SDIST), "commit": COMMIT, "native": native}
+    _write_record(staged, record)
+    return staged
+
+
+def recorded() -> dict:
+    """This machine's build's release record ({} where there is none or it is unreadable:
+    a build without a proof is proven again)."""
+    with contextlib.suppress(OSError, ValueError):
+        record = json.loads((folder() / "release.json").read_text())
+        if isinstance(record, dict):
+            return record
+    return {}
+
+
+def _write_record(build_folder: Path, record: dict) -> None:
+    write_atomic(
+        build_folder / "release.json",
+        json.dumps(record, indent=1) + "\n",
+        hint="free space in autotune's cache (AUTOTUNE_CACHE moves it)",
+    )
+
+
+def require_proven(log=say) -> Path:
+    """This machine's build, proven first where it has no proof yet (a build made before
+    builds were proven): as it is, else without weight repacking."""
+    path = require_built()
+    record = recorded()
+    if Proof.from_record(record) is not None:
+        return path
+    log(f"proving llama-server on this machine before using it ({path})")
+    try:
+        proof = prove(path, bool(record.get("native", True)), log)
+    except Crashed as crashed:
+        raise AutotuneError(
+            f"{crashed}; run `autotune engines build llamacpp` to rebuild it without "
+            "native CPU features"
+        ) from None
+    _write_record(folder(), {**record, **proof.record()})
+    log(f"llama-server {proof.words()}")
+    return path
+
+
+def server_flags() -> list[str]:
+    """The flags this machine's build needs on every start (its proof's record)."""
+    return [str(flag) for flag in recorded().get("server_flags", [])]
+
+
+class Server(llamacpp_server.Server):
+    """This machine's build serving ``gguf`` with ``flags`` (and those its proof needed),
+    ``parallel`` slots, as long as the ``with`` block lasts. Every start of llama-server
+    comes here, so that none goes without what the proof found."""
+
+    def __init__(self, gguf: Path, flags: Sequence[str] = (), threads: int = 0, parallel: int = 1):
+        binary = require_proven()
+        super().__init__(binary, gguf, flags, threads, parallel, fixed=server_flags())
+
+    def _died(self, phase: str) -> llamacpp_server.ServerDied:
+        died = super()._died(phase)
+        if died.build_suspect:
+            _forget_proof()  # so that `engines build` (the line's advice) proves it again
+        return died
+
+
+def _forget_proof() -> None:
+    """The build's proof dropped from its record (its flags kept until a new proof)."""
+    record = recorded()
+    if record.pop("proven", None) is not None:
+        with contextlib.suppress(AutotuneError):  # unwritable: the crash is said anyway
+            _write_record(folder(), record)
+
+
+@contextlib.contextmanager
+def servers(
+    gguf: Path, variants: Mapping[str, Sequence[str]], threads: int = 0, parallel: int = 1
+) -> Iterator[dict]:
+    """A running server per variant (name -> flags), all stopped on leaving."""
+    with contextlib.ExitStack() as stack:
+        yield {
+            name: stack.enter_context(Server(gguf, flags, threads, parallel))
+            for name, flags in variants.items()
+        }
 
 
 def _download(work: Path) -> Path:
@@ -123,11 +277,12 @@ def _unpack(archive: Path, work: Path) -> Path:
     return source
 
 
-def _compile(source: Path, build_dir: Path, jobs: int) -> Path:
+def _compile(source: Path, build_dir: Path, jobs: int, native: bool = True) -> Path:
     options = {
         "CMAKE_BUILD_TYPE": "Release",
         "BUILD_SHARED_LIBS": "OFF",  # one binary, movable into the cache
-        "GGML_NATIVE": "ON",  # for this CPU, as autotune's own engine is
+        # for this CPU, as autotune's own engine is; off where the native build crashed
+        "GGML_NATIVE": "ON" if native else "OFF",
         "LLAMA_BUILD_SERVER": "ON",
         "LLAMA_BUILD_TESTS": "OFF",
         "LLAMA_BUILD_EXAMPLES": "OFF",
@@ -158,10 +313,7 @@ def _run(command: list[str], failure: str) -> subprocess.CompletedProcess:
 
 def release() -> str:
     """The release of the build on this machine (the pinned one)."""
-    record = folder() / "release.json"
-    with contextlib.suppress(OSError, ValueError):
-        return json.loads(record.read_text())["release"]
-    return RELEASE
+    return str(recorded().get("release", RELEASE))
 
 
 def needs_draft_model(flags: Sequence[str]) -> bool:
@@ -180,119 +332,3 @@ def flags_of(export_text: str) -> list[str]:
         line.rstrip("\\") for line in export_text.splitlines() if not line.startswith("#")
     )
     return shlex.split(body)
-
-
-SLOT_CONTEXT = 4096  # tokens of context each slot of a many-slot server gets
-
-
-class Server:
-    """One ``llama-server`` process on a loopback port, with ``parallel`` slots (requests
-    it decodes at once, batched), as long as the ``with`` block lasts."""
-
-    def __init__(self, gguf: Path, flags: Sequence[str] = (), threads: int = 0, parallel: int = 1):
-        port = _free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.flags = list(flags)
-        # the server splits its context among its slots: each keeps room for a prompt
-        context = ("--ctx-size", str(parallel * SLOT_CONTEXT)) if parallel > 1 else ()
-        self.command = [
-            str(require_built()),
-            *("--model", str(gguf), "--host", "127.0.0.1", "--port", str(port)),
-            *("--threads", str(threads or os.cpu_count() or 1), "--parallel", str(parallel)),
-            *context,
-            *self.flags,
-        ]
-        self._process: subprocess.Popen | None = None
-        self._log: Any = None
-
-    def __enter__(self) -> Server:
-        self._log = tempfile.TemporaryFile()
-        self._process = subprocess.Popen(
-            self.command, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-        )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                problem = self._last_log_line()
-                self.__exit__(None, None, None)
-                raise AutotuneError(
-                    f"llama-server refused {' '.join(self.flags) or 'no flags'}: {problem}"
-                )
-            if self._healthy():
-                return self
-            time.sleep(0.2)
-        self.__exit__(None, None, None)
-        raise AutotuneError(f"llama-server did not start in {START_TIMEOUT_S:.0f} s")
-
-    def __exit__(self, *exc) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def _healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.url + "/health", timeout=2) as reply:
-                return reply.status == 200
-        except (OSError, urllib.error.URLError):
-            return False
-
-    def decode(self, ids: Sequence[int], max_new_tokens: int) -> Decoded:
-        """Greedy decoding of the token ids ``ids``; the seconds are the server's own
-        timing of the generated tokens (the prompt's prefill left out)."""
-        request = {
-            "prompt": list(ids),
-            "n_predict": max_new_tokens,
-            "temperature": 0.0,  # greedy: the most likely token at every step
-            "cache_prompt": False,  # every variant prefills the same way
-            "return_tokens": True,
-        }
-        reply = self._post("/completion", request)
-        timings = reply.get("timings", {})
-        return Decoded(
-            tokens=list(reply.get("tokens", [])),
-            seconds=float(timings.get("predicted_ms", 0.0)) / 1e3,
-            drafted=int(timings.get("draft_n", 0)),
-            accepted=int(timings.get("draft_n_accepted", 0)),
-        )
-
-    def _post(self, path: str, body: dict) -> dict:
-        data = json.dumps(body).encode()
-        request = urllib.request.Request(
-            self.url + path, data=data, headers={"Content-Type": "application/json"}
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as reply:
-                return json.loads(reply.read())
-        except (OSError, ValueError) as exc:
-            raise AutotuneError(f"llama-server failed a request: {exc}") from None
-
-    def _last_log_line(self) -> str:
-        self._log.seek(0)
-        lines = [x for x in self._log.read().decode(errors="replace").splitlines() if x.strip()]
-        errors = [x for x in lines if "error" in x.lower()]
-        return (errors or lines or ["it exited without a word"])[-1].strip()
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def servers(
-    gguf: Path, variants: Mapping[str, Sequence[str]], threads: int = 0, parallel: int = 1
-) -> Iterator[dict]:
-    """A running server per variant (name -> flags), all stopped on leaving."""
-    with contextlib.ExitStack() as stack:
-        yield {
-            name: stack.enter_context(Server(gguf, flags, threads, parallel))
-            for name, flags in variants.items()
-        }
