@@ -144,6 +144,7 @@ def verify(
     prompts = ws.encode(ws.heldback_prompts())[:limit]
     if not prompts:
         raise AutotuneError("the profile's workload has no held-back prompts to verify on")
+    _proven_first(engine)
     tuned = None
     if tune_s is not None:
         tuned = _tune(profile, export.method, ws, tokens, gguf, tune_s, storage)
@@ -160,6 +161,14 @@ def verify(
         block.verified = [*kept, report.record()]
         write_profile(profile, profile_path)
     return report
+
+
+def _proven_first(engine: str) -> None:
+    """llama.cpp's build, proven before anything is measured where it has no proof yet."""
+    if engine == "llamacpp":
+        from autotune.serving.llamacpp import require_proven
+
+        require_proven()
 
 
 def _tune(profile, method, ws, tokens, gguf, seconds, storage):
@@ -320,6 +329,7 @@ def verify_load(
     if not ids:
         raise AutotuneError("the profile's workload has no held-back prompts to verify on")
     flags = _exported_flags(export, draft_gguf)
+    llamacpp.require_proven()  # before anything is measured, where the build has no proof
     measured = _load_levels(_gguf(profile, gguf), flags, ids, tokens, levels, rounds)
     # faster by throughput alone: llama.cpp's own outputs change with the batch's shape
     # (its plain decoding too), so "lossless" is reported per level but does not decide
