@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -75,6 +76,9 @@ def _sigterm_as_interrupt() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread may set signal handlers
         return
+    # Ray's own handler would print its stack first and abort the exit after our line;
+    # Ray reads this once, when first imported, which may come before it is started
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     before = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         yield

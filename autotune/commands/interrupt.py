@@ -71,14 +71,26 @@ def removed_unless_finished(folder: Path, what: str) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        if made and made[0].is_dir():
-            shutil.rmtree(made[0], ignore_errors=True)
-            for parent in made[1:]:  # deepest first; one holding something else stays
-                with contextlib.suppress(OSError):
-                    parent.rmdir()
-            if not made[0].exists():
-                note(f"removed {what} it had made ({made[0]})")
+        if made:
+            _remove_made(made, what)
         raise
+
+
+def _remove_made(made: list[Path], what: str) -> None:
+    """``made[0]`` (the folder) with what is in it, then its parents in ``made`` that
+    are empty, deepest first; the note says the folder, or the empty ones above it
+    where the folder itself was not made yet (a writer that stages and renames)."""
+    folder_made = made[0].is_dir()
+    shutil.rmtree(made[0], ignore_errors=True)
+    emptied = []
+    for parent in made[1:]:  # one holding something else stays
+        with contextlib.suppress(OSError):
+            parent.rmdir()
+            emptied.append(parent)
+    if folder_made and not made[0].exists():
+        note(f"removed {what} it had made ({made[0]})")
+    elif emptied:
+        note(f"removed the empty folder it had made ({emptied[-1]})")
 
 
 def missing_folders(folder: Path) -> list[Path]:

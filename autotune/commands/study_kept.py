@@ -45,7 +45,7 @@ def _kept(path: Path) -> str:
     finished = _finished_trials(path)
     if finished:
         return (
-            f"{finished} finished study trials are kept in {path}, and running the same "
+            f"finished study trials are kept in {path} ({finished}), and running the same "
             "command again resumes them"
         )
     return f"no study trial had finished (the study database is {path})"
