@@ -215,8 +215,12 @@ class CacheEntry:
         or None when the entry is as written and the failure is not the cache's."""
         if self.recorded():
             return self.fault(thorough=True)
-        lines = str(exc).strip().splitlines()
-        return f"it did not load: {type(exc).__name__}: {lines[0][:160] if lines else '-'}"
+        # the loader's own error where ours wraps it (ours names the folder again)
+        shown = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
+        lines = str(shown).strip().splitlines()
+        first = lines[0] if lines else "no message"
+        first = first if len(first) <= 160 else first[:157] + "..."
+        return f"it did not load: {type(shown).__name__}: {first}"
 
     def _file(self, name: str) -> Path:
         return self.path / name if self.folder else self.path

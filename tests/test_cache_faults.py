@@ -346,7 +346,7 @@ CASES = [
         "converted model from before records, cut short (issue 43's SafetensorError)",
         load_gguf,
         damage(converted, truncate, "model.safetensors", legacy=True),
-        ("it did not load",),
+        ("it did not load: SafetensorError",),
         converted,
     ),
     Case(
