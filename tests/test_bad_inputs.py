@@ -79,6 +79,27 @@ def profile_of_one_prompt(folder: Path) -> Path:
     return path
 
 
+def heads_of_another_model(folder: Path) -> Path:
+    """Medusa heads made for a model of hidden size 64 and 128 tokens (the tiny LLaMA)."""
+    heads = folder / "tiny-heads"
+    heads.mkdir()
+    (heads / "config.json").write_text(
+        '{"medusa_num_heads": 2, "hidden_size": 64, "vocab_size": 128}'
+    )
+    (heads / "medusa_lm_head.safetensors").write_bytes(b"")
+    return heads
+
+
+def wide_model(folder: Path) -> Path:
+    """A model folder of SmolLM2-135M's shapes (config.json only)."""
+    model = folder / "wide-model"
+    model.mkdir()
+    (model / "config.json").write_text(
+        '{"model_type": "llama", "hidden_size": 576, "vocab_size": 49152}'
+    )
+    return model
+
+
 def renamed_profile(folder: Path) -> Path:
     """SmolLM2-135M's profile (fingerprint, hidden size, vocabulary) claiming to be
     vicuna-7b with 40 layers."""
@@ -211,6 +232,20 @@ CASES = [
             d, "--model", short_context_model(d), "--max-new-tokens", "300", "--out", d / "p.yaml"
         ),
         lambda d: ["short-model", "context is 256 tokens", "--max-new-tokens below 192"],
+    ),
+    Case(
+        "profile --heads made for a model of other shapes",
+        lambda d: profile_args(
+            d,
+            *("--model", wide_model(d), "--methods", "medusa", "--out", d / "p.yaml"),
+            *("--heads", f"medusa={heads_of_another_model(d)}"),
+        ),
+        lambda d: [
+            f"--heads medusa={d / 'tiny-heads'}",
+            "hidden_size 64 (the model's 576)",
+            "vocab_size 128 (the model's 49152)",
+            "autotune heads train --kind medusa",
+        ],
     ),
     Case(
         "heads train on a prompts file of one prompt",

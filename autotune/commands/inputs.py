@@ -79,13 +79,66 @@ def check_context_room(model: str, model_path: str | None, answer_tokens: int, o
     )
 
 
+def check_heads_fit(heads: dict[str, str], model: str, model_path: str | None) -> None:
+    """Each ``--heads METHOD=DIR`` was made for a model of this one's shapes (its
+    config.json's hidden size and vocabulary, those the method's heads share with the
+    model), read before either is loaded; heads of the right shapes trained for another
+    model (autotune's record of the model's fingerprint) are said in a warning."""
+    from autotune.methods import registry
+    from autotune.models import resolve_model
+    from autotune.models.registry import fingerprint
+    from autotune.progress import say
+
+    if not heads:
+        return
+    resolved = resolve_model(model, model_path)
+    model_config = _config_of(Path(resolved.path)) or {}
+    for method, given in heads.items():
+        config = _config_of(Path(given).expanduser()) or {}
+        shared = [f for f in SHARED_SHAPES.get(method, ()) if f in config and f in model_config]
+        wrong = [
+            f"{f} {config[f]} (the model's {model_config[f]})"
+            for f in shared
+            if config[f] != model_config[f]
+        ]
+        kind = registry.method(method).heads or method
+        if wrong:
+            raise AutotuneError(
+                f"--heads {method}={given}: made for another model, with {', '.join(wrong)}; "
+                f"train heads for {resolved.name} with `autotune heads train --kind {kind} "
+                f"--model {model}`"
+            )
+        made_for = (config.get("autotune") or {}).get("model_fingerprint")
+        if made_for and made_for != fingerprint(resolved):
+            say(
+                f"[yellow]warning: --heads {method}={given} were trained for model "
+                f"{made_for}, not {resolved.name} ({fingerprint(resolved)}): they may "
+                "draft poorly for it[/yellow]"
+            )
+
+
+# What a method's heads share with the model, by the names of their config.json (a
+# GLIDE draft may have a hidden size of its own, never a vocabulary of its own).
+SHARED_SHAPES = {
+    "medusa": ("hidden_size", "vocab_size"),
+    "eagle": ("hidden_size", "vocab_size"),
+    "glide": ("vocab_size",),
+}
+
+
 def _context_of(model_folder: Path) -> int | None:
-    try:
-        config = json.loads((model_folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return None  # a GGUF file, or a config the loader will say is broken
-    context = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    context = (_config_of(model_folder) or {}).get("max_position_embeddings")
     return context if isinstance(context, int) and context > 0 else None
+
+
+def _config_of(folder: Path) -> dict | None:
+    """The folder's config.json (None: a GGUF file, or a config its loader will say is
+    broken)."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
 
 
 def _count(prompts: int) -> str:

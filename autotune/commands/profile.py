@@ -27,9 +27,9 @@ def profile_checked(request: ProfileRequest) -> tuple[ProfileBase, Path]:
     output path (before the model, the heads and the study database), torch's threads
     (set deliberately: recorded in the profile), --dtype and --device (a GPU asked for and
     absent is one line now), the GPUs a trial reserves, the Ray cluster's address (a bad
-    one fails now, not after calibration), the prompts' splits and the model's context.
-    Stopped before its end, it wrote no profile, and says what became of the study
-    database."""
+    one fails now, not after calibration), the prompts' splits, the model's context and the
+    heads given. Stopped before its end, it wrote no profile, and says what became of the
+    study database."""
     if request.out is not None:
         check_writable(request.out)
     set_threads(request.threads)
@@ -39,6 +39,7 @@ def profile_checked(request: ProfileRequest) -> tuple[ProfileBase, Path]:
     inputs.check_profile_prompts(request.prompts, request.heldback_prompts)
     answer_tokens = max(request.max_new_tokens, plan.ANSWER_TOKENS)
     inputs.check_context_room(request.model, request.model_path, answer_tokens, "--max-new-tokens")
+    inputs.check_heads_fit(request.heads, request.model, request.model_path)
     interrupt.tell("no profile was written")
     with study_kept.kept_or_removed(request.storage):
         return run_profile(dataclasses.replace(request, dtype=dtype, device=device))
