@@ -63,15 +63,15 @@ class CacheEntry:
             return self.path / FOLDER_RECORD
         return self.path.with_name(self.path.name + FILE_RECORD_SUFFIX)
 
-    def usable(self) -> bool:
+    def usable(self, then: str = "rebuilding it") -> bool:
         """Whether there is an entry to read: whole as recorded, or written before records
         were kept (then the caller's load decides: ``loaded`` or ``discard``). A broken
-        entry is said, moved aside, and False."""
+        entry is said (``then``: what happens next), moved aside, and False."""
         if not os.path.lexists(self.path):
             return False
         fault = self.fault()
         if fault is not None:
-            self.discard(fault)
+            self.discard(fault, then)
             return False
         return True
 

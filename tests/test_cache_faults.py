@@ -424,7 +424,7 @@ CASES = [
         "cached heads cut short: passed over, trained again",
         find_cached_heads,
         damage(cached_heads, truncate, HEADS_FILE),
-        ("the cached medusa heads",),
+        ("the cached medusa heads", "new ones are trained by this run if it trains heads"),
         cached_heads,
         write_heads,
     ),

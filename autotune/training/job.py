@@ -144,7 +144,10 @@ def cached_heads_folder(model_fingerprint: str, kind: str) -> Path:
     heads trained for a model, and where `profile` looks for them. Heads there that are
     not as they were written are said, moved aside: the caller finds none, and trains."""
     entry = heads_entry(model_fingerprint, kind)
-    entry.usable()
+    entry.usable(
+        f"new ones are trained by this run if it trains heads, else by `autotune heads train "
+        f"--kind {kind}`"
+    )
     return entry.path
 
 
