@@ -198,6 +198,19 @@ CASES = [
         ),
     ),
     Case(
+        "profile stopped after writing its profile, before its plot: that is what it says",
+        lambda d: [*profile_args(d), "--prompts", "many.jsonl"],
+        lambda d: ["interrupted: the profile was written (p.yaml), its verdict plot was not"],
+        kept=lambda d: [d / "p.yaml"],
+        unsaid=("no profile",),
+        stand_in=patch(
+            "autotune.commands.profile:run_profile",
+            lambda d: sigterm_here(
+                lambda: (d / "p.yaml").write_text("schema: autotune/profile@1\n")
+            ),
+        ),
+    ),
+    Case(
         "verify: the profile is as it was",
         lambda d: ["verify", copy_of_profile(d), "--engine", "hf"],
         lambda d: [f"interrupted: nothing was written ({d / 'p.yaml'} is as it was)"],

@@ -3,9 +3,10 @@ what to run after it is said."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shlex
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 from autotune import plan
@@ -15,9 +16,11 @@ from autotune.export import export_profile
 from autotune.files import check_writable
 from autotune.measure.noise import set_threads
 from autotune.methods import registry
+from autotune.models import resolve_model
 from autotune.models.loading import placement
 from autotune.profile.schema import ProfileBase
 from autotune.profiling import ProfileRequest, run_profile
+from autotune.profiling.request import default_out
 from autotune.studies.cluster import ray_target
 from autotune.studies.workers import check_trial_gpus
 
@@ -41,8 +44,31 @@ def profile_checked(request: ProfileRequest) -> tuple[ProfileBase, Path]:
     inputs.check_context_room(request.model, request.model_path, answer_tokens, "--max-new-tokens")
     inputs.check_heads_fit(request.heads, request.model, request.model_path)
     interrupt.tell("no profile was written")
-    with study_kept.kept_or_removed(request.storage):
-        return run_profile(dataclasses.replace(request, dtype=dtype, device=device))
+    out = request.out or default_out(resolve_model(request.model, request.model_path).name)
+    with study_kept.kept_or_removed(request.storage), _said_if_written(out):
+        profile, path = run_profile(dataclasses.replace(request, dtype=dtype, device=device))
+    interrupt.tell(f"the profile was written ({path})")
+    return profile, path
+
+
+@contextlib.contextmanager
+def _said_if_written(out: Path) -> Iterator[None]:
+    """Stopped after the profile was written (its plot comes after it), the interruption
+    says so."""
+    before = _written_at(out)
+    try:
+        yield
+    except BaseException:
+        if _written_at(out) != before:
+            interrupt.tell(f"the profile was written ({out}), its verdict plot was not")
+        raise
+
+
+def _written_at(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
 
 
 NOTHING_TO_EXPORT = (
