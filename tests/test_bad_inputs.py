@@ -269,6 +269,14 @@ CASES = [
         lambda d: [str(d / "1-prompts.jsonl"), "1 prompt", "hold any back", "--prompts"],
     ),
     Case(
+        "bench --max-new-tokens past the context of the model it is pointed at",
+        lambda d: [
+            *("bench", PROFILE, "--model-path", short_context_model(d)),
+            *("--max-new-tokens", "200"),
+        ],
+        lambda d: ["context is 256 tokens", "200 answer tokens", "--max-new-tokens below 192"],
+    ),
+    Case(
         "verify: the profile's prompts file holds none back",
         lambda d: ["verify", profile_of_one_prompt(d), "--engine", "hf", "--no-record"],
         lambda d: [str(d / "1-prompts.jsonl"), "1 prompt", "hold any back"],

@@ -63,15 +63,15 @@ def bench(
 ):
     """Re-measure a profile's methods against plain greedy decoding, independently."""
     from autotune.bench import bench_load, bench_profile
-    from autotune.commands.inputs import check_profile_heldback
+    from autotune.commands.inputs import Remeasure, check_remeasure
     from autotune.measure.load import parse_levels
 
     set_torch_threads(threads)
     fmt = output_format(fmt, json_out)
     if engine is not None and concurrency is None:
         raise AutotuneError("--engine goes with --concurrency: give the levels, e.g. 1,2,4,8")
-    if prompts is None:  # the profile's held-back split: it must hold a prompt
-        check_profile_heldback(profile_path, "pass --prompts FILE to measure on others")
+    others = "pass --prompts FILE to measure on others"
+    check_remeasure(profile_path, Remeasure(prompts, max_new_tokens, model_path, others))
     if concurrency is not None:
         levels = parse_levels(concurrency)
         if not levels:
@@ -179,13 +179,14 @@ def verify(
     """Measure the profile's export in the serving engine it is for: the engine's greedy
     decoding, its own default speculative setting and autotune's export, side by side on
     the held-back prompts, every output checked against the engine's greedy output."""
-    from autotune.commands.inputs import check_profile_heldback
+    from autotune.commands.inputs import Remeasure, check_remeasure
     from autotune.profile.io import read_profile
     from autotune.verify import load_report_lines, report_lines, verify_load
     from autotune.verify import verify as verify_export
 
     fmt = output_format(fmt, json_out)
-    check_profile_heldback(profile_path, "profile again with a larger prompts file")
+    others = "profile again with a larger prompts file"
+    check_remeasure(profile_path, Remeasure(None, max_new_tokens, None, others))
     interrupt.tell(f"nothing was written ({profile_path} is as it was)")
     if concurrency is not None:
         load = verify_load(

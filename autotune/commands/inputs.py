@@ -5,6 +5,7 @@ context cannot hold the answers it would decode."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.errors import AutotuneError, PromptsFileError
@@ -35,22 +36,39 @@ def check_profile_prompts(prompts: str | None, heldback_asked: int) -> None:
     )
 
 
-def check_profile_heldback(profile_path: Path, what: str) -> None:
-    """A command that measures on the held-back split of a profile's prompts file has at
-    least one prompt there; ``what`` says how to measure on other prompts."""
-    from autotune.bench import workload_prompts
+@dataclass(frozen=True)
+class Remeasure:
+    """What `bench` and `verify` measure a profile on: its held-back prompts unless
+    ``prompts`` are given (``what`` says how to give others), this many tokens each (None:
+    the profile's), on its model or the one at ``model_path``."""
+
+    prompts: str | None
+    max_new_tokens: int | None
+    model_path: str | None
+    what: str
+
+
+def check_remeasure(profile_path: Path, asked: Remeasure) -> None:
+    """The profile's held-back split holds a prompt (where it is measured on), and its
+    model's context the answers. A profile, prompts file or model that cannot be read is
+    left to the command to say, in its order."""
+    from autotune.bench import find_model, workload_prompts
     from autotune.profile.io import read_profile
 
     try:
-        path = Path(workload_prompts(read_profile(profile_path).workload.prompts))
+        profile = read_profile(profile_path)
+        path = Path(asked.prompts or workload_prompts(profile.workload.prompts))
         loaded = load_prompts(path)
+        model = profile.model.name if asked.model_path else find_model(profile.model)
     except AutotuneError:
-        return  # the profile or its prompts unreadable: the command says so, in its order
-    if not split_prompts(loaded)[1]:
+        return
+    if asked.prompts is None and not split_prompts(loaded)[1]:
         raise PromptsFileError(
             f"{path} has {_count(len(loaded))}, too few to hold any back to measure on "
-            f"(at least 2 are needed): {what}"
+            f"(at least 2 are needed): {asked.what}"
         )
+    tokens = asked.max_new_tokens or profile.workload.max_new_tokens
+    check_context_room(model, asked.model_path, tokens, "--max-new-tokens")
 
 
 def least_prompts(heldback: int) -> int:
