@@ -376,3 +376,19 @@ def test_verify_names_the_signal_of_a_server_dying_mid_run(folder: Path, monkeyp
     assert "autotune engines build llamacpp" in line and "Traceback" not in result.output
     assert all("--no-repack" in start for start in starts_of(folder))
     assert os.path.exists(line.rsplit("its log: ", 1)[1].rstrip(")"))
+
+
+def test_the_build_is_found_whatever_torch_threads_a_run_uses():
+    # a busy run sets fewer threads; the binary is the CPU's, not the run's
+    import torch
+
+    from autotune.serving import llamacpp
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = llamacpp.folder()
+        torch.set_num_threads(max(2, before))
+        assert llamacpp.folder() == one
+    finally:
+        torch.set_num_threads(before)

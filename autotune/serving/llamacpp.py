@@ -45,7 +45,11 @@ def folder() -> Path:
     """Where this machine's build lives: per release and CPU (it is built for the CPU)."""
     from autotune.paths import cache_root
 
-    digest = hashlib.sha256(json.dumps(machine_key(), sort_keys=True).encode()).hexdigest()
+    # the CPU alone: torch's build and threads (also in machine_key, for autotune's own
+    # kernels) do not change llama.cpp's binary, and a busy run's fewer threads must still
+    # find the build
+    cpu = {key: machine_key()[key] for key in ("cpu", "machine")}
+    digest = hashlib.sha256(json.dumps(cpu, sort_keys=True).encode()).hexdigest()
     return cache_root() / "engines" / f"llama.cpp-{COMMIT}-{digest[:12]}"
 
 
