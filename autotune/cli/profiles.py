@@ -54,7 +54,7 @@ def export(
 ):
     """Write a profile's recommended settings in a serving engine's own format. What the
     engine cannot express is printed as a warning and kept as a comment in the output."""
-    from autotune.commands.profiles import export_of, write_export
+    from autotune.commands.profiles import export_of, serve_line, write_export
 
     result = export_of(profile_path, engine, method, force, out)
     for warning in result.warnings:
@@ -74,3 +74,6 @@ def export(
     typer.echo(
         f"wrote {out}{also} ({result.engine}, {result.method}; targets {result.engine_version})"
     )
+    serve = serve_line(profile_path, result, out)
+    if serve is not None:
+        typer.echo(f"serve: {serve}")

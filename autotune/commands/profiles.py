@@ -7,6 +7,7 @@ from pathlib import Path
 
 from autotune.export import export_profile
 from autotune.export.base import Export, about_path
+from autotune.export.serve import serve_command, serving_model
 from autotune.files import check_writable, write_atomic
 from autotune.profile.io import ProfileInvalidError, read_profile
 from autotune.profile.meaning import profile_problems
@@ -52,3 +53,8 @@ def write_export(result: Export, out: Path) -> list[Path]:
             path.unlink(missing_ok=True)
         raise
     return written
+
+
+def serve_line(profile_path: Path, result: Export, out: Path) -> str | None:
+    """The command that serves the export written at ``out`` (None: a library's)."""
+    return serve_command(result, serving_model(read_profile(profile_path).model), out)
