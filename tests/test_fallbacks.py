@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -108,6 +109,8 @@ def test_an_unexpected_failure_is_one_line_and_a_log(workdir, tiny_llama_dir, mo
         "self_spec",
         "--prompts",
         workdir / "prompts.jsonl",
+        "--heldback-prompts",
+        2,
         "--out",
         workdir / "p.yaml",
         "--storage",
@@ -135,6 +138,8 @@ def test_ctrl_c_is_one_line(workdir, tiny_llama_dir, monkeypatch):
         "self_spec",
         "--prompts",
         workdir / "prompts.jsonl",
+        "--heldback-prompts",
+        2,
         "--out",
         workdir / "p.yaml",
         "--storage",
@@ -195,7 +200,11 @@ def test_an_interruption_in_any_phase_is_one_line_and_writes_nothing(
         signal.signal(signal.SIGINT, previous)
     assert phase in begun, begun  # the phase was reached
     assert result.exit_code == 130, (result.stdout, result.stderr, result.exception)
-    assert result.stderr.strip().splitlines()[-1].startswith("interrupted: nothing was written")
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("interrupted: no profile was written; "), last
+    # what it says of the study is what the database holds
+    kept = re.search(r"finished study trials are kept in \S+ \((\d+)\)", last)
+    assert kept is not None or "no study trial had finished" in last, last
     assert "Traceback" not in result.stdout + result.stderr
     assert not (workdir / "out").exists()  # no profile, no plot, no temporary file
     # besides the study database (with SQLite's journal while Ray's workers still hold it
