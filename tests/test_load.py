@@ -231,7 +231,7 @@ def test_bench_under_load_prints_each_level_and_its_json(tmp_path, tiny_llama_di
         assert row["scheduled"] == "tuned" and row["rounds"] == 2  # no load block: tuned
         assert row["tuned"]["lossless"] is True and row["tuned"]["tokens_per_s"] > 0
     table = CliRunner().invoke(app, args)
-    assert "ngram with 2 requests in flight, 2 rounds: tuned " in table.stdout
+    assert "ngram in autotune's engine with 2 requests in flight, 2 rounds: tuned " in table.stdout
     bad = CliRunner().invoke(app, [*args[:2], "--concurrency", "none"])
     assert bad.exit_code == 2 and "give the levels" in bad.output
     # an engine's own setting (vLLM's 7-token chain by its rule), capped as its export caps
