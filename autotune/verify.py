@@ -20,12 +20,13 @@ from typing import Any
 
 from autotune.budget import Budget
 from autotune.errors import AutotuneError
+from autotune.export.engines import VERIFIABLE
 from autotune.measure.timing import MIN_PROMPTS, EncodedPrompt, Measurement
 from autotune.profile.blocks import EngineLoad, EngineLoadLevel, Verified
 from autotune.serving import Decoded, paired
 from autotune.serving.tuning import InEngine
 
-ENGINES = ("llamacpp", "hf")
+ENGINES = VERIFIABLE
 GREEDY, DEFAULT, EXPORT = "no speculation", "engine default", "autotune export"
 
 # A variant decodes a prompt's token ids for at most this many new tokens.

@@ -8,11 +8,18 @@ import shlex
 from pathlib import Path
 
 import pytest
-from test_ngram_export import CHAIN, flag_words, ngram_profile, speculative_config
+from test_ngram_export import (
+    CHAIN,
+    flag_words,
+    ngram_profile,
+    speculative_config,
+    with_engine_variants,
+)
 from typer.testing import CliRunner
 
 from autotune.cli import app
 from autotune.export import export_profile
+from autotune.export.engines import VERIFIABLE
 from autotune.export.serve import serve_command, serving_model
 from autotune.profile.io import write_profile
 
@@ -68,3 +75,13 @@ def test_export_ends_with_the_serve_line(tmp_path):
     last = result.output.strip().splitlines()[-1]
     assert last.startswith("serve: vllm serve ")
     assert json.loads(shlex.split(last)[-1]) == speculative_config(out.read_text())
+
+
+@pytest.mark.parametrize("engine", ["vllm", "llamacpp"])
+def test_an_export_suggests_only_a_verify_that_runs(engine):
+    # the note on an engine's own rule: `verify` where autotune runs the engine, else not
+    export = export_profile(with_engine_variants(ngram_profile(CHAIN)), engine)
+    suggested = f"autotune verify PROFILE --engine {engine}"
+    assert (suggested in export.text) == (engine in VERIFIABLE), export.text
+    if engine not in VERIFIABLE:
+        assert "autotune does not run vLLM" in export.text

@@ -11,3 +11,7 @@ ENGINES: dict[str, str] = {
     "llamacpp": "llama.cpp",
     "dv": "Draft & Verify",
 }
+
+# The engines `autotune verify` runs on this machine (llama.cpp's server, built here, and
+# transformers' generate); the others are measured only in autotune's engine.
+VERIFIABLE = ("llamacpp", "hf")

@@ -35,6 +35,7 @@ from autotune.drafters.ngram import LookupConfig
 from autotune.drafters.suffix import SuffixConfig
 from autotune.export import load
 from autotune.export.base import Deployment, Rendered, about_text, json_text
+from autotune.export.engines import VERIFIABLE
 from autotune.measure.load import requests_text
 from autotune.methods.export_common import engine_exporter, flags_file, trtllm_file, vllm_file
 from autotune.methods.ngram.settings import Config, NgramSettings, describe
@@ -204,10 +205,14 @@ def _rule_note(
             f"{d.in_engine.measured_in} itself on held-back prompts (the figure above)"
         )
     if isinstance(config, EngineLookupConfig) and config.engine == engine:
+        check = (
+            f"measure it in {title} itself with `autotune verify PROFILE --engine {engine}`"
+            if engine in VERIFIABLE
+            else f"autotune does not run {title}: measure it there with {title}'s own benchmark"
+        )
         return (
             f"tuned and measured in autotune's engine drafting by {title}'s own rule (its "
-            f"matching, no draft without a match): verify it in {title} itself where "
-            f"autotune can run it (`autotune verify PROFILE --engine {engine}`)"
+            f"matching, no draft without a match): {check}"
         )
     return otherwise or _no_match_note(title)
 
