@@ -263,3 +263,12 @@ def test_profile_ends_with_the_export_commands_of_its_recommendation(tmp_path):
 def test_profile_with_no_recommendation_says_what_to_do_instead(tmp_path):
     profile = read_profile(PROFILE).model_copy(update={"recommended": "none"})
     assert next_steps(profile, tmp_path / "p.yaml") == [NOTHING_TO_EXPORT]
+
+
+def test_an_engine_deployed_to_that_refuses_says_why_in_the_next_line(tmp_path):
+    # `profile --engine hf` of a Medusa profile: transformers has no Medusa heads
+    profile = read_profile(DATA / "profile_smollm2-135m_medusa.yaml")
+    assert "hf" not in registry.method("medusa").exporters
+    lines = next_steps(profile, tmp_path / "p.yaml", ("hf",))
+    assert len(lines) == 1 and lines[0].startswith("next: no hf export: ")
+    assert "medusa" in lines[0]  # the export's own refusal, naming the method

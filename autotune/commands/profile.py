@@ -93,6 +93,8 @@ def next_steps(
         for engine in registry.method(method).exporters
         if (engines is None or engine in engines) and _exports(profile, engine)
     ]
+    if not offered and engines:  # deployed to these engines only: each says why not
+        return [f"next: no {engine} export: {_refusal(profile, engine)}" for engine in engines]
     if not offered:
         return [
             f"next: no engine takes {method}'s export as measured here; "
@@ -103,8 +105,14 @@ def next_steps(
 
 
 def _exports(profile: ProfileBase, engine: str) -> bool:
+    return _refusal(profile, engine) is None
+
+
+def _refusal(profile: ProfileBase, engine: str) -> str | None:
+    """Why ``export --engine ENGINE`` refuses the profile's recommendation (None: it
+    does not)."""
     try:
         export_profile(profile, engine)
-    except AutotuneError:
-        return False
-    return True
+    except AutotuneError as exc:
+        return str(exc)
+    return None
