@@ -217,7 +217,7 @@ def test_glide_profile_with_cape_and_bench_end_to_end(
             *("--search-space", f"glide={tmp_path / 'glide.yaml'}"),
             *("--search-space", f"cape={tmp_path / 'cape.yaml'}"),
             *("--storage", f"sqlite:///{tmp_path / 'db.sqlite'}", "--time-budget", 200),
-            *("--threads", 1, "--heldback-prompts", 3, "--max-new-tokens", 12),
+            *("--threads", 1, "--heldback-prompts", 2, "--max-new-tokens", 12),
         ],
         cwd=tmp_path,
     )
