@@ -6,7 +6,6 @@ traceback, never a half-written entry, and the next run works."""
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import subprocess
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import typer
+from test_bad_inputs import disk_full as fill_disk
 from typer.testing import CliRunner
 
 from autotune import cache_entry
@@ -178,17 +178,9 @@ def unrecord(entry: CacheEntry) -> None:
 
 
 def disk_full(world: World) -> None:
-    """os.write writes half of what it is given, then the disk is full."""
-    real = os.write
-    calls = []
-
-    def write(fd: int, data) -> int:
-        calls.append(fd)
-        if len(calls) > 1:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real(fd, bytes(data)[: max(1, len(data) // 2)])
-
-    world.monkeypatch.setattr(os, "write", write)
+    """os.write writes half of what it is given, then the disk is full (the bad-input
+    table's full disk)."""
+    fill_disk(world.folder, world.monkeypatch)
 
 
 def cache_is_a_file(world: World) -> None:
