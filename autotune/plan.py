@@ -28,7 +28,7 @@ BUDGET_S = 18 * 60.0
 # The held-back measurement: at most this many prompts (``--heldback-prompts``), of this
 # many tokens each (``--max-new-tokens``); the selection race: at most this many search
 # prompts, of as many tokens.
-HELDBACK_PROMPTS = 24
+HELDBACK_PROMPTS = 16
 HELDBACK_TOKENS = 128
 SELECT_PROMPTS = 12  # the race's most: it stops sooner once one candidate is left
 # The prompts the held-back measurement is planned for: its first look
@@ -74,17 +74,17 @@ MEASURE_SHARE = 0.35
 # training share, the answers to the packaged calibration prompts heads also learn from.
 TRAINING_SHARE = 0.55
 ANSWERS_SHARE = 0.35
-# Of the searches' time, what fitting an expansion (CAPE) on the chain methods takes.
+# Of the searches' time, what fitting an expansion on the chain methods takes.
 EXPANSION_SHARE = 0.15
 # Of the time for training and tuning, the leader's study gets this much, first, when
-# other methods are still to be tuned: on 2 cores an even split left the n-gram study
+# other methods are still to be tuned: on 2 cores an even split left the draft-free study
 # 0:51, not one trial. More where the leader says it needs more to finish LEADER_TRIALS
 # whole measured trials (``Method.tuning_seconds``), up to LEADER_MAX_SHARE.
 LEADER_TUNING_SHARE = 0.5
 LEADER_MAX_SHARE = 0.8
 LEADER_TRIALS = 12
-# A draft-free method decodes in about this much of greedy's time (n-gram on 2 cores:
-# 1.15-1.3x at 64 tokens, about 1.0x on its first prompts).
+# A draft-free method decodes in about this much of greedy's time (the lookup on
+# 2 cores: 1.15-1.3x at 64 tokens, about 1.0x on its first prompts).
 DRAFT_FREE_COST = 0.9
 
 # Within a method's tuning time, each step's share is the method's own: declared on its
@@ -113,10 +113,11 @@ ENGINE_START_S = 5.0
 PROBE_CURVE_TOKENS = 16
 # A draft-free method's probe: its proxy's best decoded against greedy on this many
 # search prompts, as long as the verdict's: the run's first leader and its interval.
-# (6 prompts gave n-gram [1.04, 1.46] on 2 cores: too loose a low end to skip by; four
-# drafts of 64 tokens [1.05, 1.43], the choice among four widening it.)
+# (6 prompts gave the draft-free lookup [1.04, 1.46] on 2 cores: too loose a low end
+# to skip by; four drafts of 64 tokens [1.05, 1.43], the choice among four widening it.)
 PROBE_PROMPTS = 10
-# The drafts it decodes beside greedy: each of n-gram's two kinds at its proxy best.
+# The drafts it decodes beside greedy: each of the draft-free method's two kinds (a chain, a
+# tree) at its proxy best.
 DRAFT_FREE_PROBE_DRAFTS = 2
 # At most this share of the training and tuning time (quiet 2 cores: 2:13 of about 11:30; beside
 # three CPU hogs 10 prompts were planned 7:09 and left the studies nothing).
@@ -126,13 +127,13 @@ DRAFT_FREE_PROBE_SHARE = 0.2
 PROBE_SHARE = 0.2
 PROBE_LEAST_S = 25.0
 # Optimistic learning curve: accuracy after t seconds grows at most as t ** EXPONENT
-# (on 2 cores Medusa's head-1 top-1 went 0.077 -> 0.115 from 60 s to 120 s: exponent
-# 0.58), at most MAX_GROWTH-fold (heads of this size level off: a 6-epoch Medusa job
-# reached top-1 0.134 where 120 s reached 0.115), capped at ACCURACY_CAP.
+# (on 2 cores one parallel-heads kind's head-1 top-1 went 0.077 -> 0.115 from 60 s to
+# 120 s: exponent 0.58), at most MAX_GROWTH-fold (heads of this size level off: a
+# 6-epoch job reached top-1 0.134 where 120 s reached 0.115), capped at ACCURACY_CAP.
 LEARNING_EXPONENT = 0.7
 MAX_GROWTH = 3.0
 ACCURACY_CAP = 0.95
-# A search scored on its seeds only (self-spec's masks on the proxy) may still find a
+# A search scored on its seeds only (a layer-skip mask on the proxy) may still find a
 # setting this much faster than its best seed.
 SEARCH_HEADROOM = 1.2
 
@@ -148,7 +149,7 @@ class Facts:
     train: dict[str, str] = field(default_factory=dict)  # method -> head kind to train
     min_training: dict[str, float] = field(default_factory=dict)  # kind -> least useful s
     chain_methods: tuple[str, ...] = ()  # those an expansion widens (empty: none asked)
-    expansion: str = ""  # what its fitting phase is called after ("fit CAPE")
+    expansion: str = ""  # the expansion whose fitting phase this names
     answer_prompts: int = 0  # search prompts whose answers are not cached yet
     extra_answer_prompts: int = 0  # packaged calibration prompts heads may learn from
     heldback_prompts: int = HELDBACK_PROMPTS

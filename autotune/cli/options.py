@@ -69,6 +69,16 @@ def dtype_option(
     )
 
 
+def concurrency_option(help: str) -> Any:
+    """``--concurrency``: load levels, comma-separated; parsed where they are used."""
+    return typer.Option(None, metavar="LEVELS", help=help)
+
+
+def rounds_option() -> Any:
+    """``--rounds``: with ``--concurrency``, rounds of prompts a level."""
+    return typer.Option(6, min=2, help=ROUNDS_HELP)
+
+
 def json_option(what: str = "") -> Any:
     """``--json``: kept for scripts written before ``-f``, as ``-f json``."""
     return typer.Option(False, "--json", help=f"The same as -f json{what}.")

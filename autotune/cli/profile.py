@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -32,6 +32,19 @@ SEARCH_PANEL = "Search and measurement"
 WORKERS_PANEL = "Workers and storage"
 
 
+def in_panel(panel: str, default: Any, metavar: str | None, help: str, *names: str, **more: Any):
+    """An option shown in ``panel`` of --help."""
+    return typer.Option(default, *names, metavar=metavar, help=help, rich_help_panel=panel, **more)
+
+
+def search_option(default: Any, metavar: str, help: str, **limits: Any) -> Any:
+    return in_panel(SEARCH_PANEL, default, metavar, help, **limits)
+
+
+def workers_option(default: Any, metavar: str, help: str, **limits: Any) -> Any:
+    return in_panel(WORKERS_PANEL, default, metavar, help, **limits)
+
+
 @user_errors
 def profile(
     model: str = typer.Option(
@@ -56,104 +69,45 @@ def profile(
         help=engine_help("Tune for the engine you deploy to (repeatable)"),
     ),
     device: str = device_option(),
-    model_path: str | None = typer.Option(
-        None, metavar="DIR", help=MODEL_PATH_HELP, rich_help_panel=MODEL_PANEL
-    ),
+    model_path: str | None = in_panel(MODEL_PANEL, None, "DIR", MODEL_PATH_HELP),
     dtype: str = dtype_option(rich_help_panel=MODEL_PANEL),
-    threads: int | None = typer.Option(
-        None,
-        min=1,
-        metavar="N",
-        help="Torch threads (default: all it may use).",
-        rich_help_panel=MODEL_PANEL,
+    threads: int | None = in_panel(
+        MODEL_PANEL, None, "N", "Torch threads (default: all it may use).", min=1
     ),
-    heads: list[str] | None = typer.Option(
+    heads: list[str] | None = in_panel(
+        HEADS_PANEL,
         None,
+        "METHOD=DIR",
+        "A method's heads, e.g. medusa=DIR (repeatable).",
         "--heads",
-        metavar="METHOD=DIR",
-        help="A method's heads, e.g. medusa=DIR (repeatable).",
-        rich_help_panel=HEADS_PANEL,
     ),
-    train_heads: bool = typer.Option(
-        True,
-        help="Train missing heads, or skip their methods.",
-        show_default=False,
-        rich_help_panel=HEADS_PANEL,
+    train_heads: bool = in_panel(
+        HEADS_PANEL, True, None, "Train missing heads, or skip their methods.", show_default=False
     ),
-    search_space: list[str] | None = typer.Option(
-        None,
-        "--search-space",
-        metavar="METHOD=FILE",
-        help="Search space YAML (repeatable).",
-        rich_help_panel=MODEL_PANEL,
+    search_space: list[str] | None = in_panel(
+        MODEL_PANEL, None, "METHOD=FILE", "Search space YAML (repeatable).", "--search-space"
     ),
-    trials: int | None = typer.Option(
-        None,
-        min=1,
-        metavar="N",
-        help="Trials of a method's main study.",
-        rich_help_panel=SEARCH_PANEL,
+    trials: int | None = search_option(None, "N", "Trials of a method's main study.", min=1),
+    time_budget: str | None = search_option(None, "DURATION", "Each method's search time."),
+    select_prompts: int = search_option(plan.SELECT_PROMPTS, "N", "Most prompts raced on.", min=1),
+    heldback_prompts: int = search_option(plan.HELDBACK_PROMPTS, "N", "Held-back prompts.", min=1),
+    max_new_tokens: int = search_option(
+        plan.HELDBACK_TOKENS, "N", "Tokens per held-back prompt.", min=2
     ),
-    time_budget: str | None = typer.Option(
-        None,
-        metavar="DURATION",
-        help="Each method's search time.",
-        rich_help_panel=SEARCH_PANEL,
+    margin: float = search_option(
+        plan.MARGIN, "X", "Recommend if its interval clears 1 + X.", min=0.0
     ),
-    select_prompts: int = typer.Option(
-        plan.SELECT_PROMPTS,
-        min=1,
-        metavar="N",
-        help="Most prompts raced on.",
-        rich_help_panel=SEARCH_PANEL,
+    concurrency: str = search_option("1,2,4,8", "LEVELS", "Load levels to schedule (none: skip)."),
+    workers: int = workers_option(1, "N", "Trials at once.", min=1),
+    cpus_per_trial: float | None = workers_option(
+        None, "X", "Cores a trial reserves (default: all for a timed CPU trial).", min=0.1
     ),
-    heldback_prompts: int = typer.Option(
-        16,
-        min=1,
-        metavar="N",
-        help="Held-back prompts.",
-        rich_help_panel=SEARCH_PANEL,
+    gpus_per_trial: float = workers_option(0.0, "X", "GPUs a trial reserves.", min=0.0),
+    ray_address: str | None = workers_option(
+        None, "HOST:PORT", "Ray cluster (default: $RAY_ADDRESS, `ray start`'s, else a local one)."
     ),
-    max_new_tokens: int = typer.Option(
-        128, min=2, metavar="N", help="Tokens per held-back prompt.", rich_help_panel=SEARCH_PANEL
-    ),
-    margin: float = typer.Option(
-        0.0,
-        min=0.0,
-        metavar="X",
-        help="Recommend if its interval clears 1 + X.",
-        rich_help_panel=SEARCH_PANEL,
-    ),
-    concurrency: str = typer.Option(
-        "1,2,4,8",
-        metavar="LEVELS",
-        help="Load levels to schedule (none: skip).",
-        rich_help_panel=SEARCH_PANEL,
-    ),
-    workers: int = typer.Option(
-        1, min=1, metavar="N", help="Trials at once.", rich_help_panel=WORKERS_PANEL
-    ),
-    cpus_per_trial: float | None = typer.Option(
-        None,
-        min=0.1,
-        metavar="X",
-        help="Cores a trial reserves (default: all for a timed CPU trial).",
-        rich_help_panel=WORKERS_PANEL,
-    ),
-    gpus_per_trial: float = typer.Option(
-        0.0, min=0.0, metavar="X", help="GPUs a trial reserves.", rich_help_panel=WORKERS_PANEL
-    ),
-    ray_address: str | None = typer.Option(
-        None,
-        metavar="HOST:PORT",
-        help="Ray cluster (default: $RAY_ADDRESS, `ray start`'s, else a local one).",
-        rich_help_panel=WORKERS_PANEL,
-    ),
-    storage: str | None = typer.Option(
-        None,
-        metavar="URL",
-        help="Study database (default: $AUTOTUNE_STORAGE, else studies/autotune.db).",
-        rich_help_panel=WORKERS_PANEL,
+    storage: str | None = workers_option(
+        None, "URL", "Study database (default: $AUTOTUNE_STORAGE, else studies/autotune.db)."
     ),
 ):
     """Tune the methods on this model and device; write a YAML decoding profile."""

@@ -11,8 +11,8 @@ import typer
 from autotune.cli.errors import user_errors
 from autotune.cli.options import (
     DURATION_HELP,
-    ROUNDS_HELP,
     choices,
+    concurrency_option,
     device_option,
     dtype_option,
     duration,
@@ -20,6 +20,7 @@ from autotune.cli.options import (
     engine_help,
     json_option,
     output_format,
+    rounds_option,
     set_torch_threads,
 )
 from autotune.commands import interrupt, study_kept
@@ -44,14 +45,12 @@ def bench(
     threads: int | None = typer.Option(None, min=1),
     device: str = device_option(),
     dtype: str = dtype_option(auto="the profile's dtype"),
-    concurrency: str | None = typer.Option(
-        None,
-        metavar="LEVELS",
-        help="Measure the recommended method with this many requests in flight instead "
+    concurrency: str | None = concurrency_option(
+        "Measure the recommended method with this many requests in flight instead "
         "(comma-separated, e.g. 1,2,4,8): its scheduled and its tuned setting against "
-        "plain decoding, throughput with intervals over rounds of prompts.",
+        "plain decoding, throughput with intervals over rounds of prompts."
     ),
-    rounds: int = typer.Option(6, min=2, help=ROUNDS_HELP),
+    rounds: int = rounds_option(),
     engine: str | None = typer.Option(
         None,
         metavar="ENGINE",
@@ -167,14 +166,12 @@ def verify(
     ),
     json_out: bool = json_option(),
     fmt: Format = format_option(),
-    concurrency: str | None = typer.Option(
-        None,
-        metavar="LEVELS",
-        help="llama.cpp: instead, serve with as many slots as the highest level and measure "
+    concurrency: str | None = concurrency_option(
+        "llama.cpp: instead, serve with as many slots as the highest level and measure "
         "the export against plain decoding with this many concurrent requests "
-        "(comma-separated, e.g. 1,2,4,8); recorded under the profile's load block.",
+        "(comma-separated, e.g. 1,2,4,8); recorded under the profile's load block."
     ),
-    rounds: int = typer.Option(6, min=2, help=ROUNDS_HELP),
+    rounds: int = rounds_option(),
 ):
     """Measure the profile's export in the serving engine it is for: the engine's greedy
     decoding, its own default speculative setting and autotune's export, side by side on
