@@ -20,6 +20,7 @@ from autotune.engine.kvcache import KVCache
 from autotune.engine.segment import LayerRows, Segment
 from autotune.engine.skip import NO_SKIP, SkipMask
 from autotune.engine.stack import NativeStack
+from autotune.engine.static import StaticStep, enabled_by_default
 
 # Maps the final-normed hidden states [S, H] to more rows [R, H] for the lm_head product.
 ExtraRows = Callable[[torch.Tensor], torch.Tensor]
@@ -35,12 +36,22 @@ class ForwardOutput:
 class Runner:
     """Wraps a LLaMA-family ``*ForCausalLM`` (LLaMA, Vicuna, Mistral, Qwen2 blocks)."""
 
-    def __init__(self, model: Any, product: layers.Product = layers.linear, native: bool = True):
+    def __init__(
+        self,
+        model: Any,
+        product: layers.Product = layers.linear,
+        native: bool = True,
+        static: bool | None = None,
+        how: str = "graph",
+    ):
         """``model``: a transformers ``*ForCausalLM`` (typed ``Any``: its submodules are
         named by convention). ``product``: how weights are multiplied
         (``layers.plain_linear`` to compare with torch's own kernels). ``native``: run the
         layers in the engine's C++ code where it applies (``engine.stack``); False keeps
-        the Python layers (``engine.layers``), which compute the same thing."""
+        the Python layers (``engine.layers``), which compute the same thing. ``static``:
+        run the calls that fit in the fixed-shape step over a fixed cache
+        (``engine.static``), on CUDA as ``how`` says (graph, compile or eager); None: on
+        a GPU only."""
         self.model = model.eval()
         self.product = product
         self.config = model.config
@@ -72,8 +83,12 @@ class Runner:
                 + [f.weight for pair in self.fused for f in pair]
             )
         self.stack = NativeStack.of(self) if native else None
+        use_static = enabled_by_default(self.device) if static is None else static
+        self.static = StaticStep.of(self, how) if use_static else None
 
     def new_cache(self, capacity: int = 512) -> KVCache:
+        if self.static is not None:  # the step's own storage, lent to one sequence
+            return self.static.lend(capacity)
         return KVCache.for_config(self.config, self.num_layers, self.dtype, self.device, capacity)
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
@@ -117,6 +132,8 @@ class Runner:
         streams the weights once), attention runs per sequence over its own cache. Each
         segment is computed as ``forward`` computes it alone (``extra_rows``: its extra
         logits come in the same blocks)."""
+        if (fixed := self._static_forward(segments, skip, extra_rows)) is not None:
+            return [fixed]
         counts = [len(segment.tokens) for segment in segments]
         total = sum(counts)
         tokens = (
@@ -158,6 +175,17 @@ class Runner:
             outputs.append(ForwardOutput(logits=logits[start:end], hidden=h, extra_logits=mine))
             start = end
         return outputs
+
+    def _static_forward(
+        self, segments: list[Segment], skip: SkipMask, extra_rows: ExtraRows | None
+    ) -> ForwardOutput | None:
+        """The call run in the fixed-shape step (``engine.static``), or None where it
+        cannot be: no step, several sequences, a skip, extra rows, or a call the step
+        does not fit (``StaticStep.fits``)."""
+        if self.static is None or len(segments) > 1 or skip.size or extra_rows is not None:
+            return None
+        fixed = self.static.forward(segments[0])
+        return None if fixed is None else ForwardOutput(logits=fixed[0], hidden=fixed[1])
 
     def _python_layers(self, hidden: torch.Tensor, rows: LayerRows) -> torch.Tensor:
         """The decoder layers over ``hidden`` [1, S, H] (the segments' rows one after

@@ -1,0 +1,351 @@
+"""The runner's fixed-shape step, which a GPU records once and replays.
+
+Eager on a GPU, a step is launch overhead: Vicuna-13B in float16 took 17.7 ms a token on
+an H200 where a CUDA-graph forward of the same model took 9.1. A graph replays fixed
+kernels on fixed memory, so this step has one shape per bucket (``engine.buckets``):
+its inputs are copied into buffers made once, every row writes its keys and values into
+a KV cache allocated once at a fixed capacity (``index_copy_`` at its column, the padded
+rows at a scratch column), attention reads the whole capacity under a visibility mask
+made on the device from the prefix length and the new tokens' mask, and the logits land
+in an output buffer. Nothing in it reads a value back to the host.
+
+``StaticStep`` owns the cache storage and lends it (``lend``) as a ``StaticCache``, the
+runner's cache for one sequence at a time; ``forward`` runs a call that fits the step
+(the runner falls back to its eager layers for the others). ``how`` says how the step
+runs on CUDA: ``graph`` (one ``torch.cuda.CUDAGraph`` per bucket), ``compile``
+(``torch.compile(mode="reduce-overhead")`` of the same step, so that the two can be
+timed against each other) or ``eager``; elsewhere it always runs eagerly, which is
+what the CPU tests check against the runner's own layers.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import os
+import weakref
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from autotune.engine import buckets, layers
+from autotune.engine.kvcache import KVCache
+from autotune.engine.layers import Fused, Product
+from autotune.engine.segment import Segment
+from autotune.errors import AutotuneError
+
+HOWS = ("graph", "compile", "eager")
+SWITCH_ENV = "AUTOTUNE_STATIC"  # "0": a GPU runner runs eagerly unless asked otherwise
+WARMUP_RUNS = 3  # eager runs on a side stream before a capture, as torch's docs ask
+
+
+class StepModel(Protocol):
+    """What the step reads of a runner (``engine.runner.Runner``)."""
+
+    config: Any
+    embed: Any
+    rotary: Any
+    norm: Any
+    layers: list[Any]
+    fused: list[tuple[Fused, Fused]]
+    num_layers: int
+    device: torch.device
+    dtype: torch.dtype
+    product: Product
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor: ...
+
+
+class StaticCache(KVCache):
+    """A ``KVCache`` over the storage of a ``StaticStep``, lent to one sequence: crop,
+    keep (in place) and lengths work as on any cache, but it never reallocates that
+    storage. When it must hold more than its capacity, or the step lends the storage to
+    another sequence while this one is still alive, its entries move to storage of its
+    own (``give_back``): from then on it is an ordinary cache and runs eagerly."""
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]):
+        # lists of its own: a growing layer replaces its entry, never the step's
+        self.keys, self.values = list(keys), list(values)
+        self.lengths = [0] * len(keys)
+        self.on_loan = True
+
+    def give_back(self) -> None:
+        """Copy the entries into storage of its own; the step's storage is no longer read."""
+        if self.on_loan:
+            own = self.copy(self.capacity)
+            self.keys, self.values, self.on_loan = own.keys, own.values, False
+
+    def _grow(self, layer: int, needed: int) -> None:
+        self.give_back()
+        super()._grow(layer, needed)
+
+
+class StepBuffers:
+    """One bucket's inputs and outputs, made once; a replay reads and writes only these
+    and the cache storage. ``columns``: the cache column each row writes; ``new_mask``:
+    which new tokens each row sees (True = may attend); ``prefix``: the cached entries
+    before them, as a 0-d tensor."""
+
+    def __init__(self, size: int, model: StepModel):
+        device, hidden = model.device, model.config.hidden_size
+        self.size = size
+        self.tokens = torch.zeros(size, dtype=torch.long, device=device)
+        self.positions = torch.zeros(size, dtype=torch.long, device=device)
+        self.columns = torch.zeros(size, dtype=torch.long, device=device)
+        self.new_mask = torch.ones(size, size, dtype=torch.bool, device=device)
+        self.prefix = torch.zeros((), dtype=torch.long, device=device)
+        self.rows = torch.arange(size, device=device)
+        self.causal = torch.ones(size, size, dtype=torch.bool, device=device).tril()
+        self.hidden = torch.zeros(size, hidden, dtype=model.dtype, device=device)
+        self.logits = torch.zeros(size, model.config.vocab_size, device=device)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [v for v in vars(self).values() if isinstance(v, torch.Tensor)]
+
+    def load(self, segment: Segment, prefix: int, scratch: int) -> None:
+        """The call's tokens, positions and mask, its rows writing at ``prefix`` onward
+        and the padded ones at ``scratch``: copies and fills on the device, no sync."""
+        n = len(segment.tokens)
+        self.tokens[:n].copy_(segment.tokens)
+        self.positions[:n].copy_(segment.positions)
+        self.prefix.fill_(prefix)
+        torch.add(self.rows, prefix, out=self.columns)
+        self.columns[n:] = scratch
+        self.new_mask.fill_(False)
+        self.new_mask[:n, :n] = self.causal[:n, :n] if segment.mask is None else segment.mask
+        # every padded row maps to the scratch column with the same mask column (real
+        # rows: no, padded rows: yes), so the scatter in ``visibility`` agrees on it
+        self.new_mask[n:, n:] = True
+
+    def load_idle(self, scratch: int) -> None:
+        """Inputs whose every row is padding: a run writes the scratch column only (the
+        warm-up and capture runs, while a sequence's entries sit in the cache)."""
+        self.prefix.fill_(0)
+        self.columns.fill_(scratch)
+        self.new_mask.fill_(True)
+
+
+class _ColumnWriter:
+    """The cache as ``layers.segmented_attention`` uses it (``update``): each row's keys
+    and values go to its column, and attention reads every column of the layer."""
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], columns):
+        self.keys, self.values, self.columns = keys, values, columns
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer: int):
+        self.keys[layer].index_copy_(2, self.columns, key)
+        self.values[layer].index_copy_(2, self.columns, value)
+        return self.keys[layer], self.values[layer]
+
+
+def enabled_by_default(device: torch.device) -> bool:
+    """On a GPU, unless ``AUTOTUNE_STATIC=0``; never on a CPU, whose path stays as it was."""
+    return device.type == "cuda" and os.environ.get(SWITCH_ENV, "1") != "0"
+
+
+def unsupported(model: StepModel, how: str) -> str | None:
+    """Why the step cannot run this runner's model, or None when it can."""
+    if how not in HOWS:
+        raise ValueError(f"how must be one of {', '.join(HOWS)}, not {how!r}")
+    rope = getattr(model.rotary, "rope_type", "default")
+    if "dynamic" in rope or rope == "longrope":
+        # these recompute their frequencies from the largest position: a host sync
+        return f"rotary embedding {rope!r} reads the positions on the host"
+    return None
+
+
+class StaticStep:
+    """The fixed-shape step over a runner's weights, one bucket at a time, and the KV
+    storage it owns (see the module's docstring)."""
+
+    def __init__(self, model: StepModel, how: str = "graph"):
+        self.model = model
+        self.how = how if model.device.type == "cuda" else "eager"
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.buffers: dict[int, StepBuffers] = {}
+        self._runs: dict[int, Callable[[], None]] = {}  # bucket -> run its step once
+        self.column_numbers = torch.zeros(0, dtype=torch.long)  # 0 .. columns - 1
+        self._borrower: weakref.ref[StaticCache] | None = None
+        self._pool: Any = None  # the captured graphs' shared memory pool
+        self.calls: collections.Counter[int] = collections.Counter()  # bucket -> runs
+
+    @classmethod
+    def of(cls, model: StepModel, how: str = "graph") -> StaticStep | None:
+        return None if unsupported(model, how) else cls(model, how)
+
+    @property
+    def columns(self) -> int:
+        """The cache storage's columns, the scratch column last (0 before any is lent)."""
+        return self.keys[0].shape[2] if self.keys else 0
+
+    def lend(self, capacity: int) -> StaticCache:
+        """The storage as an empty cache for ``capacity`` tokens, for one sequence: the
+        previous borrower, if still alive, moves its entries out first. Storage too
+        small is replaced by storage for ``capacity`` (and the steps recorded over the
+        old one dropped): it only grows, rounded up (``buckets.static_columns``)."""
+        previous = self._borrower() if self._borrower is not None else None
+        if previous is not None:
+            previous.give_back()
+        if capacity + buckets.SCRATCH_COLUMNS > self.columns:
+            self._allocate(buckets.static_columns(capacity))
+        cache = StaticCache(self.keys, self.values)
+        self._borrower = weakref.ref(cache)
+        return cache
+
+    def _allocate(self, columns: int) -> None:
+        model = self.model
+        storage = KVCache.for_config(
+            model.config, model.num_layers, model.dtype, model.device, columns
+        )
+        for tensor in (*storage.keys, *storage.values):
+            # zeros, not garbage: attention reads every column, and 0 x NaN is NaN
+            tensor.zero_()
+        self.keys, self.values = storage.keys, storage.values
+        self.column_numbers = torch.arange(columns, device=model.device)
+        self._runs.clear()
+        self._pool = None
+
+    def fits(self, segment: Segment) -> bool:
+        """Whether ``forward`` can run this call: the borrower's cache, its layers at one
+        length, a bucket for its tokens, room before the scratch column, and a mask over
+        the new tokens only (None: causal)."""
+        cache, n = segment.cache, len(segment.tokens)
+        if not isinstance(cache, StaticCache) or not cache.on_loan:
+            return False
+        if self._borrower is None or self._borrower() is not cache:
+            return False
+        prefix = cache.lengths[0]
+        if any(length != prefix for length in cache.lengths):
+            return False
+        mask = segment.mask
+        return (
+            1 <= n <= buckets.LARGEST
+            and prefix + n <= self.columns - buckets.SCRATCH_COLUMNS
+            and (mask is None or tuple(mask.shape) == (n, n))
+        )
+
+    def forward(self, segment: Segment) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(logits [n, V] float32, or [1, V] for ``last_only``; hidden [n, H]) of the
+        call, its keys and values appended to its cache, as ``Runner.forward`` returns
+        them; None when it does not fit (``fits``)."""
+        if not self.fits(segment):
+            return None
+        cache, n = segment.cache, len(segment.tokens)
+        size = buckets.bucket_for(n)
+        assert size is not None  # fits() checked n against the largest bucket
+        prefix, scratch = cache.lengths[0], self.columns - buckets.SCRATCH_COLUMNS
+        run = self._runs.get(size) or self._prepare(size)
+        buffer = self.buffers[size]
+        buffer.load(segment, prefix, scratch)
+        run()
+        self.calls[size] += 1
+        cache.lengths = [prefix + n] * len(cache.lengths)
+        # copies: the next run overwrites the buffers, callers keep outputs across steps
+        rows = slice(n - 1, n) if segment.last_only else slice(0, n)
+        return buffer.logits[rows].clone(), buffer.hidden[:n].clone()
+
+    @torch.inference_mode()  # as a forward runs it: no autograd records in the graph
+    def capture(self, sizes: tuple[int, ...] = buckets.BUCKETS) -> None:
+        """Prepare (on CUDA: record) every bucket's step now rather than at its first
+        call; the largest first, so that the graphs share their memory pool best.
+        Needs storage: call after ``lend``."""
+        if not self.keys:
+            raise ValueError("the step has no cache storage yet: lend a cache first")
+        for size in sorted(sizes, reverse=True):
+            if size not in self._runs:
+                self._prepare(size)
+
+    def _prepare(self, size: int) -> Callable[[], None]:
+        if size not in self.buffers:
+            self.buffers[size] = StepBuffers(size, self.model)
+        buffer = self.buffers[size]
+        if self.how == "eager":
+            run: Callable[[], None] = functools.partial(self.compute, buffer)
+        else:
+            run = self._captured(buffer)
+        self._runs[size] = run
+        return run
+
+    def _captured(self, buffer: StepBuffers) -> Callable[[], None]:
+        record = self._record if self.how == "graph" else self._compiled
+        try:
+            return record(buffer)
+        except Exception as error:  # torch's or the driver's refusal, said in one line
+            what = "record a CUDA graph of" if self.how == "graph" else "torch.compile"
+            first_line = (str(error).strip().splitlines() or [""])[0]
+            cause = f"{type(error).__name__}: {first_line}"
+            raise AutotuneError(
+                f"could not {what} the engine's {buffer.size}-token step ({cause}); "
+                f"set {SWITCH_ENV}=0 to run the engine eagerly"
+            ) from error
+
+    def compute(self, buffer: StepBuffers) -> None:
+        """The step itself, over the bucket's buffers and the cache storage: the runner's
+        arithmetic (``engine.layers``) with every shape fixed by the bucket."""
+        model, size = self.model, buffer.size
+        hidden = model.embed(buffer.tokens.view(1, size))
+        rotation = layers.Rotation(model.rotary(hidden, buffer.positions.view(1, size)))
+        writer = _ColumnWriter(self.keys, self.values, buffer.columns)
+        rows = [layers.AttentionSegment(size, rotation, self.visibility(buffer), writer)]
+        for index, layer in enumerate(model.layers):
+            qkv, gate_up = model.fused[index]
+            normed = layers.rms_norm(layer.input_layernorm, hidden)
+            hidden = hidden + layers.segmented_attention(
+                layer.self_attn, normed, rows, index, model.product, qkv=qkv
+            )
+            normed = layers.rms_norm(layer.post_attention_layernorm, hidden)
+            hidden = hidden + layers.mlp(layer.mlp, normed, model.product, gate_up=gate_up)
+        buffer.hidden.copy_(hidden[0])
+        buffer.logits.copy_(model.logits(model.norm(hidden[0])))
+
+    def visibility(self, buffer: StepBuffers) -> torch.Tensor:
+        """The additive mask [B, columns] every layer's attention takes (0: visible,
+        -inf: not), made once a step on the device: each row sees the cached prefix and,
+        at the columns the new tokens write, the new tokens its mask allows."""
+        earlier = self.column_numbers < buffer.prefix
+        visible = earlier.expand(buffer.size, -1).clone()
+        visible.index_copy_(1, buffer.columns, buffer.new_mask)
+        additive = torch.zeros(visible.shape, dtype=self.model.dtype, device=visible.device)
+        return additive.masked_fill_(~visible, float("-inf"))
+
+    def _record(self, buffer: StepBuffers) -> Callable[[], None]:
+        """The bucket's step recorded as a CUDA graph: warmed up on a side stream, then
+        captured, on idle inputs (only the scratch column is written)."""
+        buffer.load_idle(self.columns - buckets.SCRATCH_COLUMNS)
+        current = torch.cuda.current_stream(self.model.device)
+        side = torch.cuda.Stream(self.model.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_RUNS):
+                self.compute(buffer)
+        current.wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        # every output is copied into the bucket's buffers inside the graph, so one
+        # bucket's temporaries can share the pool with another's (never run at once)
+        with torch.cuda.graph(graph, pool=self._pool):
+            self.compute(buffer)
+        return graph.replay
+
+    def _compiled(self, buffer: StepBuffers) -> Callable[[], None]:
+        """The bucket's step under ``torch.compile(mode="reduce-overhead")``, whose CUDA
+        graphs must see every tensor the step reads or writes at a fixed address."""
+        import torch._dynamo
+
+        # the fused weights are plain tensors, not Parameters: unmarked, each replay
+        # would copy them into the graph's own inputs
+        fused = [f for pair in self.model.fused for f in pair]
+        statics = [f.weight for f in fused] + [f.bias for f in fused if f.bias is not None]
+        for tensor in [*statics, *self.keys, *self.values, self.column_numbers, *buffer.tensors()]:
+            torch._dynamo.mark_static_address(tensor)
+        # one compiled entry per bucket for the same code: more than dynamo keeps by default
+        limit = torch._dynamo.config.recompile_limit
+        torch._dynamo.config.recompile_limit = max(limit, 2 * len(buckets.BUCKETS))
+        step = torch.compile(self.compute, mode="reduce-overhead", fullgraph=True, dynamic=False)
+        buffer.load_idle(self.columns - buckets.SCRATCH_COLUMNS)
+        for _ in range(WARMUP_RUNS):  # compiles, then records its graph
+            step(buffer)
+        return lambda: step(buffer)

@@ -1,0 +1,314 @@
+"""The fixed-shape step (``engine.static``) and its buckets (``engine.buckets``), run
+eagerly on the CPU against the runner's own layers: the same logits for one token, a
+padded chain, a tree, after crop and keep; the same greedy tokens, plain and speculative;
+the calls it cannot run left to the eager layers; and no value read back to the host
+inside the step. Recording it as a CUDA graph (or compiling it) needs a GPU: not here."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from autotune.engine import buckets, static
+from autotune.engine.decoding import cache_capacity, decode_plain, decode_speculative
+from autotune.engine.runner import Runner
+from autotune.engine.segment import Segment
+from autotune.engine.skip import SkipMask
+from autotune.engine.tree import TreeShape
+from autotune.methods import registry
+from autotune.methods.base import DraftEnv
+from autotune.models.ref import TargetRef
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PROMPT = [1, 5, 9, 33, 70, 4, 8]
+TREE = TreeShape.from_choices([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
+
+
+# --- buckets -------------------------------------------------------------------------
+
+
+def test_each_count_takes_the_smallest_bucket_that_holds_it():
+    assert [buckets.bucket_for(n) for n in (1, 2, 3, 4, 5, 7, 9, 33, 64)] == [
+        1,
+        2,
+        3,
+        4,
+        6,
+        8,
+        12,
+        48,
+        64,
+    ]
+    assert buckets.bucket_for(65) is None
+    for n in range(1, buckets.LARGEST + 1):
+        size = buckets.bucket_for(n)
+        assert size is not None and n <= size <= 1.5 * n  # padding costs at most half again
+    with pytest.raises(ValueError):
+        buckets.bucket_for(0)
+
+
+def test_a_fixed_cache_holds_its_entries_and_the_scratch_column_rounded_up():
+    assert buckets.static_columns(1) == 256
+    assert buckets.static_columns(255) == 256
+    assert buckets.static_columns(256) == 512  # the scratch column needs one more
+    assert buckets.decoding_columns(100, 300) == 512  # 100 + 300 + 64 + 1
+    # what the decoders ask the runner for gives a decoding's columns
+    prompt = list(range(40))
+    asked = cache_capacity(prompt, 200)
+    assert buckets.static_columns(asked) == buckets.decoding_columns(len(prompt), 200)
+
+
+# --- the step against the eager layers ----------------------------------------------
+
+
+@pytest.fixture
+def pair(tiny_llama):
+    """The tiny LLaMA's eager runner and its static one (float32, CPU)."""
+    return Runner(tiny_llama), Runner(tiny_llama, static=True)
+
+
+class Twin:
+    """The same calls on an eager runner's cache and a static runner's, compared."""
+
+    def __init__(self, eager: Runner, fixed: Runner, capacity: int = 100):
+        self.eager, self.fixed = eager, fixed
+        self.eager_cache, self.fixed_cache = eager.new_cache(capacity), fixed.new_cache(capacity)
+
+    def forward(self, tokens, start: int, mask=None, positions=None):
+        tokens = torch.tensor(tokens)
+        if positions is None:
+            positions = torch.arange(start, start + len(tokens))
+        a = self.eager.forward(tokens, positions, self.eager_cache, mask=mask)
+        b = self.fixed.forward(tokens, positions, self.fixed_cache, mask=mask)
+        torch.testing.assert_close(b.logits, a.logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(b.hidden, a.hidden, rtol=1e-5, atol=1e-5)
+        assert self.fixed_cache.lengths == self.eager_cache.lengths
+        return a
+
+    def crop(self, length: int) -> None:
+        self.eager_cache.crop(length)
+        self.fixed_cache.crop(length)
+
+    def keep(self, start: int, rows: list[int]) -> None:
+        self.eager_cache.keep(start, torch.tensor(rows))
+        self.fixed_cache.keep(start, torch.tensor(rows))
+
+
+def test_step_logits_equal_the_eager_layers(pair):
+    eager, fixed = pair
+    twin = Twin(eager, fixed)
+    calls = fixed.static.calls
+    twin.forward(PROMPT, 0)  # a 7-token prefill, causal: bucket 8
+    assert calls == {8: 1}
+    twin.forward([11], 7)
+    assert calls[1] == 1
+    twin.forward([12, 13, 14, 15, 16], 8)  # a chain of 5, padded to 6
+    assert calls[6] == 1
+    committed = 13
+    positions = committed + TREE.position_offsets("cpu")
+    twin.forward([20, 21, 22, 23, 24, 25, 26], committed, TREE.attention_mask("cpu"), positions)
+    assert calls[8] == 2
+    twin.keep(committed, [0, 1, 3, 6])  # the root, node 0, its child 2, its child 5
+    assert fixed.static.fits(Segment(torch.tensor([1]), torch.tensor([17]), twin.fixed_cache))
+    twin.forward([30], 17)
+    twin.crop(10)
+    twin.forward([40, 41, 42], 10)
+    assert sum(calls.values()) == 6  # every call ran in the step
+
+
+def test_padded_rows_write_only_the_scratch_column(pair):
+    fixed = pair[1]
+    cache = fixed.new_cache(100)
+    fixed.forward(torch.tensor(PROMPT[:5]), torch.arange(5), cache)  # 5 of bucket 6
+    scratch = fixed.static.columns - buckets.SCRATCH_COLUMNS
+    for store in (*cache.keys, *cache.values):
+        written = store[0].abs().sum(dim=(0, 2)) > 0  # per column
+        assert written[:5].all() and written[scratch]
+        assert not written[5:scratch].any()
+
+
+def test_greedy_decoding_is_token_identical_with_the_step(pair):
+    eager, fixed = pair
+    prompts = [PROMPT, [1, 100, 3], [1, *range(40, 60)]]
+    for prompt in prompts:
+        new_tokens = 300  # past the first 256 columns: the storage is 512 wide
+        expected = decode_plain(eager, prompt, new_tokens).tokens
+        assert decode_plain(fixed, prompt, new_tokens).tokens == expected
+        assert fixed.static.columns == buckets.decoding_columns(len(prompt), new_tokens)
+    assert set(fixed.static.calls) == {1, 3, 8, 24}  # the prompts (3, 7, 21) and decode
+
+
+def test_a_call_past_the_scratch_column_moves_the_cache_out_and_stays_exact(pair):
+    eager, fixed = pair
+    twin = Twin(eager, fixed, capacity=40)
+    columns = fixed.static.columns
+    length = columns - buckets.SCRATCH_COLUMNS - 3
+    tokens = [int(t) for t in torch.randint(3, 120, (length,), generator=torch.Generator())]
+    twin.forward(tokens, 0)  # past the largest bucket: eager, into the lent storage
+    assert twin.fixed_cache.on_loan and twin.fixed_cache.keys[0] is fixed.static.keys[0]
+    twin.forward([5, 6, 7], length)  # the last three columns before the scratch one
+    before = sum(fixed.static.calls.values())
+    twin.forward([8, 9], length + 3)  # would write the scratch column: eager, and it grows
+    assert not twin.fixed_cache.on_loan
+    assert twin.fixed_cache.capacity > columns
+    twin.forward([10], length + 5)
+    assert sum(fixed.static.calls.values()) == before  # neither ran in the step
+
+
+def test_a_second_cache_takes_the_storage_and_the_first_keeps_its_entries(pair):
+    eager, fixed = pair
+    twin = Twin(eager, fixed)
+    twin.forward(PROMPT, 0)
+    other = fixed.new_cache(100)  # the storage goes to a second sequence
+    fixed.forward(torch.tensor([9, 9, 9]), torch.arange(3), other)
+    assert not twin.fixed_cache.on_loan and other.on_loan
+    twin.forward([11, 12], len(PROMPT))  # eager now, on the entries it moved out
+    twin.forward([13], len(PROMPT) + 2)
+
+
+def test_calls_the_step_cannot_run_take_the_eager_layers(pair):
+    eager, fixed = pair
+    twin = Twin(eager, fixed)
+    twin.forward(PROMPT, 0)
+    before = dict(fixed.static.calls)
+    seen = torch.ones(2, len(PROMPT) + 2, dtype=torch.bool)
+    seen[:, 1] = False  # a prefix column hidden: a [S, P + S] mask, as the proxy's
+    twin.forward([11, 12], len(PROMPT), mask=seen.tril(diagonal=len(PROMPT)))
+    twin.crop(len(PROMPT))
+    ids, positions = torch.tensor([11, 12]), torch.arange(len(PROMPT), len(PROMPT) + 2)
+    skip = SkipMask.of(attention=[1], mlp=[2])
+    a = eager.forward(ids, positions, twin.eager_cache, skip=skip)
+    b = fixed.forward(ids, positions, twin.fixed_cache, skip=skip)
+    torch.testing.assert_close(b.logits, a.logits, rtol=1e-5, atol=1e-5)
+    assert twin.fixed_cache.lengths == twin.eager_cache.lengths  # skipped layers unwritten
+    twin.crop(len(PROMPT))
+
+    def doubled(normed):
+        return torch.cat([normed, normed])
+
+    a = eager.forward(ids, positions, twin.eager_cache, extra_rows=doubled)
+    b = fixed.forward(ids, positions, twin.fixed_cache, extra_rows=doubled)
+    torch.testing.assert_close(b.extra_logits, a.extra_logits, rtol=1e-5, atol=1e-5)
+    assert dict(fixed.static.calls) == before
+
+
+@pytest.mark.parametrize("name", ["ngram", "self_spec"])
+def test_speculative_decoding_is_token_identical_with_the_step(tiny_llama_dir, tmp_path, name):
+    """Verification through the step: the n-gram drafter's chains and trees; layer skip's
+    drafts run eagerly (a skip mask) beside verification in the step, on one cache."""
+    ref = TargetRef.for_user(str(tiny_llama_dir))
+    eager = ref.runner()
+    fixed = Runner(eager.model, static=True)
+    method = registry.get(name)
+    prompts = [[1, 100, 3, 3, 3, 100, 3], [1, 40, 41, 42, 43, 44], PROMPT]
+    verified = collections.Counter()  # buckets of the verify calls the step ran
+    for settings in method.examples(eager.model, tmp_path).values():
+        for prompt in prompts:
+            expected = decode_plain(eager, prompt, 60).tokens
+            drafter = method.deployed_drafter(settings, DraftEnv(ref, fixed))()
+            before = collections.Counter(fixed.static.calls)
+            assert decode_speculative(fixed, drafter, prompt, 60).tokens == expected
+            verified += fixed.static.calls - before
+            verified[buckets.bucket_for(len(prompt))] -= 1  # its prefill
+    assert sum(count for size, count in verified.items() if size > 1) > 0
+
+
+# --- no host reads inside the step --------------------------------------------------
+
+
+class NoHostReads(TorchDispatchMode):
+    """Fails any operation that reads a tensor's value back to the host: ``.item()``,
+    ``int(t)``, ``bool(t)`` (one scalar read), and the operations whose output size
+    depends on values (``nonzero``, boolean indexing, ``masked_select``, ``unique``)."""
+
+    INDEXING = frozenset(
+        {torch.ops.aten.index, torch.ops.aten.index_put, torch.ops.aten.index_put_}
+    )
+
+    READS = frozenset(
+        {
+            torch.ops.aten.item,  # as it reaches the mode under inference_mode
+            torch.ops.aten._local_scalar_dense,  # and outside it
+            torch.ops.aten.nonzero,
+            torch.ops.aten.masked_select,
+            torch.ops.aten.equal,
+            torch.ops.aten.is_nonzero,
+            torch.ops.aten._unique2,
+            torch.ops.aten.unique_consecutive,
+        }
+    )
+
+    def masked(self, func, args) -> bool:
+        """Indexing by a boolean mask: its nonzero entries are counted on the host."""
+        if func.overloadpacket not in self.INDEXING:
+            return False
+        return any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in args[1])
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in self.READS or self.masked(func, args):
+            raise AssertionError(f"{func} reads a tensor's value on the host")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def no_host_reads(monkeypatch):
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("tolist reads a tensor's values on the host")
+
+    monkeypatch.setattr(torch.Tensor, "tolist", refuse)
+    return NoHostReads
+
+
+@pytest.mark.parametrize("inference", [False, True])
+def test_the_guard_catches_host_reads(no_host_reads, inference):
+    with torch.inference_mode(inference):  # the step runs under inference_mode
+        value = torch.ones(3)
+        for read in (
+            lambda: value.sum().item(),
+            lambda: int(value[0]),
+            lambda: bool(value[0] > 0),
+            lambda: value[value > 0],
+            lambda: value.tolist(),
+        ):
+            with pytest.raises(AssertionError), no_host_reads():
+                read()
+
+
+@torch.inference_mode()
+def test_the_step_reads_nothing_back_to_the_host(pair, no_host_reads):
+    fixed = pair[1]
+    cache = fixed.new_cache(100)
+    fixed.forward(torch.tensor(PROMPT), torch.arange(len(PROMPT)), cache)
+    calls = sum(fixed.static.calls.values())
+    for n, mask in ((1, None), (5, None), (7, TREE.attention_mask("cpu"))):
+        cache.crop(len(PROMPT))
+        ids, positions = torch.arange(n) + 3, torch.arange(n) + len(PROMPT)
+        with no_host_reads():  # the copy-in, the step (what a graph replays) and the copy-out
+            fixed.forward(ids, positions, cache, mask=mask)
+    assert sum(fixed.static.calls.values()) == calls + 3
+
+
+# --- where the step runs --------------------------------------------------------------
+
+
+def test_the_step_is_on_by_default_on_gpus_only(tiny_llama, monkeypatch):
+    assert Runner(tiny_llama).static is None  # the CPU path as it was
+    monkeypatch.delenv(static.SWITCH_ENV, raising=False)
+    assert static.enabled_by_default(torch.device("cuda"))
+    assert not static.enabled_by_default(torch.device("cpu"))
+    monkeypatch.setenv(static.SWITCH_ENV, "0")
+    assert not static.enabled_by_default(torch.device("cuda"))
+    fixed = Runner(tiny_llama, static=True, how="graph")
+    assert fixed.static is not None and fixed.static.how == "eager"  # no graphs on a CPU
+    with pytest.raises(ValueError):
+        Runner(tiny_llama, static=True, how="graphs")
+
+
+def test_a_rotary_embedding_that_reads_positions_on_the_host_is_refused(tiny_llama):
+    runner = Runner(tiny_llama, static=True)
+    runner.rotary.rope_type = "dynamic"
+    assert "host" in (static.unsupported(runner, "graph") or "")
