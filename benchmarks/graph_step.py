@@ -1,0 +1,135 @@
+"""What the engine's fixed-shape step saves (issue 40): one forward over n new tokens after
+a 160-token context, eagerly, as the fixed-shape step run eagerly, recorded as CUDA
+graphs, and under torch.compile(mode="reduce-overhead"), each as a ratio to eager:
+
+    python benchmarks/graph_step.py --model vicuna-13b --random-weights --dtype float16 \\
+        --device cuda [--repeats 7] [--json]
+
+Medians over ``--repeats`` rounds after a warm-up round (where the graphs are recorded and
+compiled), every size timed in each round, CUDA synchronised around each forward
+(``measure.costs``). The runners are timed one after another in one process. On a CPU
+the graph and compile columns say "cuda only".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+SIZES = (1, 2, 4, 8, 16, 32, 64)
+# (column, Runner's static and how); None: the runner's eager layers, the yardstick
+WAYS = {
+    "eager": None,
+    "static-eager": "eager",
+    "cuda-graph": "graph",
+    "compile": "compile",
+}
+CUDA_ONLY = ("graph", "compile")
+
+
+def load_model(args: argparse.Namespace):
+    """(model, name) on the asked device and dtype, as `autotune latency` loads them."""
+    from autotune.measure.costs import CONTEXT_TOKENS
+    from autotune.models import load_target, random_weights_model
+    from autotune.models.loading import placement
+
+    dtype, device = placement(args.dtype, args.device)
+    tokens = 2 * CONTEXT_TOKENS  # what the timing cache holds (``measure.costs``)
+    if args.random_weights:
+        return random_weights_model(args.model, dtype, device, tokens)
+    target = load_target(args.model, args.model_path, dtype, device, tokens)
+    return target.model, target.name
+
+
+def time_way(model, how: str | None, repeats: int) -> dict:
+    """One column: ms per size, or why it was not measured."""
+    from autotune.engine.runner import Runner
+    from autotune.errors import AutotuneError
+    from autotune.measure.costs import measure_latency_curve
+
+    device = next(model.parameters()).device
+    if how in CUDA_ONLY and device.type != "cuda":
+        return {"skipped": "cuda only"}
+    runner = Runner(model, static=how is not None, how=how or "graph")
+    try:
+        curve = measure_latency_curve(runner, max(SIZES), repeats, sizes=list(SIZES))
+    except AutotuneError as error:  # a capture or compile refused: said, not fatal here
+        return {"skipped": f"failed: {error}"}
+    if runner.static is not None and not runner.static.calls:
+        return {"skipped": "the step never ran (every call fell back to eager)"}
+    return {"ms": {n: 1e3 * curve(n) for n in SIZES}}
+
+
+def table(columns: dict[str, dict]) -> list[str]:
+    eager = columns["eager"]["ms"]
+    others = {name: column for name, column in columns.items() if name != "eager"}
+    lines = [f"{'n':>4}  {'eager ms':>9}" + "".join(f"  {name:>20}" for name in others)]
+    for n in SIZES:
+        cells = []
+        for column in others.values():
+            if "ms" not in column:
+                cells.append(f"  {column['skipped'][:20]:>20}")
+                continue
+            ms = column["ms"][n]
+            cells.append(f"  {ms:9.3f} ms {ms / eager[n]:5.2f}x")
+        lines.append(f"{n:>4}  {eager[n]:9.3f}" + "".join(cells))
+    lines += [
+        f"{name}: {column['skipped']}" for name, column in columns.items() if "ms" not in column
+    ]
+    return lines
+
+
+def main() -> int:
+    import torch
+
+    from autotune import hardware
+    from autotune.measure.costs import CONTEXT_TOKENS
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--model-path")
+    parser.add_argument("--random-weights", action="store_true")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    model, name = load_model(args)
+    device = next(model.parameters()).device
+    columns = {way: time_way(model, how, args.repeats) for way, how in WAYS.items()}
+    info = hardware.describe(str(device))
+    heading = {
+        "model": name,
+        "random_weights": args.random_weights,
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "device": f"{info['device']} ({info['device_name']}, {info['threads']} threads)",
+        "torch": torch.__version__,
+        "repeats": args.repeats,
+    }
+    if args.json:
+        print(json.dumps({**heading, "columns": columns}, indent=2))
+        return 0
+    print(
+        f"one forward after a {CONTEXT_TOKENS}-token context: {name} (random weights: "
+        f"{str(args.random_weights).lower()}, {heading['dtype']}) on {heading['device']}, "
+        f"torch {torch.__version__}; medians of {args.repeats}, x = time / eager's"
+    )
+    print("\n".join(table(columns)))
+    return 0
+
+
+def run() -> int:
+    """``main``, with the errors a user can fix as one line (exit status 2)."""
+    from autotune.errors import AutotuneError
+
+    try:
+        return main()
+    except AutotuneError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(run())
