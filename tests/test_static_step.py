@@ -314,3 +314,23 @@ def test_a_rotary_embedding_that_reads_positions_on_the_host_is_refused(tiny_lla
     runner = Runner(tiny_llama, static=True)
     runner.rotary.rope_type = "dynamic"
     assert "host" in (static.unsupported(runner, "graph") or "")
+
+
+def test_a_capture_that_fails_is_one_warning_and_the_runner_runs_eagerly(pair, monkeypatch, capsys):
+    """A driver or torch release that refuses to record the step costs speed, not the
+    run: one warning, then every call in the eager layers, the same tokens."""
+    eager, fixed = pair
+    assert fixed.static is not None
+    fixed.static.how = "graph"  # as on a GPU
+
+    def refuse(buffer):
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore")
+
+    monkeypatch.setattr(fixed.static, "_record", refuse)
+    for runner in (eager, fixed):
+        runner.tokens = decode_plain(runner, PROMPT, 40).tokens  # type: ignore[attr-defined]
+    assert fixed.tokens == eager.tokens  # type: ignore[attr-defined]
+    assert fixed.static.failed is not None and "not permitted" in fixed.static.failed
+    assert sum(fixed.static.calls.values()) == 0
+    said = " ".join(capsys.readouterr().err.split())  # the console folds long lines
+    assert said.count("warning:") == 1 and "the engine runs eagerly" in said

@@ -33,7 +33,7 @@ from autotune.engine import buckets, layers
 from autotune.engine.kvcache import KVCache
 from autotune.engine.layers import Fused, Product
 from autotune.engine.segment import Segment
-from autotune.errors import AutotuneError
+from autotune.progress import say
 
 HOWS = ("graph", "compile", "eager")
 SWITCH_ENV = "AUTOTUNE_STATIC"  # "0": a GPU runner runs eagerly unless asked otherwise
@@ -170,6 +170,7 @@ class StaticStep:
         self._borrower: weakref.ref[StaticCache] | None = None
         self._pool: Any = None  # the captured graphs' shared memory pool
         self.calls: collections.Counter[int] = collections.Counter()  # bucket -> runs
+        self.failed: str | None = None  # why capturing failed: the runner runs eagerly
 
     @classmethod
     def of(cls, model: StepModel, how: str = "graph") -> StaticStep | None:
@@ -212,7 +213,7 @@ class StaticStep:
         length, a bucket for its tokens, room before the scratch column, and a mask over
         the new tokens only (None: causal)."""
         cache, n = segment.cache, len(segment.tokens)
-        if not isinstance(cache, StaticCache) or not cache.on_loan:
+        if self.failed is not None or not isinstance(cache, StaticCache) or not cache.on_loan:
             return False
         if self._borrower is None or self._borrower() is not cache:
             return False
@@ -237,6 +238,8 @@ class StaticStep:
         assert size is not None  # fits() checked n against the largest bucket
         prefix, scratch = cache.lengths[0], self.columns - buckets.SCRATCH_COLUMNS
         run = self._runs.get(size) or self._prepare(size)
+        if run is None:  # the capture failed: said once, and the runner runs eagerly
+            return None
         buffer = self.buffers[size]
         buffer.load(segment, prefix, scratch)
         run()
@@ -257,29 +260,35 @@ class StaticStep:
             if size not in self._runs:
                 self._prepare(size)
 
-    def _prepare(self, size: int) -> Callable[[], None]:
+    def _prepare(self, size: int) -> Callable[[], None] | None:
         if size not in self.buffers:
             self.buffers[size] = StepBuffers(size, self.model)
         buffer = self.buffers[size]
         if self.how == "eager":
-            run: Callable[[], None] = functools.partial(self.compute, buffer)
+            run: Callable[[], None] | None = functools.partial(self.compute, buffer)
         else:
             run = self._captured(buffer)
-        self._runs[size] = run
+        if run is not None:
+            self._runs[size] = run
         return run
 
-    def _captured(self, buffer: StepBuffers) -> Callable[[], None]:
+    def _captured(self, buffer: StepBuffers) -> Callable[[], None] | None:
+        """The bucket's step recorded, or None where torch or the driver refused: a
+        warning line then, and every later call runs in the runner's eager layers (the
+        same tokens, slower), rather than a run stopped over its speed."""
         record = self._record if self.how == "graph" else self._compiled
         try:
             return record(buffer)
-        except Exception as error:  # torch's or the driver's refusal, said in one line
+        except Exception as error:
             what = "record a CUDA graph of" if self.how == "graph" else "torch.compile"
             first_line = (str(error).strip().splitlines() or [""])[0]
-            cause = f"{type(error).__name__}: {first_line}"
-            raise AutotuneError(
-                f"could not {what} the engine's {buffer.size}-token step ({cause}); "
-                f"set {SWITCH_ENV}=0 to run the engine eagerly"
-            ) from error
+            self.failed = f"{type(error).__name__}: {first_line}"[:300]
+            say(
+                f"[yellow]warning: could not {what} the engine's {buffer.size}-token step "
+                f"({self.failed}); the engine runs eagerly, slower than a serving "
+                f"engine's step (set {SWITCH_ENV}=0 to skip the attempt)[/yellow]"
+            )
+            return None
 
     def compute(self, buffer: StepBuffers) -> None:
         """The step itself, over the bucket's buffers and the cache storage: the runner's
