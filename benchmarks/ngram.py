@@ -250,16 +250,7 @@ def print_extras(report: dict) -> None:
         )
 
 
-def run() -> int:
-    """``main``, with the errors a user can fix as one line (exit status 2)."""
-    from autotune.errors import AutotuneError
-
-    try:
-        return main()
-    except AutotuneError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-
-
 if __name__ == "__main__":
-    sys.exit(run())
+    from autotune.errors import exit_status
+
+    sys.exit(exit_status(main))
