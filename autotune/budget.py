@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
 
 class Budget:
-    """``seconds`` from now (None: no limit)."""
+    """``seconds`` from now, or from ``started`` (a ``time.monotonic`` instant; None: no
+    limit), the last ``reserve`` of them kept back from what is ``left()`` (for what must
+    still happen after the work it times: writing, reporting, exiting)."""
 
-    def __init__(self, seconds: float | None):
+    def __init__(self, seconds: float | None, started: float | None = None, reserve: float = 0.0):
         self.seconds = seconds
-        self.started = time.monotonic()
+        self.started = time.monotonic() if started is None else started
+        self.reserve = reserve
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
     def left(self) -> float | None:
-        return None if self.seconds is None else max(0.0, self.seconds - self.elapsed())
+        if self.seconds is None:
+            return None
+        return max(0.0, self.seconds - self.reserve - self.elapsed())
 
     def spent(self) -> bool:
         left = self.left()
@@ -30,3 +37,22 @@ class Budget:
     def part(self, fraction: float, floor: float = 1.0) -> Budget:
         """A budget of ``fraction`` of what is left, starting now."""
         return Budget(self.share(fraction, floor))
+
+
+def command_started() -> float:
+    """When the command began, on ``time.monotonic``'s clock: its process's start where
+    the process was started to run it (the ``autotune`` script), else now (a command
+    called within a longer-lived process: a test, a notebook)."""
+    if Path(sys.argv[0]).name == "autotune":
+        return process_started()
+    return time.monotonic()
+
+
+def process_started() -> float:
+    """When this process started, on ``time.monotonic``'s clock: a command's budget counts
+    its imports and checks too (beside two busy processes, 15 s went by before the run's
+    own clock started, and the command ended 39 s past a 5-minute --budget)."""
+    import psutil
+
+    age = time.time() - psutil.Process().create_time()
+    return time.monotonic() - max(0.0, age)

@@ -51,6 +51,9 @@ BATCHED_DECODING_GAIN = 3.0
 # --- the least seconds worth spending ---------------------------------------------------
 # Every floor below which a step measures nothing useful, in one place (a head kind's own
 # least training time is on its registry entry, ``training.kinds``).
+# What a run keeps back from --budget for its ending: assembling and writing the profile
+# and its plot, the report, the process's exit.
+CLOSING_S = 10.0
 # A run without --budget plans as if this much were left.
 NO_BUDGET_S = 3600.0
 # A study needs at the least: Ray's workers start and load the model, and a measured

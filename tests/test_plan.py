@@ -195,3 +195,36 @@ def test_the_levels_under_load_keep_a_tenth_of_the_budget_after_the_verdict():
         plan.load_seconds(facts(forward_s=0.005, load_levels=1))
     )
     assert fast[-1].seconds < plan.LOAD_SHARE * 1200.0
+
+
+# a graph-captured GPU step (SmolLM2-135M): verifying 64 tokens costs little more than one
+GPU_CURVE = tuple(1.0 + 0.004 * n for n in range(64))
+
+
+def test_on_a_gpu_the_budget_buys_every_method_its_training_and_its_trials():
+    """The plan sizes itself from the measured step and curve: on a GPU the same 18
+    minutes give every head kind more than its least training and every method a study
+    several times the CPU's, where trials are cheap."""
+    every = {
+        "methods": ("ngram", "self_spec", "medusa", "eagle", "glide"),
+        "draft_free": ("ngram",),
+        "train": {"medusa": "medusa", "eagle": "eagle", "glide": "glide"},
+        "min_training": {"medusa": 45.0, "eagle": 45.0, "glide": 45.0},
+        "params": 135_000_000,
+        "budget_s": plan.BUDGET_S,
+    }
+    left = plan.BUDGET_S - 60
+    on_gpu = plan.phases(
+        facts(forward_s=0.0016, verify_relative=GPU_CURVE, cpu=False, **every), Evidence(), left
+    )
+    on_cpu = plan.phases(facts(**every), Evidence(), left)
+    gpu_training, cpu_training = seconds_of(on_gpu, "train "), seconds_of(on_cpu, "train ")
+    gpu_tuning, cpu_tuning = seconds_of(on_gpu, "tune "), seconds_of(on_cpu, "tune ")
+    assert set(gpu_training) == {f"train {k} heads" for k in ("medusa", "eagle", "glide")}
+    assert all(s >= 2 * 45.0 for s in gpu_training.values())
+    assert set(gpu_tuning) == {f"tune {m}" for m in every["methods"]}
+    for name, seconds in gpu_tuning.items():
+        assert seconds >= plan.LEAST_STUDY_S and seconds >= 2 * cpu_tuning[name]
+    # answers decode 20x faster: the time goes to training and tuning, not to waiting
+    assert seconds_of(on_gpu, "answers")["answers"] < seconds_of(on_cpu, "answers")["answers"] / 5
+    assert sum(gpu_training.values()) > sum(cpu_training.values())

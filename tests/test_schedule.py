@@ -128,3 +128,30 @@ def test_a_damaged_cached_folder_is_passed_over(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     cached_heads_folder("f" * 16, "medusa").mkdir(parents=True)  # no config.json
     assert find_heads("medusa", "smollm2-135m", "f" * 16, accept) is None
+
+
+def test_a_budget_counts_from_the_process_start_and_keeps_its_reserve_back():
+    """--budget is the command's deadline: its imports and checks count, and the ending
+    (writing, reporting, exiting) is kept back from what the phases may spend."""
+    import time
+
+    from autotune.budget import process_started
+
+    started = process_started()
+    assert started < time.monotonic() - 0.5  # this test process has run a while already
+    budget = Budget(100.0, started=time.monotonic() - 30.0, reserve=10.0)
+    assert budget.left() == pytest.approx(60.0, abs=1.0)
+    assert Budget(5.0, reserve=10.0).spent()
+    assert Budget(None, reserve=10.0).left() is None
+
+
+def test_a_command_called_within_a_longer_process_counts_from_the_call(monkeypatch):
+    import sys
+    import time
+
+    from autotune.budget import command_started, process_started
+
+    monkeypatch.setattr(sys, "argv", ["/usr/lib/python3/site-packages/pytest", "-q"])
+    assert command_started() == pytest.approx(time.monotonic(), abs=0.5)
+    monkeypatch.setattr(sys, "argv", ["/work/venv/bin/autotune", "profile"])
+    assert command_started() == pytest.approx(process_started(), abs=0.5)

@@ -195,3 +195,30 @@ def test_past_the_runs_deadline_the_held_back_measurement_stops_after_one_prompt
     )
     assert len(session.measurements["m"].prompts) == 1
     assert result.stopped == "time"  # one prompt decides nothing, however it came out
+
+
+def test_no_prompt_starts_that_the_deadline_leaves_no_time_to_finish(tiny_llama, monkeypatch):
+    """The run's deadline stops the held-back measurement before a prompt that would end
+    past it (going by the slowest so far), not only once it has passed: a prompt started
+    with a second left ran 18 s past a busy run's --budget."""
+    from autotune.budget import Budget
+    from autotune.measure import timing
+
+    prompts = [EncodedPrompt(f"q{i}", [1, 7 + i, 9, 33]) for i in range(6)]
+    clock = [0.0]
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr("autotune.budget.time.monotonic", lambda: clock[0])
+
+    def slow(decode, *args):  # every decoding takes 10 s on the fake clock
+        result = decode(*args)
+        clock[0] += 10.0
+        return result, 10.0
+
+    monkeypatch.setattr(timing, "_timed", slow)
+    session = SideBySide(Runner(tiny_llama), {"m": drafter}, 4)
+    # a prompt (greedy and m) takes 20 s: 45 s leave time for two, not for a third
+    measured = session.measure(prompts, until=None, least=0, deadline=Budget(45.0))
+    assert measured == 2 and clock[0] == 40.0
+    # the first prompt of all starts whatever is left: there is nothing to go by
+    fresh = SideBySide(Runner(tiny_llama), {"m": drafter}, 4)
+    assert fresh.measure(prompts, until=None, least=0, deadline=Budget(1.0)) == 1

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from autotune import plan
+from autotune.budget import command_started
 from autotune.cli.errors import user_errors
 from autotune.cli.options import (
     MODEL_PATH_HELP,
@@ -126,6 +127,7 @@ def profile(
         trials=trials,
         time_budget_s=duration(time_budget, "--time-budget"),
         budget_s=parse_duration(budget),
+        started=command_started(),
         train_heads=train_heads,
         heads=method_pairs(heads, "--heads"),
         search_spaces=method_pairs(search_space, "--search-space"),

@@ -282,6 +282,7 @@ class SideBySide:
         self.measurements = {name: Measurement() for name in self.variants}
         self._measured = 0
         self._warm = False
+        self._slowest_s = 0.0  # the longest one prompt's decodings have taken
 
     def drop(self, name: str) -> None:
         """``name`` decodes no more; what it measured stays."""
@@ -315,8 +316,9 @@ class SideBySide:
         least: int = MIN_PROMPTS,
         deadline: Budget | None = None,
     ) -> int:
-        """Measure ``prompts`` in turn (past ``until``'s time, no more than ``least``;
-        past ``deadline``'s, the whole run's, none after the first); the number measured."""
+        """Measure ``prompts`` in turn (past ``until``'s time, no more than ``least``);
+        none starts that ``deadline``, the whole run's, leaves no time to finish, going by
+        the slowest prompt so far (but the first prompt of all); the number measured."""
         if prompts and not self._warm:
             self.warm_up(prompts[0])
         names: list[str | None] = [None, *self.variants]  # None: plain greedy
@@ -324,14 +326,21 @@ class SideBySide:
         for i, prompt in enumerate(prompts):
             if until is not None and i >= least and until.spent():
                 break
-            if deadline is not None and i >= 1 and deadline.spent():
+            if deadline is not None and self._past(deadline):
                 break
             measured += 1
             shift = self._measured % len(names)
             self._measured += 1
             runs = {name: self._decode(name, prompt) for name in names[shift:] + names[:shift]}
+            self._slowest_s = max(self._slowest_s, sum(seconds for _, seconds in runs.values()))
             self._record(prompt, runs, on_prompt)
         return measured
+
+    def _past(self, deadline: Budget) -> bool:
+        """Whether another prompt would end past ``deadline`` (a prompt started with a
+        second left ran 18 s past a busy run's --budget)."""
+        left = deadline.left()
+        return self._measured > 0 and left is not None and left < self._slowest_s
 
     def _decode(self, name: str | None, prompt: EncodedPrompt) -> tuple[DecodeResult, float]:
         """``prompt`` decoded, timed, by variant ``name`` (None: plain greedy)."""

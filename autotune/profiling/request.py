@@ -35,6 +35,9 @@ class ProfileRequest:
     dtype: str = "auto"  # auto, float32, bfloat16, float16 (autotune.hardware)
     device: str = "auto"  # auto, cpu, cuda, cuda:N
     budget_s: float | None = plan.BUDGET_S  # the whole run (``--budget``)
+    # when the command started (``time.monotonic``; None: when the run starts): --budget
+    # counts from there
+    started: float | None = None
     train_heads: bool = True  # train missing heads within the run, when the model allows
     threads: int | None = None  # --threads (None: the cores, or one on a busy machine)
     # --engine (repeatable): deploying to these; the search keeps to what they express

@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from autotune import plan
 from autotune.budget import Budget
 from autotune.profile.blocks import MethodSettings
 from autotune.profile.io import check_writable, write_profile
@@ -32,7 +33,7 @@ from autotune.profiling.verdict import decide
 
 
 def run_profile(request: ProfileRequest) -> tuple[ProfileBase, Path]:
-    budget = Budget(request.budget_s)
+    budget = Budget(request.budget_s, request.started, reserve=plan.CLOSING_S)
     setup = make_setup(request)
     ws = open_workspace(request)
     ws.deadline = budget

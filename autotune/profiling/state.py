@@ -148,7 +148,8 @@ def skip(run: RunState, method: str, why: str) -> RunState:
 
 
 def refuse_small_budget(run: RunState) -> None:
-    least = run.budget.elapsed() + plan.least_budget(run.facts)  # from the start
+    # from the command's start, with what it keeps back for its ending
+    least = run.budget.elapsed() + plan.least_budget(run.facts) + run.budget.reserve
     if run.budget.seconds is not None and run.budget.seconds < least:
         busy = "; the machine is busy" if run.noise.busy else ""
         raise AutotuneError(
