@@ -1,0 +1,191 @@
+"""Plain greedy decoding in autotune's engine (``autotune.engine.decoding.decode_plain``)
+beside transformers' ``generate`` over a static cache with its decoding step compiled
+(CUDA graphs), on the same MT-bench prompts, interleaved prompt by prompt in one process:
+tokens/s of each, their ratio and its 95% interval over prompts (paired bootstrap,
+``autotune.measure.stats``).
+
+    python benchmarks/gpu/greedy_vs_hf.py --model-path FILE.gguf --device cuda \
+        [--prompts 8] [--max-new-tokens 128] [--out FILE]
+
+transformers gets one ``StaticCache`` long enough for every prompt, reset between them, so
+its decoding step is compiled and captured once (``generate`` compiles it by itself on a
+GPU when the cache is static; a cache of each prompt's own length would compile it again
+for every length). On a CPU, or with --no-compile, it decodes eagerly, and says so. Both
+stop at the model's end-of-sequence tokens or after --max-new-tokens; each time includes
+the prompt's prefill. Run with autotune importable (the GPU check sets PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from autotune.engine.decoding import decode_plain
+from autotune.engine.runner import Runner
+from autotune.errors import AutotuneError, exit_status
+from autotune.files import write_atomic
+from autotune.measure.stats import Pairs, bootstrap_interval
+from autotune.models import load_target
+from autotune.prompts import default_prompts_path, load_prompts
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def engine_decoder(runner: Runner, max_new_tokens: int):
+    """ids -> (seconds, tokens) of plain greedy decoding in autotune's engine."""
+
+    def decode(ids: list[int]) -> tuple[float, list[int]]:
+        synchronize(runner.device)
+        start = time.perf_counter()
+        tokens = decode_plain(runner, ids, max_new_tokens).tokens
+        synchronize(runner.device)
+        return time.perf_counter() - start, tokens
+
+    return decode
+
+
+def cache_keyword(model) -> str:
+    import inspect
+
+    parameters = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def transformers_decoder(model, eos: list[int], capacity: int, max_new_tokens: int, compile_: bool):
+    """ids -> (seconds, tokens) of ``generate``'s greedy decoding over one static cache of
+    ``capacity`` tokens, reset before each prompt."""
+    from transformers import StaticCache
+
+    cache = StaticCache(config=model.config, max_cache_len=capacity)
+    device = next(model.parameters()).device
+    options = {
+        cache_keyword(model): cache,
+        "do_sample": False,
+        "max_new_tokens": max_new_tokens,
+        "eos_token_id": eos,
+        "pad_token_id": eos[0] if eos else 0,
+        "disable_compile": not compile_,
+    }
+
+    def decode(ids: list[int]) -> tuple[float, list[int]]:
+        cache.reset()
+        prompt = torch.tensor([ids], device=device)
+        synchronize(device)
+        start = time.perf_counter()
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), **options)
+        synchronize(device)
+        return time.perf_counter() - start, out[0, len(ids) :].tolist()
+
+    return decode
+
+
+def summary(rows: list[tuple[float, int, float, int]], same: int) -> dict:
+    """The engine against transformers over the prompts decoded so far."""
+    pairs = Pairs.of(rows)
+    interval = bootstrap_interval(pairs)
+    return {
+        "prompts": len(rows),
+        "engine_tokens_per_s": round(
+            float(pairs.method_tokens.sum() / pairs.method_seconds.sum()), 2
+        ),
+        "transformers_tokens_per_s": round(
+            float(pairs.baseline_tokens.sum() / pairs.baseline_seconds.sum()), 2
+        ),
+        "engine_over_transformers": round(float(pairs.speedup()), 4),
+        "interval": interval.as_list(),
+        "same_tokens": same,
+    }
+
+
+def interleaved(engine, transformers, encoded: list[list[int]], until: float, write) -> dict:
+    """Each prompt decoded by both, the order alternating, while time is left (two
+    prompts at the least); ``write(summary)`` after each."""
+    rows: list[tuple[float, int, float, int]] = []
+    same = 0
+    result: dict = {}
+    for index, ids in enumerate(encoded):
+        if len(rows) >= 2 and time.monotonic() > until:
+            break
+        order = (engine, transformers) if index % 2 == 0 else (transformers, engine)
+        timed = {decoder: decoder(ids) for decoder in order}
+        (e_s, e_tokens), (t_s, t_tokens) = timed[engine], timed[transformers]
+        same += e_tokens == t_tokens
+        rows.append((e_s, len(e_tokens), t_s, len(t_tokens)))
+        result = summary(rows, same)
+        write(result)
+    return result
+
+
+def measure(args: argparse.Namespace, write) -> dict:
+    started = time.monotonic()
+    target = load_target(args.model, args.model_path, args.dtype, args.device)
+    runner = Runner(target.model)
+    device = runner.device
+    prompts = load_prompts(default_prompts_path())[: args.prompts]
+    encoded = [target.encode_chat(p.text) for p in prompts]
+    capacity = max(len(ids) for ids in encoded) + args.max_new_tokens + 8
+    compiled = device.type == "cuda" and not args.no_compile
+    eos = sorted(runner.eos_token_ids)
+    engine = engine_decoder(runner, args.max_new_tokens)
+    transformers = transformers_decoder(target.model, eos, capacity, args.max_new_tokens, compiled)
+    head = {
+        "model": target.name,
+        "dtype": target.dtype,
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "max_new_tokens": args.max_new_tokens,
+        "compiled": compiled,
+        "transformers": "generate, StaticCache, "
+        + ("compiled (reduce-overhead: CUDA graphs)" if compiled else "eager"),
+    }
+    with torch.inference_mode():
+        engine(encoded[0])  # warm-up: allocations, kernel choices
+        transformers(encoded[0])  # warm-up: compiling and capturing the decoding step
+        transformers(encoded[0])
+        warmed = time.monotonic() - started
+        until = started + args.time_limit
+        result = interleaved(engine, transformers, encoded, until, lambda r: write({**head, **r}))
+    return {**head, **result, "setup_s": round(warmed, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--model-path", help="the model's GGUF file or folder")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--prompts", type=int, default=8, help="MT-bench prompts, first N")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=float("inf"),
+        metavar="SECONDS",
+        help="start no new prompt after this long (two at the least)",
+    )
+    parser.add_argument("--no-compile", action="store_true", help="transformers decodes eagerly")
+    parser.add_argument("--out", type=Path, help="also write the JSON here, after every prompt")
+    args = parser.parse_args(argv)
+
+    def write(result: dict) -> None:
+        if args.out is not None:
+            write_atomic(args.out, json.dumps(result, indent=1) + "\n")
+
+    if args.prompts < 2:
+        raise AutotuneError("--prompts: give 2 or more (an interval needs a spread)")
+    result = measure(args, write)
+    write(result)
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(exit_status(main))
