@@ -1,0 +1,250 @@
+"""The GPU check's parts that run without a GPU (benchmarks/gpu/, issue 40 item 3): what it
+lists as missing, how bundle.py cuts the bundle into carries and check.py puts it back,
+the graph reference on a tiny random LLaMA on the CPU, and the closing table of bars.
+Nothing is downloaded: the wheels and the model here are made-up files."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MIB = 2**20
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """The check's modules, imported as check.py imports them (its folder on the path)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "gpu"))
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    names = ("bundle", "check_stage", "check_summary", "check_steps", "check", "hf_graph_reference")
+    return type("Modules", (), {name: importlib.import_module(name) for name in names})
+
+
+# --- what is missing -----------------------------------------------------------------------
+
+
+def test_unmet_lists_missing_and_wrong_versions_and_extras_of_a_fake_environment(gpu):
+    installed = {"typer": "0.9.0", "ray": "2.60.0", "torch": "2.11.0", "pandas": "2.3.0"}
+    extras = {"ray": ["pandas; extra == 'tune'", "tensorboardX>=1.9; extra == 'tune'"]}
+    requirements = [
+        "torch>=2.5",
+        "typer>=0.12",
+        "optuna>=4.2,<6",
+        "ray[tune]>=2.40,<3",
+        "psycopg[binary]>=3.1",  # PostgreSQL only: not listed
+        "pywin32>=300; sys_platform == 'win32'",  # not for this machine
+    ]
+    found = gpu.check_stage.unmet(requirements, installed, lambda name, _: extras.get(name, []))
+    lines = [u.line() for u in found]
+    assert lines == [
+        "wrong version: typer 0.9.0 installed, typer>=0.12 needed",
+        "missing: optuna<6,>=4.2",
+        "missing: tensorboardX>=1.9",
+    ]
+    assert [u.name for u in found] == ["typer", "optuna", "tensorboardx"]
+
+
+def test_protected_pins_hold_torch_transformers_and_cuda_packages(gpu):
+    installed = {"torch": "2.11.0", "transformers": "5.17.0", "nvidia-cublas": "13.1", "rich": "14"}
+    pins = gpu.check_stage.protected_pins(installed)
+    assert pins == ["nvidia-cublas==13.1", "torch==2.11.0", "transformers==5.17.0"]
+
+
+# --- the bundle in carries -----------------------------------------------------------------
+
+
+def test_carries_fit_their_limit_wheels_first_and_the_model_in_order(gpu):
+    wheels = [("ray.whl", 45 * MIB), ("optuna.whl", MIB // 2), ("sqlalchemy.whl", 4 * MIB)]
+    capacity = 60 * MIB
+    plan = gpu.bundle.plan_carries(wheels, 94 * MIB, capacity)
+    assert len(plan) == 3
+    assert all(sum(p.size for p in carry) <= capacity for carry in plan)
+    assert {p.name for p in plan[0] if p.kind == "wheel"} == {n for n, _ in wheels}
+    parts = [p for carry in plan for p in carry if p.kind == "model"]
+    assert [p.name for p in parts] == ["model.part1", "model.part2", "model.part3"]
+    assert [p.offset for p in parts] == [0, parts[0].size, parts[0].size + parts[1].size]
+    assert sum(p.size for p in parts) == 94 * MIB
+
+
+def test_a_wheel_larger_than_a_carry_is_one_line_of_error(gpu):
+    with pytest.raises(gpu.bundle.BundleError, match=r"^ray\.whl is 70\.0 MiB, more than"):
+        gpu.bundle.plan_carries([("ray.whl", 70 * MIB)], None, 60 * MIB)
+
+
+def test_a_slimmed_wheel_drops_the_jar_and_lists_only_what_it_holds(gpu, tmp_path):
+    wheel = tmp_path / "ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl"
+    files = {"ray/__init__.py": b"x = 1\n", "ray/jars/ray_dist.jar": b"\0" * 1000}
+    record = "".join(f"{name},sha256=abc,{len(data)}\n" for name, data in files.items())
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+        archive.writestr("ray-2.60.0.dist-info/RECORD", record + "ray-2.60.0.dist-info/RECORD,,\n")
+    slim = gpu.bundle.slimmed(wheel, "ray/jars/", tmp_path / "slim")
+    with zipfile.ZipFile(slim) as archive:
+        names = archive.namelist()
+        listed = archive.read("ray-2.60.0.dist-info/RECORD").decode().splitlines()
+    assert names == ["ray/__init__.py", "ray-2.60.0.dist-info/RECORD"]
+    assert [line.split(",")[0] for line in listed] == names
+
+
+def test_carries_staged_over_calls_give_the_model_back_whole(gpu, tmp_path):
+    """bundle.py's carries, staged one call at a time as check.py stages them: the model
+    is put together only once its last part is here, and is the file it was."""
+    wheel = tmp_path / "w" / "optuna-5.0.0-py3-none-any.whl"
+    wheel.parent.mkdir()
+    wheel.write_bytes(b"wheel" * 1000)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(bytes(range(256)) * 20_000)  # 5 MB: parts of at least 1 MiB
+    wheels = [(wheel.name, wheel.stat().st_size)]
+    plan = gpu.bundle.plan_carries(wheels, model.stat().st_size, 2 * MIB)
+    bundle, state = tmp_path / "bundle", tmp_path / "state"
+    folders = gpu.bundle.write_carries(bundle, plan, {wheel.name: wheel}, model)
+    described = gpu.bundle.manifest(folders, model, ["optuna==5.0.0"], {})
+    for folder in folders:
+        (folder / "manifest.json").write_text(json.dumps(described))
+    assert len(folders) == 3
+    call = tmp_path / "call"
+    call.mkdir()
+    for index, folder in enumerate(folders):
+        carried = call / folder.name  # what one call of the device tool carries
+        folder.rename(carried)
+        staged = gpu.check_stage.stage(call, state)
+        carried.rename(folder)
+        whole = gpu.check_stage.assemble_model(staged)
+        assert (whole is None) == (index < len(folders) - 1)
+    assert staged.carries_missing() == []
+    assert whole.read_bytes() == model.read_bytes()
+
+
+def test_carries_of_two_bundles_are_refused(gpu, tmp_path):
+    for index, bundle_id in enumerate(("aaaa", "bbbb"), start=1):
+        folder = tmp_path / f"carry{index}"
+        folder.mkdir()
+        manifest = {"format": gpu.check_stage.FORMAT, "id": bundle_id, "files": []}
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(gpu.check_stage.CheckError, match="2 different bundles"):
+        gpu.check_stage.stage(tmp_path, tmp_path / "state")
+
+
+# --- the graph reference on a CPU ----------------------------------------------------------
+
+
+def test_graph_reference_times_the_tiny_model_on_cpu_without_compiling(gpu, tiny_alias, tmp_path):
+    out = tmp_path / "ref.json"
+    arguments = ["--model", tiny_alias, "--random-weights", "--device", "cpu", "--dtype", "float32"]
+    arguments += ["--sizes", "1,4", "--repeats", "2", "--context", "16", "--out", str(out)]
+    assert gpu.hf_graph_reference.main(arguments) == 0
+    result = json.loads(out.read_text())
+    assert result["compiled"] is False and "no CUDA graphs" in result["graph"]
+    for size in ("1", "4"):
+        assert result["sizes"][size]["eager_dynamic_ms"] > 0
+        assert result["sizes"][size]["static_eager_ms"] > 0
+    # the static cache, rewound between forwards, computes the model: as one forward does
+    assert result["relative_difference"]["4"] < 1e-5
+    assert result["left_out"] == []
+
+
+# --- the closing table ---------------------------------------------------------------------
+
+
+def made_up_results(x_floor_1: float, graph_ms_1: float, greedy: float) -> dict:
+    """Results as check.py records them, with the numbers that decide three bars."""
+    seconds = [0.0100, 0.0110, 0.0120, 0.0130]
+    profile = {
+        "device": "cuda:0",
+        "recommended": "eagle",
+        "measured": {"speedup": 2.3, "speedup_interval": [1.8, 2.7], "lossless": True},
+        "studies": ["eagle", "ngram"],
+        "heads_trained": ["eagle"],
+        "training_s": 40.0,
+    }
+    return {
+        "environment": {"status": "ok", "data": {"device_name": "NVIDIA H100 80GB HBM3",
+                                                 "torch": "2.11.0", "cuda": "13.0",
+                                                 "date": "2026-11-27", "commit": "abc123"}},
+        "latency": {"status": "ok", "data": {
+            "seconds": seconds, "timed": [1, 2, 4],
+            "roofline": {"x_floor": [x_floor_1, 1.2, 1.3, 1.4], "floor_ms": [8.0, 8.1, 8.2, 8.3]},
+        }},
+        "hf_reference": {"status": "ok", "data": {"sizes": {"1": {"graph_ms": graph_ms_1}}}},
+        "greedy": {"status": "ok", "data": {
+            "engine_tokens_per_s": greedy, "transformers_tokens_per_s": 500.0,
+            "engine_over_transformers": greedy / 500, "interval": [1.1, 1.4],
+            "transformers": "generate, StaticCache, compiled", "compiled": True,
+        }},
+        "tests": {"status": "ok", "data": {"passed": 57, "failed": 0, "device": "cuda"}},
+        "graph_step": {"status": "ok", "data": {"columns": {
+            "eager": {"ms": {"1": 17.7, "64": 23.5}}, "cuda-graph": {"ms": {"1": 8.85, "64": 20.0}},
+            "compile": {"skipped": "failed: no compiler"},
+        }}},
+        "profile": {"status": "ok", "seconds": 170.0, "budget_s": 180, "returncode": 0,
+                    "gpus_per_trial": 1, "data": {"profile": profile}},
+    }  # fmt: skip
+
+
+def verdicts(gpu, results: dict) -> dict[str, str]:
+    return {row.bar: row.verdict for row in gpu.check_summary.rows(results)}
+
+
+def test_the_table_passes_bars_met_and_fails_bars_missed(gpu):
+    met = verdicts(gpu, made_up_results(x_floor_1=1.25, graph_ms_1=9.8, greedy=650.0))
+    missed = verdicts(gpu, made_up_results(x_floor_1=2.78, graph_ms_1=5.0, greedy=93.8))
+    one_token = "latency: one token <= 1.3x its floor"
+    assert (met[one_token], missed[one_token]) == ("pass", "FAIL")
+    over = "latency <= 1.05x a graph-captured transformers forward"
+    assert (met[over], missed[over]) == ("pass", "FAIL")  # 10 ms over 9.8, and over 5.0
+    speed = "embedded model: plain greedy >= 600 tokens/s"
+    assert (met[speed], missed[speed]) == ("pass", "FAIL")
+    assert met["profile: recommended >= 2.0x greedy, interval above 1.5, lossless"] == "pass"
+    assert met["profile: tuned >= 1.15x its family's published default"] == "not measured"
+    suite = "drafter contract (and static step) suite passes on the GPU"
+    assert met[suite] == "pass"
+    on_cpu = made_up_results(x_floor_1=1.25, graph_ms_1=9.8, greedy=650.0)
+    on_cpu["tests"]["data"]["device"] = "cpu"
+    assert verdicts(gpu, on_cpu)[suite] == "not measured"  # passing on a CPU is not the bar
+
+
+def test_the_table_names_the_card_and_says_what_did_not_run(gpu):
+    results = made_up_results(x_floor_1=1.25, graph_ms_1=9.8, greedy=650.0)
+    results["profile"] = {"status": "skipped", "why": "no model yet"}
+    del results["greedy"]
+    table = gpu.check_summary.table(results)
+    lines = table.splitlines()
+    assert lines[0].startswith("GPU check on NVIDIA H100 80GB HBM3: torch 2.11.0, CUDA 13.0")
+    assert "commit abc123" in lines[0]
+    assert any("greedy did not run" in line and line.endswith("not run") for line in lines)
+    assert any("profile: skipped: no model yet" in line for line in lines)
+    assert (
+        "engine step (graph_step.py), n=1: eager 17.70 ms (1.00x), cuda-graph 8.85 ms (0.50x)"
+        in lines
+    )
+    assert lines[-1] == "4 of 11 bars met"  # two latency bars, the reference, the suite
+
+
+def test_profile_facts_and_pytest_counts_read_what_the_bars_need(gpu):
+    document = {
+        "hardware": {"device": "cuda:0"},
+        "recommended": "eagle",
+        "methods": {"eagle": {"measured": {"speedup": 2.1}, "study": "m/eagle"}},
+        "diagnostics": {
+            "methods": {"ngram": {"study": "m/ngram"}, "eagle": {"study": "m/eagle"}},
+            "verdict": {"time": [
+                {"phase": "train eagle heads", "spent_s": 30.5},
+                {"phase": "train medusa heads", "spent_s": 0.0},
+                {"phase": "tune eagle", "spent_s": 50.0},
+            ]},
+        },
+    }  # fmt: skip
+    facts = gpu.check_summary.profile_facts(document)
+    assert facts["studies"] == ["eagle", "ngram"]
+    assert (facts["heads_trained"], facts["training_s"]) == (["eagle"], 30.5)
+    assert facts["measured"] == {"speedup": 2.1}
+    counts = gpu.check_steps.pytest_counts(
+        "....\n55 passed, 1 failed, 1 error, 2 skipped in 40.1s\n"
+    )
+    assert counts == {"passed": 55, "failed": 1, "errors": 1, "skipped": 2}
