@@ -431,7 +431,7 @@ def _extras(requirement: Requirement) -> str:
 
 def report(folders: list[Path], described: dict, out: Path) -> None:
     print(f"bundle {described['id']} in {out} (CPython {described['python']}, manylinux x86_64)")
-    for entry in described["files"]:
+    for entry in sorted(described["files"], key=lambda f: (f["carry"], f["kind"] == "model")):
         print(f"  carry{entry['carry']}  {entry['bytes'] / MIB:7.2f} MiB  {entry['name']}")
     for name, note in described["slimmed"].items():
         print(f"  slimmed {name}: {note}")
