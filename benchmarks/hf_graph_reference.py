@@ -139,7 +139,7 @@ def eager_dynamic(model, ids: torch.Tensor, sizes, repeats: int) -> dict[int, fl
     cache = DynamicCache(config=model.config)
     model(input_ids=ids, **{cache_keyword(model): cache}, use_cache=True)
     context = ids.shape[1]
-    return {n: time_forward(model, model.forward, cache, context, n, repeats) for n in sizes}
+    return {n: time_forward(model, model, cache, context, n, repeats) for n in sizes}
 
 
 def static_forward(model, ids: torch.Tensor, room: int, compiled: bool):
@@ -154,8 +154,9 @@ def static_forward(model, ids: torch.Tensor, room: int, compiled: bool):
     arguments["input_ids"] = ids
     model(**arguments)
     if not compiled:
-        return model.forward, cache
-    return torch.compile(model.forward, mode="reduce-overhead", fullgraph=False), cache
+        return model, cache
+    # what generate compiles (PreTrainedModel.get_compiled_call, its default CompileConfig)
+    return torch.compile(model.__call__, mode="reduce-overhead", fullgraph=False), cache
 
 
 def graph_sizes(model, ids, sizes, repeats: int, compiled: bool, until: float, done) -> None:
