@@ -71,8 +71,9 @@ def tune(ws, method: str, heads: str | None = None, trials: int | None = None):
     return tune_methods(setup, ws, request, tuning_schedule(setup))[method]
 
 
-def measure(ws, makers: dict, prompts, max_new_tokens: int) -> dict:
-    """Every variant against one plain greedy decoding per prompt, interleaved."""
+def measure(ws, makers: dict, prompts, max_new_tokens: int, until=None) -> dict:
+    """Every variant against one plain greedy decoding per prompt, interleaved (``until``:
+    a ``Budget`` past which no prompt is started, but the first two)."""
     from autotune.measure.timing import measure_variants
     from autotune.progress import step
 
@@ -81,10 +82,23 @@ def measure(ws, makers: dict, prompts, max_new_tokens: int) -> dict:
         "measure the variants, interleaved prompt by prompt", len(prompts) * len(makers)
     ) as advance:
         measured = measure_variants(
-            ws.runner, makers, prompts, max_new_tokens, on_prompt=lambda _: advance()
+            ws.runner, makers, prompts, max_new_tokens, on_prompt=lambda _: advance(), until=until
         )
     watch_machine(ws.runner)
     return measured
+
+
+def paired_ratio(one, other):
+    """``one``'s throughput over ``other``'s (two ``Measurement``s of one side by side, on
+    the same prompts), and its 95% interval from a paired bootstrap over prompts: a
+    prompt's two decodings are drawn together, so what the prompt costs cancels."""
+    from autotune.measure.stats import Pairs, bootstrap_interval
+
+    pairs = Pairs.of(
+        (mine.method_seconds, mine.method_tokens, theirs.method_seconds, theirs.method_tokens)
+        for mine, theirs in zip(one.prompts, other.prompts, strict=True)
+    )
+    return pairs.speedup(), bootstrap_interval(pairs)
 
 
 def tuned_ratios(results: dict, others) -> dict:

@@ -20,9 +20,10 @@ import sys
 from pathlib import Path
 
 # benchmarks/ is on sys.path when run as a script
+from _defaults import EAGLE_DEFAULTS
 from _report import measure, measuring_arguments, open_workspace, print_report, tune, tuned_ratios
 
-from autotune.drafters.eagle import EAGLE1_TREE, DynamicTree, EagleDrafter, StaticTree
+from autotune.drafters.eagle import EagleDrafter
 from autotune.methods.eagle.settings import tree_block
 from autotune.methods.eagle.trials import load_head_for, projection_for
 from autotune.profile.io import read_profile
@@ -53,8 +54,7 @@ def main() -> int:
     # the published settings draft over the whole vocabulary, as EAGLE-1 and -2 do
     variants = {
         "tuned": (settings.drafting_tree(), settings.draft_vocab),
-        "eagle1_tree": (StaticTree(EAGLE1_TREE), 0),
-        "eagle2_60_5_10": (DynamicTree(total_tokens=60, depth=5, top_k=10), 0),
+        **{name: (tree, 0) for name, tree in EAGLE_DEFAULTS.items()},
     }
     makers = {
         name: (lambda t=tree, p=projection_for(ws.ref, head_dir, vocab): EagleDrafter(head, t, p))
@@ -71,7 +71,7 @@ def main() -> int:
     }
     report = {
         "variants": results,
-        "ratios": tuned_ratios(results, ("eagle1_tree", "eagle2_60_5_10")),
+        "ratios": tuned_ratios(results, EAGLE_DEFAULTS),
         "search": search,
         "head": head_dir,
         "prompts": args.prompts,

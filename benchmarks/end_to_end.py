@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _report import machine_line, watch_machine
+from _report import machine_line
 from tables import record
 
 PHASE = re.compile(r"^\[(\d+)/(\d+)\] (.+?) \(~")
@@ -81,7 +81,7 @@ def main(argv: list[str]) -> int:
         return code
     whole = _clock(setup_s + ended - started) + (f" (set-up {_clock(setup_s)})" if fresh else "")
     profile = _figures(out, env)
-    ratio = "not measured (the command alone)" if command_only else _against_defaults(profile)
+    ratio = "not measured (the command alone)" if command_only else _against_defaults(profile, out)
     if note is not None:
         record("end-to-end", _row(profile, note, whole, ratio))
         print("recorded in benchmarks/results.yaml and the docs' tables")
@@ -166,62 +166,29 @@ def _figures(path: Path, env: dict):
     return profile
 
 
-# What the engines ship: the setting a user deploys without tuning (benchmarks/ngram.py
-# has the sources).
-def _published(method: str) -> dict:
-    from ngram import published
-
-    from autotune.drafters.ngram import NgramDrafter
-    from autotune.measure.timing import Variant
-    from autotune.methods import registry
-
-    if method != "ngram":
-        return {}
-    configs = published(registry.method("ngram").space())  # the packaged space
-    return {
-        f"default: {name}": Variant(lambda c=config: NgramDrafter(c))
-        for name, config in configs.items()
-    }
-
-
-def _against_defaults(profile) -> str:
+def _against_defaults(profile, path: Path) -> str:
     """Every method's section and the recommended method's published defaults, on the
-    held-back prompts the profile measured, side by side against plain greedy; the tuned
-    setting over the best default, for the table."""
-    from autotune.measure.timing import interval_text, measure_variants
-    from autotune.methods import registry
-    from autotune.methods.base import DraftEnv
-    from autotune.models.ref import TargetRef
-    from autotune.workspace import Workspace
+    held-back prompts the profile measured, side by side against plain greedy
+    (``against_defaults.py``); the tuned setting over the best default, for the table."""
+    import against_defaults as side_by_side
 
-    blocks = profile.method_blocks()  # the race's dropped too: were they rightly dropped?
-    counts = [b.measured.prompts for b in blocks.values() if b.measured is not None]
-    if not counts:
+    if side_by_side.measured_count(profile) is None:
         return "not measured (no method measured held back)"
-    ws = Workspace.open(
-        TargetRef.for_user("smollm2-135m"), profile.workload.prompts, None, need_storage=False
-    )
-    count = max(counts)
-    prompts = ws.encode(ws.heldback_prompts()[:count])
-    env = DraftEnv(ws.ref, ws.runner)
-    variants = {n: registry.method(n).variant(b, env) for n, b in blocks.items()}
-    variants.update(_published(profile.recommended))
-    print(f"\non the {len(prompts)} held-back prompts, side by side against plain greedy:")
-    watch_machine(ws.runner)
-    measured = measure_variants(ws.runner, variants, prompts, profile.workload.max_new_tokens)
-    watch_machine(ws.runner)
-    print(f"during the side-by-side, {machine_line()}")
-    for name, m in sorted(measured.items(), key=lambda kv: -kv[1].speedup):
-        print(f"  {name:<32} {interval_text(m)}  lossless {m.lossless}")
-    fastest = max(blocks, key=lambda n: measured[n].speedup)
+    # the race's dropped methods too: were they rightly dropped?
+    result = side_by_side.against_defaults(path, side_by_side.Options(every_method=True))
+    print("\n" + "\n".join(side_by_side.variant_lines(result)))
+    methods = {
+        name: row
+        for name, row in result["variants"].items()
+        if not name.startswith(side_by_side.DEFAULT)
+    }
+    fastest = max(methods, key=lambda name: methods[name]["speedup"])
     print(f"fastest method of the profile here: {fastest}")
-    defaults = [n for n in measured if n.startswith("default: ")]
-    if profile.recommended in measured and defaults:
-        best = max(defaults, key=lambda n: measured[n].speedup)
-        ratio = measured[profile.recommended].speedup / measured[best].speedup
-        print(f"tuned {profile.recommended} / best published default ({best}): {ratio:.3f}x")
-        return f"{ratio:.2f}x ({best.removeprefix('default: ')})"
-    return "not measured (no published default of the recommended method)"
+    print(side_by_side.ratio_line(result))
+    ratio = result["ratio"]
+    if ratio is None:
+        return "not measured (no published default of the recommended method)"
+    return f"{ratio['value']:.2f}x ({ratio['best_default']})"
 
 
 def _clock(seconds: float) -> str:

@@ -20,14 +20,13 @@ import sys
 from pathlib import Path
 
 # benchmarks/ is on sys.path when run as a script
+from _defaults import medusa_defaults
 from _report import measure, measuring_arguments, open_workspace, print_report, tune, tuned_ratios
 
 from autotune.drafters.medusa import MedusaDrafter
 from autotune.engine.tree import chain_tree
-from autotune.methods import registry
 from autotune.methods.medusa.trials import load_heads_for
 from autotune.profile.io import read_profile
-from autotune.tuners.medusa_tree import MC_SIM_7B_63, clip_tree
 
 
 def main() -> int:
@@ -52,12 +51,8 @@ def main() -> int:
         settings = tune(ws, "medusa", heads=heads_dir)
         tuned, search = settings.choices(), settings.search
 
-    max_rank = registry.get("medusa").space().calibration.max_rank
-    variants = {
-        "tuned": tuned,
-        "mc_sim_7b_63": clip_tree(MC_SIM_7B_63, heads.num_heads, max_rank),
-        "chain": chain_tree(heads.num_heads),
-    }
+    published = medusa_defaults(heads.num_heads)
+    variants = {"tuned": tuned, **published, "chain": chain_tree(heads.num_heads)}
     measured = measure(
         ws,
         {name: (lambda t=tree: MedusaDrafter(heads, t)) for name, tree in variants.items()},
@@ -75,7 +70,7 @@ def main() -> int:
     }
     report = {
         "variants": results,
-        "ratios": tuned_ratios(results, ("mc_sim_7b_63", "chain")),
+        "ratios": tuned_ratios(results, (*published, "chain")),
         "search": search,
         "heads": heads_dir,
         "num_heads": heads.num_heads,

@@ -29,30 +29,17 @@ import time
 from pathlib import Path
 
 # benchmarks/ is on sys.path when run as a script
+from _defaults import TRANSFORMERS_DEFAULT, VLLM_DEFAULT
 from _report import measure, print_report
 
-from autotune.drafters.ngram import LookupConfig, NgramDrafter
-from autotune.drafters.suffix import SuffixConfig
+from autotune.drafters.ngram import NgramDrafter
 from autotune.measure.timing import Measurement, PromptMeasurement, Variant
 from autotune.measure.timing import categories_in_turn as spread
 from autotune.methods.ngram.settings import describe
 from autotune.progress import say, step
 
-# The engines' own defaults, run by our drafter (see the module docstring).
-TRANSFORMERS_DEFAULT = LookupConfig(1, 2, 10, 1, 1, 10, "first")
-VLLM_DEFAULT = LookupConfig(5, 5, 5, 1, 1, 5, "first")
 HF_LOOKUP_TOKENS = 10  # transformers' candidate generator: prompt_lookup_num_tokens=10
 GOAL_CATEGORIES = ("summarization", "rag")  # the issue's goal: >= 1.5x greedy there
-
-
-def published(space) -> dict[str, LookupConfig | SuffixConfig]:
-    """The settings a user deploys untuned, by name, run by our drafters: the two above
-    and vLLM's suffix decoding defaults (the n-gram search space's suffix start)."""
-    return {
-        "transformers prompt lookup": TRANSFORMERS_DEFAULT,
-        "vLLM ngram": VLLM_DEFAULT,
-        "vLLM suffix": SuffixConfig(**space.suffix.start.model_dump()),
-    }
 
 
 def arguments() -> argparse.Namespace:

@@ -29,11 +29,10 @@ import random
 import sys
 from functools import partial
 
-from _report import machine_line, watch_machine
-from ngram import published
+from _defaults import ngram_defaults
+from _report import machine_line, paired_ratio, watch_machine
 
 from autotune.drafters.ngram import NgramDrafter
-from autotune.measure.stats import Pairs, bootstrap_interval
 from autotune.measure.timing import Variant, interval_text, measure_variants
 from autotune.methods import registry
 from autotune.methods.ngram.replay import Continuation, Costs, Replayer, time_drafting
@@ -69,7 +68,7 @@ def main(argv: list[str]) -> int:
     costs = {k: Costs(curve, time_drafting(start_config(space, k), answers[:4])) for k in KINDS}
     replayer = Replayer(answers, lambda config: costs[kind_of(config)])
     score = Scored(partial(replayer.speedup, indices=replayer.indices()))
-    defaults = published(space)
+    defaults = ngram_defaults(space)
     starts = [*defaults.values(), *(start_config(space, k) for k in KINDS)]
     rng = random.Random(0)
     for kind in KINDS:
@@ -101,14 +100,10 @@ def main(argv: list[str]) -> int:
         (n for n in measured if n.startswith("default")), key=lambda n: measured[n].speedup
     )
     for i in range(1, len(tops) + 1):
-        pairs = Pairs.of(
-            (b.method_seconds, b.method_tokens, d.method_seconds, d.method_tokens)
-            for b, d in zip(measured[f"best {i}"].prompts, measured[fastest].prompts, strict=True)
-        )
-        interval = bootstrap_interval(pairs, 0.95)
+        ratio, interval = paired_ratio(measured[f"best {i}"], measured[fastest])
         print(
             f"best {i} / fastest default ({fastest.removeprefix('default: ')}): "
-            f"{pairs.speedup():.3f}x [{interval.low:.3f}, {interval.high:.3f}] paired over prompts"
+            f"{ratio:.3f}x [{interval.low:.3f}, {interval.high:.3f}] paired over prompts"
         )
     return 0
 
