@@ -110,25 +110,22 @@ def family_defaults(method: str, tuned, env) -> dict:
         from autotune.methods.eagle.settings import tree_block
 
         # the published trees draft over the whole vocabulary, as EAGLE-1 and -2 do
-        return {
-            name: registry.method("eagle").variant(
-                tuned.model_copy(update={"tree": tree_block(tree), "draft_vocab": 0, "cape": None}),
-                env,
-            )
+        changes = {
+            name: {"tree": tree_block(tree), "draft_vocab": 0, "cape": None}
             for name, tree in EAGLE_DEFAULTS.items()
         }
-    if method == "medusa":
+    elif method == "medusa":
         from autotune.methods.medusa.trials import load_heads_for
 
         heads = load_heads_for(env.ref, env.resolve(tuned.heads)).num_heads
-        return {
-            name: registry.method("medusa").variant(
-                tuned.model_copy(update={"tree": [list(p) for p in tree], "num_heads": heads}),
-                env,
-            )
+        changes = {
+            name: {"tree": [list(path) for path in tree], "num_heads": heads}
             for name, tree in medusa_defaults(heads).items()
         }
-    return {}
+    else:
+        return {}
+    drafts = registry.method(method)
+    return {name: drafts.variant(tuned.model_copy(update=c), env) for name, c in changes.items()}
 
 
 def no_default_line(method: str, tuned) -> str:
