@@ -173,7 +173,7 @@ def variant_lines(result: dict) -> list[str]:
     return [
         f"on the {result['prompts']} held-back prompts, side by side against plain greedy:",
         f"during the side-by-side, {machine_line(result.get('machine') or {})}",
-        *(f"  {name:<32} {interval_text(row)}  lossless {row['lossless']}" for name, row in rows),
+        *(f"  {name:<36} {interval_text(row)}  lossless {row['lossless']}" for name, row in rows),
     ]
 
 
