@@ -152,8 +152,10 @@ def test_graph_reference_times_the_tiny_model_on_cpu_without_compiling(gpu, tiny
 # --- the closing table ---------------------------------------------------------------------
 
 
-def made_up_results(x_floor_1: float, graph_ms_1: float, greedy: float) -> dict:
-    """Results as check.py records them, with the numbers that decide three bars."""
+def made_up_results(
+    x_floor_1: float, graph_ms_1: float, greedy: float, over_default: float = 1.3
+) -> dict:
+    """Results as check.py records them, with the numbers that decide four bars."""
     seconds = [0.0100, 0.0110, 0.0120, 0.0130]
     profile = {
         "device": "cuda:0",
@@ -184,6 +186,13 @@ def made_up_results(x_floor_1: float, graph_ms_1: float, greedy: float) -> dict:
         }}},
         "profile": {"status": "ok", "seconds": 170.0, "budget_s": 180, "returncode": 0,
                     "gpus_per_trial": 1, "data": {"profile": profile}},
+        "against_defaults": {"status": "ok", "data": {
+            "method": "eagle", "defaults": ["default: eagle1_tree", "default: eagle2_60_5_10"],
+            "no_default": None, "prompts": 8,
+            "variants": {"eagle": {"speedup": 2.3, "lossless": True}},
+            "ratio": {"value": over_default, "interval": [over_default - 0.1, over_default + 0.1],
+                      "best_default": "eagle2_60_5_10", "prompts": 8},
+        }},
     }  # fmt: skip
 
 
@@ -201,12 +210,48 @@ def test_the_table_passes_bars_met_and_fails_bars_missed(gpu):
     speed = "embedded model: plain greedy >= 600 tokens/s"
     assert (met[speed], missed[speed]) == ("pass", "FAIL")
     assert met["profile: recommended >= 2.0x greedy, interval above 1.5, lossless"] == "pass"
-    assert met["profile: tuned >= 1.15x its family's published default"] == "not measured"
     suite = "drafter contract (and static step) suite passes on the GPU"
     assert met[suite] == "pass"
     on_cpu = made_up_results(x_floor_1=1.25, graph_ms_1=9.8, greedy=650.0)
     on_cpu["tests"]["data"]["device"] = "cpu"
     assert verdicts(gpu, on_cpu)[suite] == "not measured"  # passing on a CPU is not the bar
+
+
+def over_default_row(gpu, results: dict):
+    bar = "profile: tuned >= 1.15x its family's published default"
+    return {row.bar: row for row in gpu.check_summary.rows(results)}[bar]
+
+
+def test_the_tuned_setting_over_its_best_published_default_passes_at_1_15x(gpu):
+    met = over_default_row(gpu, made_up_results(1.25, 9.8, 650.0, over_default=1.31))
+    missed = over_default_row(gpu, made_up_results(1.25, 9.8, 650.0, over_default=1.02))
+    assert (met.verdict, missed.verdict) == ("pass", "FAIL")
+    assert met.measured == "eagle 1.31x [1.21, 1.41] over eagle2_60_5_10, 8 prompts, lossless True"
+    assert missed.measured.startswith("eagle 1.02x [0.92, 1.12] over eagle2_60_5_10")
+    # a family that publishes no default: the script's line, and no verdict
+    results = made_up_results(1.25, 9.8, 650.0)
+    line = "self_spec has no published default to measure against: Draft & Verify ..."
+    results["against_defaults"]["data"].update(ratio=None, variants={}, no_default=line)
+    assert over_default_row(gpu, results) == gpu.check_summary.Row(met.bar, line, "not measured")
+    results["against_defaults"] = {"status": "timeout", "why": "stopped at its limit of 90 s"}
+    row = over_default_row(gpu, results)
+    assert row.verdict == "not run" and "against_defaults: timeout" in row.measured
+
+
+def test_the_against_defaults_step_measures_the_profile_the_check_wrote(gpu, tmp_path):
+    args = gpu.check.parse_args(["--state", str(tmp_path), "--device", "cuda"])
+    model = tmp_path / "model.gguf"
+    ctx = gpu.check_steps.Context(args, tmp_path, model, True, time_left=lambda: 500.0)
+    step = {s.name: s for s in gpu.check_steps.STEPS}["against_defaults"]
+    assert step.command(ctx) == "no profile to measure: the profile step wrote none"
+    (tmp_path / "profile.yaml").write_text("schema: autotune/profile@1\n")
+    command = step.command(ctx)
+    assert command[1].endswith("benchmarks/against_defaults.py")
+    assert command[2] == str(tmp_path / "profile.yaml")
+    options = dict(zip(command[3::2], command[4::2]))
+    assert options["--model-path"] == str(model) and options["--device"] == "cuda"
+    assert options["--limit"] == "8" and options["--out"] == str(tmp_path / "against_defaults.json")
+    assert float(options["--time-limit"]) < gpu.check_steps.GPU_LIMITS["against_defaults"]
 
 
 def test_the_table_names_the_card_and_says_what_did_not_run(gpu):

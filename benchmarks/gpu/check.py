@@ -21,6 +21,8 @@ in a process of its own with its own time limit:
                 in autotune's engine beside transformers' graph-captured decoding
   profile       autotune profile --model smollm2-135m --model-path FILE --device cuda
                 --gpus-per-trial 1 --budget ...: its verdict lines
+  against_defaults  benchmarks/against_defaults.py on that profile: its tuned setting
+                beside its family's published defaults, on its held-back prompts
 
 A step already measured on this machine (in ``--state``) is not run again unless
 ``--again``. It ends with one table: issue 40's "done when" bars beside the measured values,

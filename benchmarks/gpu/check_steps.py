@@ -224,6 +224,22 @@ def profile_parse(ctx: Context, done: subprocess.CompletedProcess) -> dict:
     return {"verdict_lines": verdict, "profile": check_summary.profile_facts(document)}
 
 
+def against_defaults_command(ctx: Context) -> list[str] | str:
+    """benchmarks/against_defaults.py on the profile the profile step wrote: its tuned
+    setting against its family's published defaults on this device, on its held-back
+    prompts (the first 8; with --quick 2 of 8 tokens), stopping in time to write."""
+    profile = ctx.file("profile.yaml")
+    if not profile.is_file():
+        return "no profile to measure: the profile step wrote none"
+    limit = max(10.0, step_limit(ctx, "against_defaults") - AGAINST_DEFAULTS_SLACK_S)
+    sizes = "--limit 2 --max-new-tokens 8" if ctx.args.quick else "--limit 8"
+    model = [] if ctx.args.quick else ["--model-path", str(ctx.model)]  # --quick: its own
+    options = ["--device", ctx.args.device, "--time-limit", f"{limit:.0f}"]
+    options += ["--out", str(ctx.file("against_defaults.json"))]
+    script = str(ROOT / "benchmarks/against_defaults.py")
+    return [PYTHON, script, str(profile), *model, *sizes.split(), *options]
+
+
 def _yaml(path: Path) -> dict:
     try:
         import yaml
@@ -234,6 +250,7 @@ def _yaml(path: Path) -> dict:
 
 
 PROFILE_SLACK_S = 75.0  # Ray's start, loading the model, writing the profile
+AGAINST_DEFAULTS_SLACK_S = 40.0  # loading the model and heads, the last prompt, writing
 
 
 def step_limit(ctx: Context, name: str) -> float:
@@ -244,8 +261,8 @@ def step_limit(ctx: Context, name: str) -> float:
     return min(limits[name], ctx.time_left())
 
 
-# Seconds each step may take on a GPU (about 9 minutes in all, over the calls that carry the
-# bundle); on a CPU with --quick. The profile's is its budget plus PROFILE_SLACK_S.
+# Seconds each step may take on a GPU (about 11 minutes in all, over the calls that carry
+# the bundle); on a CPU with --quick. The profile's is its budget plus PROFILE_SLACK_S.
 GPU_LIMITS = {
     "environment": 60,
     "tests": 90,
@@ -253,6 +270,7 @@ GPU_LIMITS = {
     "hf_reference": 150,
     "graph_step": 90,
     "greedy": 120,
+    "against_defaults": 90,
 }
 QUICK_LIMITS = {
     "environment": 60,
@@ -261,6 +279,7 @@ QUICK_LIMITS = {
     "hf_reference": 180,
     "graph_step": 180,
     "greedy": 240,
+    "against_defaults": 180,
 }
 
 
@@ -286,6 +305,7 @@ STEPS = [
     Step("graph_step", False, graph_step_command, latency_parse),
     Step("greedy", True, greedy_command, _data_file("greedy")),
     Step("profile", True, profile_command, profile_parse, extra=profile_extra),
+    Step("against_defaults", True, against_defaults_command, _data_file("against_defaults")),
 ]
 
 
