@@ -178,7 +178,13 @@ def test_no_color(db, tmp_path):
     assert "note:" in plain.stderr and "\x1b[" not in plain.stderr
 
 
-def test_shell_completion():
+def test_shell_completion(monkeypatch):
+    import typer.completion
+
+    # typer finds the shell from this process's parents (shellingham), not from the
+    # option's value: under a plain `sh` (a CI job, `bash -c` exec'ing its last command)
+    # it finds `sh`, which has no completion script. The user's shell here is bash.
+    monkeypatch.setattr(typer.completion, "_get_shell_name", lambda: "bash")
     assert "--install-completion" in invoke("--help").stdout
     script = invoke("--show-completion", "bash", prog_name="autotune")
     assert script.exit_code == 0 and "_AUTOTUNE_COMPLETE" in script.stdout
