@@ -93,10 +93,12 @@ def test_every_published_default_of_the_family_is_measured_beside_the_tuned_sett
     ratio = result["ratio"]
     low, high = ratio["interval"]
     assert low <= ratio["value"] <= high
-    # the paired ratio is the two speedups' ratio: both are over the same greedy decodings
+    # paired over the same prompts: the ratio of the two variants' throughputs (the
+    # speedups, rounded to 4 places, are too coarse to check it by at 0.1x)
     tuned = result["variants"][method]
     best = result["variants"]["default: " + ratio["best_default"]]
-    assert ratio["value"] == pytest.approx(tuned["speedup"] / best["speedup"], rel=1e-3)
+    expected = tuned["tokens_per_s"] / best["tokens_per_s"]
+    assert ratio["value"] == pytest.approx(expected, rel=1e-3, abs=1e-4)
     assert best["speedup"] == max(result["variants"][n]["speedup"] for n in result["defaults"])
 
 
