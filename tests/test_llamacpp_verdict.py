@@ -205,3 +205,37 @@ def run_state(tmp_path, engines):
         noise=NoiseRecord(),
         heads={},
     )
+
+
+def test_the_first_plan_said_holds_the_serving_engine_phase(tmp_path, monkeypatch, capsys):
+    """`profile --engine llamacpp` with llama-server built says its measurement there in
+    the plan it prints at the start, not only in the plans made later."""
+    from types import SimpleNamespace
+
+    from autotune import plan
+    from autotune.budget import Budget
+    from autotune.measure.noise import NoiseRecord
+    from autotune.profiling import calibrate
+    from autotune.profiling.request import Measuring, ProfileRequest, Tuning
+    from autotune.studies.workers import Workers
+
+    facts = plan.Facts(
+        forward_s=0.01,
+        verify_relative=(1.0,) * 16,
+        methods=("ngram",),
+        draft_free=("ngram",),
+        budget_s=plan.BUDGET_S,
+        heldback_prompts=12,
+    )
+    monkeypatch.setattr(calibrate, "measure_facts", lambda *args: facts)
+    monkeypatch.setattr(in_engine.llamacpp, "built", lambda: True)
+    setup = SimpleNamespace(skipped={}, heads={})
+    ws = SimpleNamespace(runner=None)
+    tuning = Tuning(Workers(), None, None, 12, ("llamacpp",), 0.0, ("ngram",))
+    measuring = Measuring.of(ProfileRequest(model="smollm2-135m"))
+    args = (setup, ws, tuning, measuring, Budget(plan.BUDGET_S), NoiseRecord())
+    run = calibrate.start(*args, in_engine.planned)  # type: ignore[arg-type]
+    said = " ".join(capsys.readouterr().err.split())
+    assert run.facts.engine_decoders == in_engine.DECODERS and in_engine.PHASE in said
+    calibrate.start(*args)  # type: ignore[arg-type]
+    assert in_engine.PHASE not in " ".join(capsys.readouterr().err.split())

@@ -4,6 +4,8 @@ proxy replays and what heads learn from)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from autotune import plan
 from autotune.budget import Budget
 from autotune.measure.noise import NoiseRecord, fewer_threads, probe, settle
@@ -98,9 +100,12 @@ def start(
     measuring: Measuring,
     budget: Budget,
     noise: NoiseRecord,
+    planned: Callable[[RunState], RunState] = lambda run: run,
 ) -> RunState:
-    """The run's state at its start: the facts measured, a budget too small for the least
-    useful run refused, head kinds that cannot be trained in time dropped, the plan said."""
+    """The run's state at its start: the facts measured (``planned`` adds the phases the
+    request asks for beyond the methods', such as a serving engine's measurement, so that
+    the first plan said holds them), a budget too small for the least useful run refused,
+    head kinds that cannot be trained in time dropped, the plan said."""
     run = RunState(
         setup=setup,
         ws=ws,
@@ -111,6 +116,7 @@ def start(
         noise=noise,
         heads=dict(setup.heads),
     )
+    run = planned(run)
     state.refuse_small_budget(run)
     run = state.drop_untrainable(run)
     for line in state.schedule(run).lines():

@@ -41,7 +41,7 @@ def run_profile(request: ProfileRequest) -> tuple[ProfileBase, Path]:
     check_writable(out)
     noise = check_machine(ws, threads_chosen=request.threads is not None)
     measuring = Measuring.of(request)
-    run = in_engine.planned(start(setup, ws, Tuning.of(request), measuring, budget, noise))
+    run = start(setup, ws, Tuning.of(request), measuring, budget, noise, in_engine.planned)
     run, tuned = tune(probe_all(calibrate(run)))
     run, selection = selected(run, tuned, measuring)
     run, held = held_back(run, selection, measuring)
