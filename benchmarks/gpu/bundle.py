@@ -24,11 +24,19 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# what the GPU machine's side reads (stdlib only there): the manifest, hashes, requirements
+from check_stage import (  # benchmarks/gpu/ is on sys.path when run as a script
+    FORMAT,
+    MANIFEST,
+    OPTIONAL,
+    autotune_requirements,
+    extras_text,
+    sha256,
+)
 from packaging.markers import Marker
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
@@ -36,8 +44,6 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 MIB = 2**20
-FORMAT = "autotune-gpu-bundle/1"
-MANIFEST = "manifest.json"
 # The device tool carries at most this much a call, the working tree included.
 CARRY_LIMIT = 64 * MIB
 # Room kept in each carry for the working tree to grow between bundling and the call.
@@ -50,7 +56,6 @@ PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(17, 40)] + [
     "manylinux1_x86_64",
 ]
 # Needed only for what the check never does: PostgreSQL study databases.
-OPTIONAL = {"psycopg": "PostgreSQL study databases only; the check uses SQLite"}
 # Never carried: the machine's own builds of these must stay as they are.
 PROTECTED = re.compile(r"^(torch|torchvision|torchaudio|triton|transformers|nvidia-.*|cuda-.*)$")
 # Files a wheel can lose without changing what Python runs (distribution -> path prefix).
@@ -79,12 +84,6 @@ def marker_environment(python: str = TARGET_PYTHON) -> dict[str, str]:
 def image_packages(path: Path = HERE / "image_packages.txt") -> set[str]:
     lines = path.read_text().splitlines()
     return {canonicalize_name(line) for line in lines if line.strip() and line[0] != "#"}
-
-
-def autotune_requirements(pyproject: Path = ROOT / "pyproject.toml") -> list[Requirement]:
-    """autotune's own dependencies, as pyproject.toml states them."""
-    project = tomllib.loads(pyproject.read_text())["project"]
-    return [Requirement(text) for text in project["dependencies"]]
 
 
 def applies(requirement: Requirement, extras: set[str], python: str = TARGET_PYTHON) -> bool:
@@ -227,14 +226,6 @@ def slimmed(wheel: Path, drop: str, into: Path) -> Path:
 def _record_without(record: str, drop: str) -> str:
     lines = [line for line in record.splitlines() if not line.startswith(drop)]
     return "\n".join(lines) + "\n"
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(MIB), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -385,7 +376,7 @@ def _commit() -> str | None:
 def wanted_requirements(skip: set[str]) -> list[Requirement]:
     """autotune's dependencies that the bundle carries: not the image's, not optional."""
     wanted = []
-    for requirement in autotune_requirements():
+    for requirement in map(Requirement, autotune_requirements()):
         name = canonicalize_name(requirement.name)
         if name not in skip and name not in OPTIONAL and applies(requirement, set()):
             wanted.append(requirement)
@@ -418,15 +409,13 @@ def build(args: argparse.Namespace) -> tuple[list[Path], dict]:
     sizes = [(name, path.stat().st_size) for name, path in paths.items()]
     plan = plan_carries(sizes, model.stat().st_size if model else None, capacity)
     folders = write_carries(out, plan, paths, model)
-    pins = [f"{r.name}{_extras(r)}=={wheels[canonicalize_name(r.name)].version}" for r in wanted]
+    pins = [
+        f"{r.name}{extras_text(r)}=={wheels[canonicalize_name(r.name)].version}" for r in wanted
+    ]
     described = manifest(folders, model, pins, notes)
     for folder in folders:
         (folder / MANIFEST).write_text(json.dumps(described, indent=1) + "\n")
     return folders, described
-
-
-def _extras(requirement: Requirement) -> str:
-    return f"[{','.join(sorted(requirement.extras))}]" if requirement.extras else ""
 
 
 def report(folders: list[Path], described: dict, out: Path) -> None:

@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 FORMAT = "autotune-gpu-bundle/1"
 MANIFEST = "manifest.json"
-# Needed only for what the check never does (as in bundle.py).
-OPTIONAL = {"psycopg"}
+# Needed only for what the check never does: neither bundled nor installed.
+OPTIONAL = {"psycopg": "PostgreSQL study databases only; the check uses SQLite"}
 # The machine's own builds, never to be replaced by an install from the bundle.
 PROTECTED = re.compile(
     r"^(torch|torchvision|torchaudio|triton|transformers|numpy|nvidia-.*|cuda-.*|cupy-.*|jax.*)$"
@@ -89,7 +89,7 @@ def _unmet(requirements, installed, extras, asked: set[str]) -> list[Unmet]:
         if requirement is None or canonical(requirement.name) in OPTIONAL:
             continue
         name = canonical(requirement.name)
-        wanted = f"{requirement.name}{_extras(requirement)}{requirement.specifier}"
+        wanted = f"{requirement.name}{extras_text(requirement)}{requirement.specifier}"
         version = installed.get(name)
         if version is None:
             found.append(Unmet(name, wanted, None))
@@ -102,7 +102,8 @@ def _unmet(requirements, installed, extras, asked: set[str]) -> list[Unmet]:
     return found
 
 
-def _extras(requirement) -> str:
+def extras_text(requirement) -> str:
+    """A requirement's extras as pip spells them after its name ("[a,b]"; "" for none)."""
     return f"[{','.join(sorted(requirement.extras))}]" if requirement.extras else ""
 
 
@@ -121,6 +122,7 @@ def _parsed(text: str, asked: set[str]):
 
 
 def autotune_requirements(pyproject: Path = ROOT / "pyproject.toml") -> list[str]:
+    """autotune's own dependencies, as pyproject.toml states them."""
     return list(tomllib.loads(pyproject.read_text())["project"]["dependencies"])
 
 
@@ -193,7 +195,7 @@ def _take(carry: Path, files: Path, manifest: dict) -> None:
         if source.is_file() and not _verified(files, entry):
             temp = target.with_name(target.name + ".partial")
             shutil.copyfile(source, temp)
-            if _sha256(temp) != entry["sha256"]:
+            if sha256(temp) != entry["sha256"]:
                 temp.unlink()
                 raise CheckError(f"{source} is damaged (its sha256 differs): carry it again")
             temp.replace(target)
@@ -205,7 +207,7 @@ def _verified(files: Path, entry: dict) -> bool:
     return mark.is_file() and mark.read_text() == entry["sha256"]
 
 
-def _sha256(path: Path) -> str:
+def sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -230,7 +232,7 @@ def assemble_model(staged: Stage) -> Path | None:
         for part in sorted(parts, key=lambda p: int(p["name"].removeprefix("model.part"))):
             with (staged.wheels / part["name"]).open("rb") as source:
                 shutil.copyfileobj(source, out)
-    if _sha256(temp) != model["sha256"]:
+    if sha256(temp) != model["sha256"]:
         temp.unlink()
         raise CheckError("the model put together from its parts is damaged: carry them again")
     temp.replace(target)
