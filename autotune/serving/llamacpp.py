@@ -48,7 +48,8 @@ def folder() -> Path:
     # the CPU alone: torch's build and threads (also in machine_key, for autotune's own
     # kernels) do not change llama.cpp's binary, and a busy run's fewer threads must still
     # find the build
-    cpu = {key: machine_key()[key] for key in ("cpu", "machine")}
+    key = machine_key()
+    cpu = {name: key[name] for name in ("cpu", "machine")}
     digest = hashlib.sha256(json.dumps(cpu, sort_keys=True).encode()).hexdigest()
     return cache_root() / "engines" / f"llama.cpp-{COMMIT}-{digest[:12]}"
 
