@@ -310,9 +310,10 @@ STEPS = [
 
 
 def step_env() -> dict[str, str]:
-    """The steps' environment: autotune importable from this tree, output unbuffered,
-    Ray's usage report off (there is no network)."""
-    paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    """The steps' environment: autotune and the benchmarks importable from this tree,
+    output unbuffered, Ray's usage report off (there is no network)."""
+    given = filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))
+    paths = [str(ROOT), str(ROOT / "benchmarks"), *given]
     return {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(paths),

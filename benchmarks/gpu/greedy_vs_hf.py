@@ -12,7 +12,8 @@ its decoding step is compiled and captured once (``generate`` compiles it by its
 GPU when the cache is static; a cache of each prompt's own length would compile it again
 for every length). On a CPU, or with --no-compile, it decodes eagerly, and says so. Both
 stop at the model's end-of-sequence tokens or after --max-new-tokens; each time includes
-the prompt's prefill. Run with autotune importable (the GPU check sets PYTHONPATH).
+the prompt's prefill. Run with autotune and benchmarks/ importable (the GPU check sets
+PYTHONPATH to both).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from hf_graph_reference import cache_keyword  # in benchmarks/, on PYTHONPATH
 
 from autotune.engine.decoding import decode_plain
 from autotune.engine.runner import Runner
@@ -50,13 +52,6 @@ def engine_decoder(runner: Runner, max_new_tokens: int):
         return time.perf_counter() - start, tokens
 
     return decode
-
-
-def cache_keyword(model) -> str:
-    import inspect
-
-    parameters = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def transformers_decoder(model, eos: list[int], capacity: int, max_new_tokens: int, compile_: bool):
