@@ -181,27 +181,68 @@ def test_calls_the_step_cannot_run_take_the_eager_layers(pair):
     seen[:, 1] = False  # a prefix column hidden: a [S, P + S] mask, as the proxy's
     twin.forward([11, 12], len(PROMPT), mask=seen.tril(diagonal=len(PROMPT)))
     twin.crop(len(PROMPT))
+    every = SkipMask.of(attention=range(eager.num_layers))  # no attention: no prefix
     ids, positions = torch.tensor([11, 12]), torch.arange(len(PROMPT), len(PROMPT) + 2)
-    skip = SkipMask.of(attention=[1], mlp=[2])
-    a = eager.forward(ids, positions, twin.eager_cache, skip=skip)
-    b = fixed.forward(ids, positions, twin.fixed_cache, skip=skip)
+    a = eager.forward(ids, positions, twin.eager_cache, skip=every)
+    b = fixed.forward(ids, positions, twin.fixed_cache, skip=every)
     torch.testing.assert_close(b.logits, a.logits, rtol=1e-5, atol=1e-5)
-    assert twin.fixed_cache.lengths == twin.eager_cache.lengths  # skipped layers unwritten
-    twin.crop(len(PROMPT))
-
-    def doubled(normed):
-        return torch.cat([normed, normed])
-
-    a = eager.forward(ids, positions, twin.eager_cache, extra_rows=doubled)
-    b = fixed.forward(ids, positions, twin.fixed_cache, extra_rows=doubled)
-    torch.testing.assert_close(b.extra_logits, a.extra_logits, rtol=1e-5, atol=1e-5)
     assert dict(fixed.static.calls) == before
 
 
-@pytest.mark.parametrize("name", ["ngram", "self_spec"])
+def doubled(normed):
+    """Extra rows as Medusa's heads make them: blocks of the call's rows."""
+    return torch.cat([normed, 2 * normed])
+
+
+def test_skipped_sublayers_and_extra_rows_run_in_the_step(pair):
+    """A layer-skip draft's calls (skipped layers neither read nor write their cache, and
+    lag until verification crops them) and Medusa's extra rows, as the eager layers."""
+    eager, fixed = pair
+    twin = Twin(eager, fixed)
+    twin.forward(PROMPT, 0)
+    before = sum(fixed.static.calls.values())
+    skip = SkipMask.of(attention=[1], mlp=[0, 2])
+    for i, token in enumerate([11, 12, 13]):  # three draft steps under the mask
+        position = torch.tensor([len(PROMPT) + i])
+        a = eager.forward(torch.tensor([token]), position, twin.eager_cache, skip=skip)
+        b = fixed.forward(torch.tensor([token]), position, twin.fixed_cache, skip=skip)
+        torch.testing.assert_close(b.logits, a.logits, rtol=1e-5, atol=1e-5)
+        assert twin.fixed_cache.lengths == twin.eager_cache.lengths
+    assert twin.fixed_cache.lengths[1] == len(PROMPT)  # the skipped attention's layer
+    twin.crop(len(PROMPT))  # as verification does
+    ids, positions = torch.tensor([11, 12, 13]), torch.arange(len(PROMPT), len(PROMPT) + 3)
+    a = eager.forward(ids, positions, twin.eager_cache, extra_rows=doubled)
+    b = fixed.forward(ids, positions, twin.fixed_cache, extra_rows=doubled)
+    torch.testing.assert_close(b.logits, a.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(b.extra_logits, a.extra_logits, rtol=1e-5, atol=1e-5)
+    assert b.extra_logits.shape == (6, eager.config.vocab_size)  # not the bucket's 8
+    assert sum(fixed.static.calls.values()) == before + 4
+
+
+def test_the_least_recent_variants_steps_are_dropped(pair):
+    """A layer-skip search makes a new mask every trial: the step keeps the plain step
+    and the few most recent variants, not one per mask ever tried."""
+    fixed = pair[1]
+    step = fixed.static
+    cache = fixed.new_cache(100)
+    fixed.forward(torch.tensor(PROMPT), torch.arange(len(PROMPT)), cache)
+    masks = [SkipMask.of(mlp=[layer]) for layer in range(fixed.num_layers)]
+    masks += [SkipMask.of(attention=[layer]) for layer in range(fixed.num_layers)]
+    assert len(masks) > static.KEPT_VARIANTS + 1
+    for skip in masks:
+        fixed.forward(torch.tensor([3]), torch.tensor([len(PROMPT)]), cache, skip=skip)
+        cache.crop(len(PROMPT))
+    kept = {variant for _, variant in step._runs}
+    assert step.variant() in kept  # the plain step (the prompt's bucket) stays
+    recent = masks[-static.KEPT_VARIANTS :]
+    assert kept - {step.variant()} == {step.variant(skip) for skip in recent}
+
+
+@pytest.mark.parametrize("name", ["ngram", "self_spec", "medusa"])
 def test_speculative_decoding_is_token_identical_with_the_step(tiny_llama_dir, tmp_path, name):
-    """Verification through the step: the n-gram drafter's chains and trees; layer skip's
-    drafts run eagerly (a skip mask) beside verification in the step, on one cache."""
+    """Verification through the step: the n-gram drafter's chains and trees, layer skip's
+    drafts (its skip mask a variant of the step) beside verification on one cache, and
+    Medusa's trees with its heads' logits made in the verify step's lm_head product."""
     ref = TargetRef.for_user(str(tiny_llama_dir))
     eager = ref.runner()
     fixed = Runner(eager.model, static=True)
@@ -217,6 +258,12 @@ def test_speculative_decoding_is_token_identical_with_the_step(tiny_llama_dir, t
             verified += fixed.static.calls - before
             verified[buckets.bucket_for(len(prompt))] -= 1  # its prefill
     assert sum(count for size, count in verified.items() if size > 1) > 0
+    variants = {variant for _, variant in fixed.static._runs} - {fixed.static.variant()}
+    kinds = {
+        "skips" if not all(v.attends + v.mlps) else "extra rows" if v.extra_rows else "?"
+        for v in variants
+    }
+    assert kinds == {"ngram": set(), "self_spec": {"skips"}, "medusa": {"extra rows"}}[name]
 
 
 # --- no host reads inside the step --------------------------------------------------

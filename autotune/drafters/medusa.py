@@ -3,6 +3,8 @@ fill a fixed tree, verified in one target forward."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from autotune.engine.proposal import Draft, DraftContext, Drafter
@@ -13,6 +15,21 @@ from autotune.heads.medusa import MedusaHeads
 
 class TreeTooDeepError(AutotuneError):
     pass
+
+
+@dataclass(frozen=True)
+class HeadFeatures:
+    """The first ``depth`` heads' features of the final-normed rows [S, H], as blocks of
+    S rows per head ([depth * S, H]), for the lm_head to turn into logits. Equal (and
+    hashed alike) when the heads are the same object at the same depth: a GPU runner
+    records the verify step that computes them once, not once per decoding
+    (``engine.static.Variant``)."""
+
+    heads: MedusaHeads
+    depth: int
+
+    def __call__(self, normed: torch.Tensor) -> torch.Tensor:
+        return self.heads.features(normed, self.depth).flatten(0, 1)
 
 
 class MedusaDrafter(Drafter):
@@ -40,7 +57,7 @@ class MedusaDrafter(Drafter):
         weights = self.heads.vocab_weights()
         if not (self.fused and all(w is runner.lm_head.weight for w in weights)):
             return None
-        return lambda normed: self.heads.features(normed, self.depth).flatten(0, 1)
+        return HeadFeatures(self.heads, self.depth)
 
     def propose(self, context: DraftContext) -> Draft:
         runner = context.runner

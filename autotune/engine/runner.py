@@ -180,12 +180,15 @@ class Runner:
         self, segments: list[Segment], skip: SkipMask, extra_rows: ExtraRows | None
     ) -> ForwardOutput | None:
         """The call run in the fixed-shape step (``engine.static``), or None where it
-        cannot be: no step, several sequences, a skip, extra rows, or a call the step
-        does not fit (``StaticStep.fits``)."""
-        if self.static is None or len(segments) > 1 or skip.size or extra_rows is not None:
+        cannot be: no step, several sequences, or a call the step does not fit
+        (``StaticStep.fits``)."""
+        if self.static is None or len(segments) > 1:
             return None
-        fixed = self.static.forward(segments[0])
-        return None if fixed is None else ForwardOutput(logits=fixed[0], hidden=fixed[1])
+        fixed = self.static.forward(segments[0], skip, extra_rows)
+        if fixed is None:
+            return None
+        logits, hidden, extra = fixed
+        return ForwardOutput(logits=logits, hidden=hidden, extra_logits=extra)
 
     def _python_layers(self, hidden: torch.Tensor, rows: LayerRows) -> torch.Tensor:
         """The decoder layers over ``hidden`` [1, S, H] (the segments' rows one after

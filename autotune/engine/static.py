@@ -11,7 +11,10 @@ in an output buffer. Nothing in it reads a value back to the host.
 
 ``StaticStep`` owns the cache storage and lends it (``lend``) as a ``StaticCache``, the
 runner's cache for one sequence at a time; ``forward`` runs a call that fits the step
-(the runner falls back to its eager layers for the others). ``how`` says how the step
+(the runner falls back to its eager layers for the others). A call may leave sublayers
+out (a layer-skip draft) or ask for extra logits rows (Medusa's heads over the verify
+forward's lm_head product): each such ``Variant`` is a step of its own per bucket, and
+the few most recently used are kept. ``how`` says how the step
 runs on CUDA: ``graph`` (one ``torch.cuda.CUDAGraph`` per bucket), ``compile``
 (``torch.compile(mode="reduce-overhead")`` of the same step, so that the two can be
 timed against each other) or ``eager``; elsewhere it always runs eagerly, which is
@@ -25,6 +28,7 @@ import functools
 import os
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -33,11 +37,41 @@ from autotune.engine import buckets, layers
 from autotune.engine.kvcache import KVCache
 from autotune.engine.layers import Fused, Product
 from autotune.engine.segment import Segment
+from autotune.engine.skip import NO_SKIP, SkipMask
 from autotune.progress import say
 
 HOWS = ("graph", "compile", "eager")
 SWITCH_ENV = "AUTOTUNE_STATIC"  # "0": a GPU runner runs eagerly unless asked otherwise
 WARMUP_RUNS = 3  # eager runs on a side stream before a capture, as torch's docs ask
+# Variants (skip masks, extra rows) whose steps are kept besides the plain one: a decoding
+# uses one (its drafter's), a layer-skip search a new mask every trial; dropping the
+# least recent bounds the graphs held while a search runs
+KEPT_VARIANTS = 4
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What a call computes besides the plain forward: per layer, whether its attention
+    and its MLP run (False: skipped, the residual passes through), and the callable that
+    makes extra rows for the lm_head (``Runner.forward``'s ``extra_rows``; hashable, and
+    equal from one decoding to the next, so that its steps are made once)."""
+
+    attends: tuple[bool, ...]
+    mlps: tuple[bool, ...]
+    extra_rows: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    @classmethod
+    def of(cls, layers: int, skip: SkipMask = NO_SKIP, extra_rows=None) -> Variant:
+        # tuples of bools rather than the mask's sets: constants torch.compile reads plainly
+        return cls(
+            tuple(i not in skip.attention for i in range(layers)),
+            tuple(i not in skip.mlp for i in range(layers)),
+            extra_rows,
+        )
+
+    @property
+    def plain(self) -> bool:
+        return all(self.attends) and all(self.mlps) and self.extra_rows is None
 
 
 class StepModel(Protocol):
@@ -99,9 +133,13 @@ class StepBuffers:
         self.causal = torch.ones(size, size, dtype=torch.bool, device=device).tril()
         self.hidden = torch.zeros(size, hidden, dtype=model.dtype, device=device)
         self.logits = torch.zeros(size, model.config.vocab_size, device=device)
+        # a variant's extra logits rows, made at its first (eager) run, before any capture
+        self.extra_logits: dict[Variant, torch.Tensor] = {}
 
     def tensors(self) -> list[torch.Tensor]:
-        return [v for v in vars(self).values() if isinstance(v, torch.Tensor)]
+        return [v for v in vars(self).values() if isinstance(v, torch.Tensor)] + list(
+            self.extra_logits.values()
+        )
 
     def load(self, segment: Segment, prefix: int, scratch: int) -> None:
         """The call's tokens, positions and mask, its rows writing at ``prefix`` onward
@@ -165,7 +203,9 @@ class StaticStep:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.buffers: dict[int, StepBuffers] = {}
-        self._runs: dict[int, Callable[[], None]] = {}  # bucket -> run its step once
+        # (bucket, variant) -> run its step once
+        self._runs: dict[tuple[int, Variant], Callable[[], None]] = {}
+        self._variants: collections.OrderedDict[Variant, None] = collections.OrderedDict()
         self.column_numbers = torch.zeros(0, dtype=torch.long)  # 0 .. columns - 1
         self._borrower: weakref.ref[StaticCache] | None = None
         self._pool: Any = None  # the captured graphs' shared memory pool
@@ -208,77 +248,117 @@ class StaticStep:
         self._runs.clear()
         self._pool = None
 
-    def fits(self, segment: Segment) -> bool:
-        """Whether ``forward`` can run this call: the borrower's cache, its layers at one
-        length, a bucket for its tokens, room before the scratch column, and a mask over
-        the new tokens only (None: causal)."""
+    def variant(self, skip: SkipMask = NO_SKIP, extra_rows=None) -> Variant:
+        return Variant.of(self.model.num_layers, skip, extra_rows)
+
+    def fits(self, segment: Segment, variant: Variant | None = None) -> bool:
+        """Whether ``forward`` can run this call: the borrower's cache, the layers whose
+        attention runs at one length (a skipped layer's may lag: a draft leaves it
+        unwritten), a bucket for its tokens, room before the scratch column, and a mask
+        over the new tokens only (None: causal)."""
         cache, n = segment.cache, len(segment.tokens)
         if self.failed is not None or not isinstance(cache, StaticCache) or not cache.on_loan:
             return False
         if self._borrower is None or self._borrower() is not cache:
             return False
-        prefix = cache.lengths[0]
-        if any(length != prefix for length in cache.lengths):
+        attends = (variant or self.variant()).attends
+        lengths = {length for length, runs in zip(cache.lengths, attends) if runs}
+        if len(lengths) != 1:  # none (every attention skipped: rare, eager) or several
             return False
-        mask = segment.mask
+        prefix, mask = lengths.pop(), segment.mask
         return (
             1 <= n <= buckets.LARGEST
             and prefix + n <= self.columns - buckets.SCRATCH_COLUMNS
             and (mask is None or tuple(mask.shape) == (n, n))
         )
 
-    def forward(self, segment: Segment) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(logits [n, V] float32, or [1, V] for ``last_only``; hidden [n, H]) of the
-        call, its keys and values appended to its cache, as ``Runner.forward`` returns
-        them; None when it does not fit (``fits``)."""
-        if not self.fits(segment):
+    def forward(
+        self, segment: Segment, skip: SkipMask = NO_SKIP, extra_rows=None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+        """(logits [n, V] float32, or [1, V] for ``last_only``; hidden [n, H]; the extra
+        rows' logits or None) of the call, its keys and values appended to its cache in
+        the layers whose attention runs, as ``Runner.forward`` returns them; None when it
+        does not fit (``fits``)."""
+        variant = self.variant(skip, extra_rows)
+        if not self.fits(segment, variant):
             return None
         cache, n = segment.cache, len(segment.tokens)
         size = buckets.bucket_for(n)
         assert size is not None  # fits() checked n against the largest bucket
-        prefix, scratch = cache.lengths[0], self.columns - buckets.SCRATCH_COLUMNS
-        run = self._runs.get(size) or self._prepare(size)
+        attending = [i for i, runs in enumerate(variant.attends) if runs]
+        prefix = cache.lengths[attending[0]]
+        run = self._runs.get((size, variant)) or self._prepare(size, variant)
         if run is None:  # the capture failed: said once, and the runner runs eagerly
             return None
         buffer = self.buffers[size]
-        buffer.load(segment, prefix, scratch)
+        buffer.load(segment, prefix, self.columns - buckets.SCRATCH_COLUMNS)
         run()
         self.calls[size] += 1
-        cache.lengths = [prefix + n] * len(cache.lengths)
+        for layer in attending:
+            cache.lengths[layer] = prefix + n
         # copies: the next run overwrites the buffers, callers keep outputs across steps
         rows = slice(n - 1, n) if segment.last_only else slice(0, n)
-        return buffer.logits[rows].clone(), buffer.hidden[:n].clone()
+        extra = None
+        if variant.extra_rows is not None:  # blocks of ``size`` rows -> blocks of the call's
+            every = buffer.extra_logits[variant]
+            extra = every.view(-1, size, every.shape[-1])[:, rows].reshape(-1, every.shape[-1])
+        return buffer.logits[rows].clone(), buffer.hidden[:n].clone(), extra
 
     @torch.inference_mode()  # as a forward runs it: no autograd records in the graph
-    def capture(self, sizes: tuple[int, ...] = buckets.BUCKETS) -> None:
+    def capture(self, sizes: tuple[int, ...] = buckets.BUCKETS, variant: Variant | None = None):
         """Prepare (on CUDA: record) every bucket's step now rather than at its first
         call; the largest first, so that the graphs share their memory pool best.
         Needs storage: call after ``lend``."""
         if not self.keys:
             raise ValueError("the step has no cache storage yet: lend a cache first")
+        variant = variant or self.variant()
         for size in sorted(sizes, reverse=True):
-            if size not in self._runs:
-                self._prepare(size)
+            if (size, variant) not in self._runs:
+                self._prepare(size, variant)
 
-    def _prepare(self, size: int) -> Callable[[], None] | None:
+    def _prepare(self, size: int, variant: Variant) -> Callable[[], None] | None:
         if size not in self.buffers:
             self.buffers[size] = StepBuffers(size, self.model)
         buffer = self.buffers[size]
-        if self.how == "eager":
-            run: Callable[[], None] | None = functools.partial(self.compute, buffer)
-        else:
-            run = self._captured(buffer)
+        self._keep(variant)
+        step = functools.partial(self.compute, buffer, variant, self._extra_output(buffer, variant))
+        run: Callable[[], None] | None = step if self.how == "eager" else self._captured(step)
         if run is not None:
-            self._runs[size] = run
+            self._runs[size, variant] = run
         return run
 
-    def _captured(self, buffer: StepBuffers) -> Callable[[], None] | None:
+    def _keep(self, variant: Variant) -> None:
+        """Mark ``variant`` as the most recently used; past ``KEPT_VARIANTS`` besides the
+        plain step, the least recent one's steps and outputs are dropped."""
+        if variant.plain:
+            return
+        self._variants[variant] = None
+        self._variants.move_to_end(variant)
+        while len(self._variants) > KEPT_VARIANTS:
+            dropped, _ = self._variants.popitem(last=False)
+            for key in [key for key in self._runs if key[1] == dropped]:
+                del self._runs[key]
+            for buffer in self.buffers.values():
+                buffer.extra_logits.pop(dropped, None)
+
+    def _extra_output(self, buffer: StepBuffers, variant: Variant) -> torch.Tensor | None:
+        """The buffer a variant's extra logits go to, sized by one eager run on idle
+        inputs (the rows its callable makes are known only by calling it)."""
+        if variant.extra_rows is None:
+            return None
+        if variant not in buffer.extra_logits:
+            buffer.load_idle(self.columns - buckets.SCRATCH_COLUMNS)
+            self.compute(buffer, variant)
+        return buffer.extra_logits[variant]
+
+    def _captured(self, step: functools.partial) -> Callable[[], None] | None:
         """The bucket's step recorded, or None where torch or the driver refused: a
         warning line then, and every later call runs in the runner's eager layers (the
         same tokens, slower), rather than a run stopped over its speed."""
         record = self._record if self.how == "graph" else self._compiled
+        buffer = step.args[0]
         try:
-            return record(buffer)
+            return record(step)
         except Exception as error:
             what = "record a CUDA graph of" if self.how == "graph" else "torch.compile"
             first_line = (str(error).strip().splitlines() or [""])[0]
@@ -290,9 +370,13 @@ class StaticStep:
             )
             return None
 
-    def compute(self, buffer: StepBuffers) -> None:
+    def compute(
+        self, buffer: StepBuffers, variant: Variant, extra_out: torch.Tensor | None = None
+    ) -> None:
         """The step itself, over the bucket's buffers and the cache storage: the runner's
-        arithmetic (``engine.layers``) with every shape fixed by the bucket."""
+        arithmetic (``engine.layers``) with every shape fixed by the bucket, the
+        variant's sublayers left out and its extra rows through the same lm_head product
+        (into ``extra_out``; None: into a new buffer, ``_extra_output``'s sizing run)."""
         model, size = self.model, buffer.size
         hidden = model.embed(buffer.tokens.view(1, size))
         rotation = layers.Rotation(model.rotary(hidden, buffer.positions.view(1, size)))
@@ -300,14 +384,25 @@ class StaticStep:
         rows = [layers.AttentionSegment(size, rotation, self.visibility(buffer), writer)]
         for index, layer in enumerate(model.layers):
             qkv, gate_up = model.fused[index]
-            normed = layers.rms_norm(layer.input_layernorm, hidden)
-            hidden = hidden + layers.segmented_attention(
-                layer.self_attn, normed, rows, index, model.product, qkv=qkv
-            )
-            normed = layers.rms_norm(layer.post_attention_layernorm, hidden)
-            hidden = hidden + layers.mlp(layer.mlp, normed, model.product, gate_up=gate_up)
+            if variant.attends[index]:
+                normed = layers.rms_norm(layer.input_layernorm, hidden)
+                hidden = hidden + layers.segmented_attention(
+                    layer.self_attn, normed, rows, index, model.product, qkv=qkv
+                )
+            if variant.mlps[index]:
+                normed = layers.rms_norm(layer.post_attention_layernorm, hidden)
+                hidden = hidden + layers.mlp(layer.mlp, normed, model.product, gate_up=gate_up)
         buffer.hidden.copy_(hidden[0])
-        buffer.logits.copy_(model.logits(model.norm(hidden[0])))
+        normed = model.norm(hidden[0])
+        if variant.extra_rows is None:
+            buffer.logits.copy_(model.logits(normed))
+            return
+        both = model.logits(torch.cat([normed, variant.extra_rows(normed)]))
+        buffer.logits.copy_(both[:size])
+        if extra_out is None:
+            buffer.extra_logits[variant] = both[size:].clone()
+        else:
+            extra_out.copy_(both[size:])
 
     def visibility(self, buffer: StepBuffers) -> torch.Tensor:
         """The additive mask [B, columns] every layer's attention takes (0: visible,
@@ -319,16 +414,17 @@ class StaticStep:
         additive = torch.zeros(visible.shape, dtype=self.model.dtype, device=visible.device)
         return additive.masked_fill_(~visible, float("-inf"))
 
-    def _record(self, buffer: StepBuffers) -> Callable[[], None]:
+    def _record(self, step: functools.partial) -> Callable[[], None]:
         """The bucket's step recorded as a CUDA graph: warmed up on a side stream, then
         captured, on idle inputs (only the scratch column is written)."""
+        buffer = step.args[0]
         buffer.load_idle(self.columns - buckets.SCRATCH_COLUMNS)
         current = torch.cuda.current_stream(self.model.device)
         side = torch.cuda.Stream(self.model.device)
         side.wait_stream(current)
         with torch.cuda.stream(side):
             for _ in range(WARMUP_RUNS):
-                self.compute(buffer)
+                step()
         current.wait_stream(side)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
@@ -336,14 +432,15 @@ class StaticStep:
         # every output is copied into the bucket's buffers inside the graph, so one
         # bucket's temporaries can share the pool with another's (never run at once)
         with torch.cuda.graph(graph, pool=self._pool):
-            self.compute(buffer)
+            step()
         return graph.replay
 
-    def _compiled(self, buffer: StepBuffers) -> Callable[[], None]:
+    def _compiled(self, step: functools.partial) -> Callable[[], None]:
         """The bucket's step under ``torch.compile(mode="reduce-overhead")``, whose CUDA
         graphs must see every tensor the step reads or writes at a fixed address."""
         import torch._dynamo
 
+        buffer, variant, extra_out = step.args
         # the fused weights are plain tensors, not Parameters: unmarked, each replay
         # would copy them into the graph's own inputs
         fused = [f for pair in self.model.fused for f in pair]
@@ -352,9 +449,12 @@ class StaticStep:
             torch._dynamo.mark_static_address(tensor)
         # one compiled entry per bucket for the same code: more than dynamo keeps by default
         limit = torch._dynamo.config.recompile_limit
-        torch._dynamo.config.recompile_limit = max(limit, 2 * len(buckets.BUCKETS))
-        step = torch.compile(self.compute, mode="reduce-overhead", fullgraph=True, dynamic=False)
+        wanted = 2 * len(buckets.BUCKETS) * (1 + KEPT_VARIANTS)
+        torch._dynamo.config.recompile_limit = max(limit, wanted)
+        compiled = torch.compile(
+            self.compute, mode="reduce-overhead", fullgraph=True, dynamic=False
+        )
         buffer.load_idle(self.columns - buckets.SCRATCH_COLUMNS)
         for _ in range(WARMUP_RUNS):  # compiles, then records its graph
-            step(buffer)
-        return lambda: step(buffer)
+            compiled(buffer, variant, extra_out)
+        return lambda: compiled(buffer, variant, extra_out)
