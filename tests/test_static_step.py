@@ -368,12 +368,12 @@ def test_a_capture_that_fails_is_one_warning_and_the_runner_runs_eagerly(pair, m
     run: one warning, then every call in the eager layers, the same tokens."""
     eager, fixed = pair
     assert fixed.static is not None
-    fixed.static.how = "graph"  # as on a GPU
+    fixed.static.recorder.how = "graph"  # as on a GPU
 
     def refuse(buffer):
         raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore")
 
-    monkeypatch.setattr(fixed.static, "_record", refuse)
+    monkeypatch.setattr(fixed.static.recorder, "_graph", refuse)
     for runner in (eager, fixed):
         runner.tokens = decode_plain(runner, PROMPT, 40).tokens  # type: ignore[attr-defined]
     assert fixed.tokens == eager.tokens  # type: ignore[attr-defined]

@@ -15,10 +15,10 @@ runner's cache for one sequence at a time; ``forward`` runs a call that fits the
 out (a layer-skip draft) or ask for extra logits rows (Medusa's heads over the verify
 forward's lm_head product): each such ``Variant`` is a step of its own per bucket, and
 the few most recently used are kept. ``how`` says how the step
-runs on CUDA: ``graph`` (one ``torch.cuda.CUDAGraph`` per bucket), ``compile``
-(``torch.compile(mode="reduce-overhead")`` of the same step, so that the two can be
-timed against each other) or ``eager``; elsewhere it always runs eagerly, which is
-what the CPU tests check against the runner's own layers.
+runs on CUDA (``engine.capture``): ``graph`` (one ``torch.cuda.CUDAGraph`` per bucket and
+variant), ``compile`` (``torch.compile(mode="reduce-overhead")`` of the same step, so that
+the two can be timed against each other) or ``eager``; elsewhere it always runs eagerly,
+which is what the CPU tests check against the runner's own layers.
 """
 
 from __future__ import annotations
@@ -34,15 +34,12 @@ from typing import Any, Protocol
 import torch
 
 from autotune.engine import buckets, layers
+from autotune.engine.capture import HOWS, SWITCH_ENV, Recorder, Run
 from autotune.engine.kvcache import KVCache
 from autotune.engine.layers import Fused, Product
 from autotune.engine.segment import Segment
 from autotune.engine.skip import NO_SKIP, SkipMask
-from autotune.progress import say
 
-HOWS = ("graph", "compile", "eager")
-SWITCH_ENV = "AUTOTUNE_STATIC"  # "0": a GPU runner runs eagerly unless asked otherwise
-WARMUP_RUNS = 3  # eager runs on a side stream before a capture, as torch's docs ask
 # Variants (skip masks, extra rows) whose steps are kept besides the plain one: a decoding
 # uses one (its drafter's), a layer-skip search a new mask every trial; dropping the
 # least recent bounds the graphs held while a search runs
@@ -199,18 +196,25 @@ class StaticStep:
 
     def __init__(self, model: StepModel, how: str = "graph"):
         self.model = model
-        self.how = how if model.device.type == "cuda" else "eager"
+        self.recorder = Recorder(model.device, how)
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.buffers: dict[int, StepBuffers] = {}
         # (bucket, variant) -> run its step once
-        self._runs: dict[tuple[int, Variant], Callable[[], None]] = {}
+        self._runs: dict[tuple[int, Variant], Run] = {}
         self._variants: collections.OrderedDict[Variant, None] = collections.OrderedDict()
         self.column_numbers = torch.zeros(0, dtype=torch.long)  # 0 .. columns - 1
         self._borrower: weakref.ref[StaticCache] | None = None
-        self._pool: Any = None  # the captured graphs' shared memory pool
         self.calls: collections.Counter[int] = collections.Counter()  # bucket -> runs
-        self.failed: str | None = None  # why capturing failed: the runner runs eagerly
+
+    @property
+    def how(self) -> str:
+        return self.recorder.how
+
+    @property
+    def failed(self) -> str | None:
+        """Why recording failed (the runner runs eagerly from then on), or None."""
+        return self.recorder.failed
 
     @classmethod
     def of(cls, model: StepModel, how: str = "graph") -> StaticStep | None:
@@ -246,7 +250,7 @@ class StaticStep:
         self.keys, self.values = storage.keys, storage.values
         self.column_numbers = torch.arange(columns, device=model.device)
         self._runs.clear()
-        self._pool = None
+        self.recorder.forget()
 
     def variant(self, skip: SkipMask = NO_SKIP, extra_rows=None) -> Variant:
         return Variant.of(self.model.num_layers, skip, extra_rows)
@@ -316,13 +320,14 @@ class StaticStep:
             if (size, variant) not in self._runs:
                 self._prepare(size, variant)
 
-    def _prepare(self, size: int, variant: Variant) -> Callable[[], None] | None:
+    def _prepare(self, size: int, variant: Variant) -> Run | None:
         if size not in self.buffers:
             self.buffers[size] = StepBuffers(size, self.model)
         buffer = self.buffers[size]
         self._keep(variant)
         step = functools.partial(self.compute, buffer, variant, self._extra_output(buffer, variant))
-        run: Callable[[], None] | None = step if self.how == "eager" else self._captured(step)
+        buffer.load_idle(self.columns - buckets.SCRATCH_COLUMNS)  # recording writes scratch only
+        run = self.recorder.make(step, self._statics(buffer), f"the engine's {size}-token step")
         if run is not None:
             self._runs[size, variant] = run
         return run
@@ -350,25 +355,6 @@ class StaticStep:
             buffer.load_idle(self.columns - buckets.SCRATCH_COLUMNS)
             self.compute(buffer, variant)
         return buffer.extra_logits[variant]
-
-    def _captured(self, step: functools.partial) -> Callable[[], None] | None:
-        """The bucket's step recorded, or None where torch or the driver refused: a
-        warning line then, and every later call runs in the runner's eager layers (the
-        same tokens, slower), rather than a run stopped over its speed."""
-        record = self._record if self.how == "graph" else self._compiled
-        buffer = step.args[0]
-        try:
-            return record(step)
-        except Exception as error:
-            what = "record a CUDA graph of" if self.how == "graph" else "torch.compile"
-            first_line = (str(error).strip().splitlines() or [""])[0]
-            self.failed = f"{type(error).__name__}: {first_line}"[:300]
-            say(
-                f"[yellow]warning: could not {what} the engine's {buffer.size}-token step "
-                f"({self.failed}); the engine runs eagerly, slower than a serving "
-                f"engine's step (set {SWITCH_ENV}=0 to skip the attempt)[/yellow]"
-            )
-            return None
 
     def compute(
         self, buffer: StepBuffers, variant: Variant, extra_out: torch.Tensor | None = None
@@ -414,47 +400,9 @@ class StaticStep:
         additive = torch.zeros(visible.shape, dtype=self.model.dtype, device=visible.device)
         return additive.masked_fill_(~visible, float("-inf"))
 
-    def _record(self, step: functools.partial) -> Callable[[], None]:
-        """The bucket's step recorded as a CUDA graph: warmed up on a side stream, then
-        captured, on idle inputs (only the scratch column is written)."""
-        buffer = step.args[0]
-        buffer.load_idle(self.columns - buckets.SCRATCH_COLUMNS)
-        current = torch.cuda.current_stream(self.model.device)
-        side = torch.cuda.Stream(self.model.device)
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_RUNS):
-                step()
-        current.wait_stream(side)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        # every output is copied into the bucket's buffers inside the graph, so one
-        # bucket's temporaries can share the pool with another's (never run at once)
-        with torch.cuda.graph(graph, pool=self._pool):
-            step()
-        return graph.replay
-
-    def _compiled(self, step: functools.partial) -> Callable[[], None]:
-        """The bucket's step under ``torch.compile(mode="reduce-overhead")``, whose CUDA
-        graphs must see every tensor the step reads or writes at a fixed address."""
-        import torch._dynamo
-
-        buffer, variant, extra_out = step.args
-        # the fused weights are plain tensors, not Parameters: unmarked, each replay
-        # would copy them into the graph's own inputs
+    def _statics(self, buffer: StepBuffers) -> list[torch.Tensor]:
+        """Every tensor a bucket's step reads or writes besides the model's parameters:
+        the fused weights (plain tensors, not Parameters), the cache storage, the buffers."""
         fused = [f for pair in self.model.fused for f in pair]
-        statics = [f.weight for f in fused] + [f.bias for f in fused if f.bias is not None]
-        for tensor in [*statics, *self.keys, *self.values, self.column_numbers, *buffer.tensors()]:
-            torch._dynamo.mark_static_address(tensor)
-        # one compiled entry per bucket for the same code: more than dynamo keeps by default
-        limit = torch._dynamo.config.recompile_limit
-        wanted = 2 * len(buckets.BUCKETS) * (1 + KEPT_VARIANTS)
-        torch._dynamo.config.recompile_limit = max(limit, wanted)
-        compiled = torch.compile(
-            self.compute, mode="reduce-overhead", fullgraph=True, dynamic=False
-        )
-        buffer.load_idle(self.columns - buckets.SCRATCH_COLUMNS)
-        for _ in range(WARMUP_RUNS):  # compiles, then records its graph
-            compiled(buffer, variant, extra_out)
-        return lambda: compiled(buffer, variant, extra_out)
+        weights = [f.weight for f in fused] + [f.bias for f in fused if f.bias is not None]
+        return [*weights, *self.keys, *self.values, self.column_numbers, *buffer.tensors()]
