@@ -13,6 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from autotune.engine import buckets, static
+from autotune.engine.batched import Prefills, decode_batch
 from autotune.engine.decoding import cache_capacity, decode_plain, decode_speculative
 from autotune.engine.runner import Runner
 from autotune.engine.segment import Segment
@@ -112,7 +113,7 @@ def test_step_logits_equal_the_eager_layers(pair):
     twin.forward([20, 21, 22, 23, 24, 25, 26], committed, TREE.attention_mask("cpu"), positions)
     assert calls[8] == 2
     twin.keep(committed, [0, 1, 3, 6])  # the root, node 0, its child 2, its child 5
-    assert fixed.static.fits(Segment(torch.tensor([1]), torch.tensor([17]), twin.fixed_cache))
+    assert fixed.static.fits([Segment(torch.tensor([1]), torch.tensor([17]), twin.fixed_cache)])
     twin.forward([30], 17)
     twin.crop(10)
     twin.forward([40, 41, 42], 10)
@@ -151,7 +152,8 @@ def test_a_call_past_the_scratch_column_moves_the_cache_out_and_stays_exact(pair
     length = columns - buckets.SCRATCH_COLUMNS - 3
     tokens = [int(t) for t in torch.randint(3, 120, (length,), generator=torch.Generator())]
     twin.forward(tokens, 0)  # past the largest bucket: eager, into the lent storage
-    assert twin.fixed_cache.on_loan and twin.fixed_cache.keys[0] is fixed.static.keys[0]
+    assert twin.fixed_cache.on_loan
+    assert twin.fixed_cache.keys[0].data_ptr() == fixed.static.keys[0].data_ptr()  # lane 0
     twin.forward([5, 6, 7], length)  # the last three columns before the scratch one
     before = sum(fixed.static.calls.values())
     twin.forward([8, 9], length + 3)  # would write the scratch column: eager, and it grows
@@ -161,15 +163,27 @@ def test_a_call_past_the_scratch_column_moves_the_cache_out_and_stays_exact(pair
     assert sum(fixed.static.calls.values()) == before  # neither ran in the step
 
 
-def test_a_second_cache_takes_the_storage_and_the_first_keeps_its_entries(pair):
+def test_sequences_alive_together_take_lanes_and_keep_their_entries(pair):
+    """A second cache takes a second lane: the storage grows, the first cache's entries
+    move with it, and both keep running in the step. Past the last lane, the sequence
+    lent its lane longest ago moves out, and runs eagerly, as exactly."""
     eager, fixed = pair
     twin = Twin(eager, fixed)
     twin.forward(PROMPT, 0)
-    other = fixed.new_cache(100)  # the storage goes to a second sequence
-    fixed.forward(torch.tensor([9, 9, 9]), torch.arange(3), other)
-    assert not twin.fixed_cache.on_loan and other.on_loan
-    twin.forward([11, 12], len(PROMPT))  # eager now, on the entries it moved out
-    twin.forward([13], len(PROMPT) + 2)
+    other = Twin(eager, fixed)
+    other.forward([9, 9, 9], 0)
+    assert (twin.fixed_cache.lane, other.fixed_cache.lane) == (0, 1)
+    assert fixed.static.storage.lanes == 2 and twin.fixed_cache.on_loan
+    before = sum(fixed.static.calls.values())
+    twin.forward([11, 12], len(PROMPT))  # in the step, on the entries that moved
+    other.forward([10], 3)
+    assert sum(fixed.static.calls.values()) == before + 2
+    crowd = [Twin(eager, fixed, capacity=20) for _ in range(buckets.LANES[-1] - 2)]
+    assert fixed.static.storage.lanes == buckets.LANES[-1] and twin.fixed_cache.on_loan
+    crowd.append(Twin(eager, fixed, capacity=20))  # one more than the lanes
+    assert not twin.fixed_cache.on_loan and crowd[-1].fixed_cache.lane == 0
+    twin.forward([13], len(PROMPT) + 2)  # eager now, on the entries it moved out
+    other.forward([14, 15], 4)
 
 
 def test_calls_the_step_cannot_run_take_the_eager_layers(pair):
@@ -232,7 +246,7 @@ def test_the_least_recent_variants_steps_are_dropped(pair):
     for skip in masks:
         fixed.forward(torch.tensor([3]), torch.tensor([len(PROMPT)]), cache, skip=skip)
         cache.crop(len(PROMPT))
-    kept = {variant for _, variant in step._runs}
+    kept = {variant for *_, variant in step._runs}
     assert step.variant() in kept  # the plain step (the prompt's bucket) stays
     recent = masks[-static.KEPT_VARIANTS :]
     assert kept - {step.variant()} == {step.variant(skip) for skip in recent}
@@ -258,7 +272,7 @@ def test_speculative_decoding_is_token_identical_with_the_step(tiny_llama_dir, t
             verified += fixed.static.calls - before
             verified[buckets.bucket_for(len(prompt))] -= 1  # its prefill
     assert sum(count for size, count in verified.items() if size > 1) > 0
-    variants = {variant for _, variant in fixed.static._runs} - {fixed.static.variant()}
+    variants = {variant for *_, variant in fixed.static._runs} - {fixed.static.variant()}
     kinds = {
         "skips" if not all(v.attends + v.mlps) else "extra rows" if v.extra_rows else "?"
         for v in variants
@@ -381,3 +395,57 @@ def test_a_capture_that_fails_is_one_warning_and_the_runner_runs_eagerly(pair, m
     assert sum(fixed.static.calls.values()) == 0
     said = " ".join(capsys.readouterr().err.split())  # the console folds long lines
     assert said.count("warning:") == 1 and "the engine runs eagerly" in said
+
+
+# --- several sequences at once --------------------------------------------------------
+
+
+def test_a_batched_forward_runs_as_one_step_over_the_lanes(pair):
+    """Sequences of different lengths, in lanes 0 and 2 (lane 1's sequence is not in the
+    call: its lane runs as padding and its entries stay as they were), each segment's
+    logits as its own eager forward; a tree mask in one of them."""
+    eager, fixed = pair
+    twins = [Twin(eager, fixed) for _ in range(3)]
+    for twin, prompt in zip(twins, [PROMPT, [1, 100, 3], [1, *range(40, 52)]]):
+        twin.forward(prompt, 0)
+    idle = [store.clone() for store in twins[1].fixed_cache.keys]
+    calls = [
+        (twins[0], [20, 21, 22, 23, 24, 25, 26], TREE.attention_mask("cpu"), len(PROMPT)),
+        (twins[2], [7, 8], None, 13),
+    ]
+    segments, expected = [], []
+    for twin, tokens, mask, start in calls:
+        ids = torch.tensor(tokens)
+        offsets = TREE.position_offsets("cpu") if mask is not None else torch.arange(len(ids))
+        positions = start + offsets
+        expected.append(eager.forward(ids, positions, twin.eager_cache, mask=mask))
+        segments.append(Segment(ids, positions, twin.fixed_cache, mask=mask))
+    outputs = fixed.forward_batch(segments)
+    assert fixed.static.batched == {2: 1}  # lanes 0..2, run as the bucket of 4 lanes
+    for want, got, (twin, *_) in zip(expected, outputs, calls):
+        torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got.hidden, want.hidden, rtol=1e-5, atol=1e-5)
+        assert twin.fixed_cache.lengths == twin.eager_cache.lengths
+    for before, after in zip(idle, twins[1].fixed_cache.keys):
+        assert torch.equal(before[:, :, :-1], after[:, :, :-1])  # all but its scratch column
+
+
+@pytest.mark.parametrize("speculative", [False, True], ids=["plain", "ngram"])
+def test_batched_decoding_is_token_identical_with_the_step(tiny_llama_dir, tmp_path, speculative):
+    ref = TargetRef.for_user(str(tiny_llama_dir))
+    eager = ref.runner()
+    fixed = Runner(eager.model, static=True)
+    prompts = [[1, 100, 3, 3, 3, 100, 3], [1, 40, 41, 42, 43, 44], PROMPT, [1, 5, 5, 5]]
+    new_drafter = None
+    if speculative:
+        method = registry.get("ngram")
+        settings = next(iter(method.examples(eager.model, tmp_path).values()))
+        new_drafter = method.deployed_drafter(settings, DraftEnv(ref, fixed))
+    expected = [decode_plain(eager, prompt, 40).tokens for prompt in prompts]
+    prefills = Prefills()
+    for again in (False, True):  # again: the prompts' prefills copied into lent lanes
+        fixed.static.batched.clear()
+        run = decode_batch(fixed, prompts, 40, 3, new_drafter=new_drafter, prefills=prefills)
+        assert [result.tokens for result in run.results] == expected
+        assert run.prefilled == (0 if again else len(prompts))
+        assert sum(fixed.static.batched.values()) > 0  # several sequences ran in one step

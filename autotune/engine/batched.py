@@ -159,9 +159,7 @@ def decode_batch(
         admitted = _admit(batch, len(running))
         if admitted:
             began = time.perf_counter()
-            batch.prefilled += _prefill(
-                runner, admitted, batch.extra_rows, max_new_tokens, prefills
-            )
+            batch.prefilled += _prefill(runner, admitted, batch.extra_rows, prefills)
             batch.prefill_seconds += time.perf_counter() - began
             running += _finish(batch, admitted)
         if running:
@@ -234,7 +232,6 @@ def _prefill(
     runner: Runner,
     admitted: list[_Request],
     extra_rows,
-    max_new_tokens: int,
     prefills: Prefills | None,
 ) -> int:
     """The new requests' prompts in one forward of their own (or copied from
@@ -246,7 +243,7 @@ def _prefill(
         if kept is None:
             fresh.append(request)
             continue
-        request.cache = kept.cache.copy(cache_capacity(request.prompt, max_new_tokens))
+        request.cache.take(kept.cache)
         request.result.tokens.append(kept.first_token)
         request.hidden, request.committed_tokens = kept.hidden, list(request.prompt)
     if not fresh:

@@ -47,3 +47,18 @@ def decoding_columns(prompt_tokens: int, max_new_tokens: int) -> int:
     """The columns of a fixed cache for one decoding: its prompt, its answer and the
     largest bucket beyond them (the last verify's draft is written before it is cut)."""
     return static_columns(prompt_tokens + max_new_tokens + LARGEST)
+
+
+# Sequences a fixed cache holds side by side (its lanes), and the lane counts a batched
+# step is made for: a batched call runs the lanes up to its highest one's bucket, a lane
+# without a token in the call padded. Beyond the largest, the sequence lent its lane
+# longest ago moves its entries out and runs eagerly.
+LANES: tuple[int, ...] = (1, 2, 4, 8, 16)
+
+
+def lanes_for(lane: int) -> int:
+    """The lanes a step runs when ``lane`` (0-based) is the highest in its call."""
+    index = bisect.bisect_left(LANES, lane + 1)
+    if index == len(LANES):
+        raise ValueError(f"lane {lane} is past the last of {LANES[-1]}")
+    return LANES[index]

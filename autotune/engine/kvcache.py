@@ -76,6 +76,15 @@ class KVCache:
         out.lengths = list(self.lengths)
         return out
 
+    def take(self, other: KVCache) -> None:
+        """Hold a copy of ``other``'s entries, in this cache's own storage (which a
+        fixed-shape step may have lent it: replacing the cache would lose that)."""
+        for layer, length in enumerate(other.lengths):
+            self.reserve(layer, length)
+            self.keys[layer][:, :, :length] = other.keys[layer][:, :, :length]
+            self.values[layer][:, :, :length] = other.values[layer][:, :, :length]
+        self.lengths = list(other.lengths)
+
     @property
     def nbytes(self) -> int:
         """The bytes its entries take (not its spare room)."""

@@ -133,7 +133,7 @@ class Runner:
         segment is computed as ``forward`` computes it alone (``extra_rows``: its extra
         logits come in the same blocks)."""
         if (fixed := self._static_forward(segments, skip, extra_rows)) is not None:
-            return [fixed]
+            return fixed
         counts = [len(segment.tokens) for segment in segments]
         total = sum(counts)
         tokens = (
@@ -178,17 +178,18 @@ class Runner:
 
     def _static_forward(
         self, segments: list[Segment], skip: SkipMask, extra_rows: ExtraRows | None
-    ) -> ForwardOutput | None:
+    ) -> list[ForwardOutput] | None:
         """The call run in the fixed-shape step (``engine.static``), or None where it
-        cannot be: no step, several sequences, or a call the step does not fit
-        (``StaticStep.fits``)."""
-        if self.static is None or len(segments) > 1:
+        cannot be: no step, or a call the step does not fit (``StaticStep.fits``)."""
+        if self.static is None:
             return None
-        fixed = self.static.forward(segments[0], skip, extra_rows)
+        fixed = self.static.forward(segments, skip, extra_rows)
         if fixed is None:
             return None
-        logits, hidden, extra = fixed
-        return ForwardOutput(logits=logits, hidden=hidden, extra_logits=extra)
+        return [
+            ForwardOutput(logits=logits, hidden=hidden, extra_logits=extra)
+            for logits, hidden, extra in fixed
+        ]
 
     def _python_layers(self, hidden: torch.Tensor, rows: LayerRows) -> torch.Tensor:
         """The decoder layers over ``hidden`` [1, S, H] (the segments' rows one after

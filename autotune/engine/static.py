@@ -4,21 +4,24 @@ Eager on a GPU, a step is launch overhead: Vicuna-13B in float16 took 17.7 ms a 
 an H200 where a CUDA-graph forward of the same model took 9.1. A graph replays fixed
 kernels on fixed memory, so this step has one shape per bucket (``engine.buckets``):
 its inputs are copied into buffers made once, every row writes its keys and values into
-a KV cache allocated once at a fixed capacity (``index_copy_`` at its column, the padded
-rows at a scratch column), attention reads the whole capacity under a visibility mask
-made on the device from the prefix length and the new tokens' mask, and the logits land
-in an output buffer. Nothing in it reads a value back to the host.
+KV storage allocated once (``engine.static_cache``: a scatter at its column, the padded
+rows at a scratch column), attention reads the whole storage under a visibility mask
+made on the device from the prefix lengths and the new tokens' mask, and the logits
+land in an output buffer. Nothing in it reads a value back to the host.
 
-``StaticStep`` owns the cache storage and lends it (``lend``) as a ``StaticCache``, the
-runner's cache for one sequence at a time; ``forward`` runs a call that fits the step
-(the runner falls back to its eager layers for the others). A call may leave sublayers
-out (a layer-skip draft) or ask for extra logits rows (Medusa's heads over the verify
+The storage holds several sequences side by side, one per lane, so that a batched
+forward (several sequences in flight, ``engine.batched``) runs as one step too: its rows
+are laid out lane by lane, each lane's ``size`` rows (the bucket of the call's longest
+segment), and attention runs as a batch over the lanes. ``StaticStep.lend`` gives each
+sequence a lane as a ``StaticCache``; ``forward`` runs a call that fits the step (the
+runner falls back to its eager layers for the others). A call may leave sublayers out
+(a layer-skip draft) or ask for extra logits rows (Medusa's heads over the verify
 forward's lm_head product): each such ``Variant`` is a step of its own per bucket, and
-the few most recently used are kept. ``how`` says how the step
-runs on CUDA (``engine.capture``): ``graph`` (one ``torch.cuda.CUDAGraph`` per bucket and
-variant), ``compile`` (``torch.compile(mode="reduce-overhead")`` of the same step, so that
-the two can be timed against each other) or ``eager``; elsewhere it always runs eagerly,
-which is what the CPU tests check against the runner's own layers.
+the few most recently used are kept. ``how`` says how the step runs on CUDA
+(``engine.capture``): ``graph`` (one ``torch.cuda.CUDAGraph`` per shape and variant),
+``compile`` (``torch.compile(mode="reduce-overhead")`` of the same step, so that the two
+can be timed against each other) or ``eager``; elsewhere it always runs eagerly, which
+is what the CPU tests check against the runner's own layers.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ from __future__ import annotations
 import collections
 import functools
 import os
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -35,15 +37,20 @@ import torch
 
 from autotune.engine import buckets, layers
 from autotune.engine.capture import HOWS, SWITCH_ENV, Recorder, Run
-from autotune.engine.kvcache import KVCache
 from autotune.engine.layers import Fused, Product
 from autotune.engine.segment import Segment
 from autotune.engine.skip import NO_SKIP, SkipMask
+from autotune.engine.static_cache import LaneStorage, StaticCache
+
+__all__ = ["StaticCache", "StaticStep", "Variant", "enabled_by_default", "unsupported"]
 
 # Variants (skip masks, extra rows) whose steps are kept besides the plain one: a decoding
 # uses one (its drafter's), a layer-skip search a new mask every trial; dropping the
 # least recent bounds the graphs held while a search runs
 KEPT_VARIANTS = 4
+
+# One call's outputs per segment: logits, hidden states, extra rows' logits (or None)
+Outputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 
 @dataclass(frozen=True)
@@ -88,48 +95,25 @@ class StepModel(Protocol):
     def logits(self, normed: torch.Tensor) -> torch.Tensor: ...
 
 
-class StaticCache(KVCache):
-    """A ``KVCache`` over the storage of a ``StaticStep``, lent to one sequence: crop,
-    keep (in place) and lengths work as on any cache, but it never reallocates that
-    storage. When it must hold more than its capacity, or the step lends the storage to
-    another sequence while this one is still alive, its entries move to storage of its
-    own (``give_back``): from then on it is an ordinary cache and runs eagerly."""
-
-    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]):
-        # lists of its own: a growing layer replaces its entry, never the step's
-        self.keys, self.values = list(keys), list(values)
-        self.lengths = [0] * len(keys)
-        self.on_loan = True
-
-    def give_back(self) -> None:
-        """Copy the entries into storage of its own; the step's storage is no longer read."""
-        if self.on_loan:
-            own = self.copy(self.capacity)
-            self.keys, self.values, self.on_loan = own.keys, own.values, False
-
-    def _grow(self, layer: int, needed: int) -> None:
-        self.give_back()
-        super()._grow(layer, needed)
-
-
 class StepBuffers:
-    """One bucket's inputs and outputs, made once; a replay reads and writes only these
-    and the cache storage. ``columns``: the cache column each row writes; ``new_mask``:
-    which new tokens each row sees (True = may attend); ``prefix``: the cached entries
-    before them, as a 0-d tensor."""
+    """One shape's inputs and outputs, made once; a replay reads and writes only these
+    and the cache storage. Rows lie lane by lane, ``size`` a lane. ``columns``: the
+    column each row writes in its lane; ``new_mask`` [lanes, size, size]: which of its
+    lane's new tokens each row sees (True = may attend); ``prefix`` [lanes]: each lane's
+    cached entries before them."""
 
-    def __init__(self, size: int, model: StepModel):
+    def __init__(self, lanes: int, size: int, model: StepModel):
         device, hidden = model.device, model.config.hidden_size
-        self.size = size
-        self.tokens = torch.zeros(size, dtype=torch.long, device=device)
-        self.positions = torch.zeros(size, dtype=torch.long, device=device)
-        self.columns = torch.zeros(size, dtype=torch.long, device=device)
-        self.new_mask = torch.ones(size, size, dtype=torch.bool, device=device)
-        self.prefix = torch.zeros((), dtype=torch.long, device=device)
+        self.lanes, self.size = lanes, size
+        self.tokens = torch.zeros(lanes, size, dtype=torch.long, device=device)
+        self.positions = torch.zeros(lanes, size, dtype=torch.long, device=device)
+        self.columns = torch.zeros(lanes, size, dtype=torch.long, device=device)
+        self.new_mask = torch.ones(lanes, size, size, dtype=torch.bool, device=device)
+        self.prefix = torch.zeros(lanes, dtype=torch.long, device=device)
         self.rows = torch.arange(size, device=device)
         self.causal = torch.ones(size, size, dtype=torch.bool, device=device).tril()
-        self.hidden = torch.zeros(size, hidden, dtype=model.dtype, device=device)
-        self.logits = torch.zeros(size, model.config.vocab_size, device=device)
+        self.hidden = torch.zeros(lanes * size, hidden, dtype=model.dtype, device=device)
+        self.logits = torch.zeros(lanes * size, model.config.vocab_size, device=device)
         # a variant's extra logits rows, made at its first (eager) run, before any capture
         self.extra_logits: dict[Variant, torch.Tensor] = {}
 
@@ -138,24 +122,27 @@ class StepBuffers:
             self.extra_logits.values()
         )
 
-    def load(self, segment: Segment, prefix: int, scratch: int) -> None:
-        """The call's tokens, positions and mask, its rows writing at ``prefix`` onward
-        and the padded ones at ``scratch``: copies and fills on the device, no sync."""
-        n = len(segment.tokens)
-        self.tokens[:n].copy_(segment.tokens)
-        self.positions[:n].copy_(segment.positions)
-        self.prefix.fill_(prefix)
-        torch.add(self.rows, prefix, out=self.columns)
-        self.columns[n:] = scratch
-        self.new_mask.fill_(False)
-        self.new_mask[:n, :n] = self.causal[:n, :n] if segment.mask is None else segment.mask
-        # every padded row maps to the scratch column with the same mask column (real
-        # rows: no, padded rows: yes), so the scatter in ``visibility`` agrees on it
-        self.new_mask[n:, n:] = True
+    def load(self, segments: list[Segment], prefixes: list[int], scratch: int) -> None:
+        """The call's tokens, positions and masks in their lanes, each segment's rows
+        writing at its prefix onward and every other row at ``scratch``: copies and
+        fills on the device, no sync."""
+        self.load_idle(scratch)
+        for segment, prefix in zip(segments, prefixes):
+            lane, n = segment.cache.lane, len(segment.tokens)  # type: ignore[attr-defined]
+            self.tokens[lane, :n].copy_(segment.tokens)
+            self.positions[lane, :n].copy_(segment.positions)
+            self.prefix[lane] = prefix
+            torch.add(self.rows[:n], prefix, out=self.columns[lane, :n])
+            seen = self.new_mask[lane]
+            seen[:n].fill_(False)
+            seen[:n, :n] = self.causal[:n, :n] if segment.mask is None else segment.mask
+            # every padded row maps to the scratch column with the same mask column
+            # (real rows: no, padded rows: yes), so the scatter in ``visibility`` agrees
+            seen[n:, :n] = False
 
     def load_idle(self, scratch: int) -> None:
-        """Inputs whose every row is padding: a run writes the scratch column only (the
-        warm-up and capture runs, while a sequence's entries sit in the cache)."""
+        """Inputs whose every row is padding: a run writes the scratch columns only (the
+        warm-up and capture runs, while sequences' entries sit in the cache)."""
         self.prefix.fill_(0)
         self.columns.fill_(scratch)
         self.new_mask.fill_(True)
@@ -163,15 +150,19 @@ class StepBuffers:
 
 class _ColumnWriter:
     """The cache as ``layers.segmented_attention`` uses it (``update``): each row's keys
-    and values go to its column, and attention reads every column of the layer."""
+    and values [lanes, kv_heads, size, D] go to its column of its lane, and attention
+    reads every column of the lanes in the step."""
 
     def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], columns):
         self.keys, self.values, self.columns = keys, values, columns
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer: int):
-        self.keys[layer].index_copy_(2, self.columns, key)
-        self.values[layer].index_copy_(2, self.columns, value)
-        return self.keys[layer], self.values[layer]
+        lanes, heads, size, dim = key.shape
+        index = self.columns.view(lanes, 1, size, 1).expand(lanes, heads, size, dim)
+        keys, values = self.keys[layer][:lanes], self.values[layer][:lanes]
+        keys.scatter_(2, index, key)
+        values.scatter_(2, index, value)
+        return keys, values
 
 
 def enabled_by_default(device: torch.device) -> bool:
@@ -191,21 +182,22 @@ def unsupported(model: StepModel, how: str) -> str | None:
 
 
 class StaticStep:
-    """The fixed-shape step over a runner's weights, one bucket at a time, and the KV
-    storage it owns (see the module's docstring)."""
+    """The fixed-shape step over a runner's weights, one shape (lanes, bucket) at a
+    time, and the KV storage it lends (see the module's docstring)."""
 
     def __init__(self, model: StepModel, how: str = "graph"):
         self.model = model
         self.recorder = Recorder(model.device, how)
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
-        self.buffers: dict[int, StepBuffers] = {}
-        # (bucket, variant) -> run its step once
-        self._runs: dict[tuple[int, Variant], Run] = {}
+        self.storage = LaneStorage(model.config, model.num_layers, model.dtype, model.device)
+        self._version = 0  # the storage's, when the runs below were made
+        self.buffers: dict[tuple[int, int], StepBuffers] = {}
+        # (lanes, bucket, variant) -> run its step once
+        self._runs: dict[tuple[int, int, Variant], Run] = {}
         self._variants: collections.OrderedDict[Variant, None] = collections.OrderedDict()
         self.column_numbers = torch.zeros(0, dtype=torch.long)  # 0 .. columns - 1
-        self._borrower: weakref.ref[StaticCache] | None = None
         self.calls: collections.Counter[int] = collections.Counter()  # bucket -> runs
+        # sequences in a call (> 1) -> runs
+        self.batched: collections.Counter[int] = collections.Counter()
 
     @property
     def how(self) -> str:
@@ -222,94 +214,111 @@ class StaticStep:
 
     @property
     def columns(self) -> int:
-        """The cache storage's columns, the scratch column last (0 before any is lent)."""
-        return self.keys[0].shape[2] if self.keys else 0
+        """Each lane's columns, the scratch column last (0 before any is lent)."""
+        return self.storage.columns
+
+    @property
+    def keys(self) -> list[torch.Tensor]:
+        return self.storage.keys
+
+    @property
+    def values(self) -> list[torch.Tensor]:
+        return self.storage.values
 
     def lend(self, capacity: int) -> StaticCache:
-        """The storage as an empty cache for ``capacity`` tokens, for one sequence: the
-        previous borrower, if still alive, moves its entries out first. Storage too
-        small is replaced by storage for ``capacity`` (and the steps recorded over the
-        old one dropped): it only grows, rounded up (``buckets.static_columns``)."""
-        previous = self._borrower() if self._borrower is not None else None
-        if previous is not None:
-            previous.give_back()
-        if capacity + buckets.SCRATCH_COLUMNS > self.columns:
-            self._allocate(buckets.static_columns(capacity))
-        cache = StaticCache(self.keys, self.values)
-        self._borrower = weakref.ref(cache)
+        """A lane of the storage as an empty cache for ``capacity`` tokens, for one
+        sequence (``LaneStorage.lend``); storage that grows drops the steps recorded
+        over the old one."""
+        cache = self.storage.lend(capacity)
+        if self.storage.version != self._version:
+            self._version = self.storage.version
+            self.column_numbers = torch.arange(self.columns, device=self.model.device)
+            self._runs.clear()
+            self.recorder.forget()
         return cache
-
-    def _allocate(self, columns: int) -> None:
-        model = self.model
-        storage = KVCache.for_config(
-            model.config, model.num_layers, model.dtype, model.device, columns
-        )
-        for tensor in (*storage.keys, *storage.values):
-            # zeros, not garbage: attention reads every column, and 0 x NaN is NaN
-            tensor.zero_()
-        self.keys, self.values = storage.keys, storage.values
-        self.column_numbers = torch.arange(columns, device=model.device)
-        self._runs.clear()
-        self.recorder.forget()
 
     def variant(self, skip: SkipMask = NO_SKIP, extra_rows=None) -> Variant:
         return Variant.of(self.model.num_layers, skip, extra_rows)
 
-    def fits(self, segment: Segment, variant: Variant | None = None) -> bool:
-        """Whether ``forward`` can run this call: the borrower's cache, the layers whose
-        attention runs at one length (a skipped layer's may lag: a draft leaves it
-        unwritten), a bucket for its tokens, room before the scratch column, and a mask
-        over the new tokens only (None: causal)."""
-        cache, n = segment.cache, len(segment.tokens)
-        if self.failed is not None or not isinstance(cache, StaticCache) or not cache.on_loan:
-            return False
-        if self._borrower is None or self._borrower() is not cache:
-            return False
-        attends = (variant or self.variant()).attends
-        lengths = {length for length, runs in zip(cache.lengths, attends) if runs}
-        if len(lengths) != 1:  # none (every attention skipped: rare, eager) or several
-            return False
-        prefix, mask = lengths.pop(), segment.mask
-        return (
-            1 <= n <= buckets.LARGEST
-            and prefix + n <= self.columns - buckets.SCRATCH_COLUMNS
-            and (mask is None or tuple(mask.shape) == (n, n))
-        )
+    def fits(self, segments: list[Segment], variant: Variant | None = None) -> bool:
+        """Whether ``forward`` can run this call: each segment in its own lane of this
+        storage, the layers whose attention runs at one length (a skipped layer's may
+        lag: a draft leaves it unwritten), a bucket for its tokens, room before the
+        scratch column, and a mask over its new tokens only (None: causal)."""
+        return self.failed is None and self._prefixes(segments, variant or self.variant()) != []
+
+    def _prefixes(self, segments: list[Segment], variant: Variant) -> list[int]:
+        """Each segment's cached entries before its tokens, or [] when the call does not fit."""
+        prefixes, lanes = [], set()
+        for segment in segments:
+            cache, n, mask = segment.cache, len(segment.tokens), segment.mask
+            if not isinstance(cache, StaticCache) or not self.storage.holds(cache):
+                return []
+            lengths = {length for length, runs in zip(cache.lengths, variant.attends) if runs}
+            if len(lengths) != 1 or cache.lane in lanes:  # no attention, or lagging layers
+                return []
+            prefix = lengths.pop()
+            if not 1 <= n <= buckets.LARGEST or prefix + n > self.columns - buckets.SCRATCH_COLUMNS:
+                return []
+            if mask is not None and tuple(mask.shape) != (n, n):
+                return []
+            prefixes.append(prefix)
+            lanes.add(cache.lane)
+        return prefixes
 
     def forward(
-        self, segment: Segment, skip: SkipMask = NO_SKIP, extra_rows=None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
-        """(logits [n, V] float32, or [1, V] for ``last_only``; hidden [n, H]; the extra
-        rows' logits or None) of the call, its keys and values appended to its cache in
-        the layers whose attention runs, as ``Runner.forward`` returns them; None when it
-        does not fit (``fits``)."""
+        self, segments: list[Segment], skip: SkipMask = NO_SKIP, extra_rows=None
+    ) -> list[Outputs] | None:
+        """Per segment: logits [n, V] float32 (or [1, V] for ``last_only``), hidden [n, H]
+        and the extra rows' logits (or None), its keys and values appended to its cache
+        in the layers whose attention runs, as ``Runner.forward_batch`` returns them;
+        None when the call does not fit (``fits``)."""
         variant = self.variant(skip, extra_rows)
-        if not self.fits(segment, variant):
+        prefixes = self._prefixes(segments, variant) if self.failed is None else []
+        if not prefixes:
             return None
-        cache, n = segment.cache, len(segment.tokens)
-        size = buckets.bucket_for(n)
-        assert size is not None  # fits() checked n against the largest bucket
-        attending = [i for i, runs in enumerate(variant.attends) if runs]
-        prefix = cache.lengths[attending[0]]
-        run = self._runs.get((size, variant)) or self._prepare(size, variant)
+        size = buckets.bucket_for(max(len(s.tokens) for s in segments))
+        lanes = buckets.lanes_for(max(s.cache.lane for s in segments))  # type: ignore[attr-defined]
+        assert size is not None  # _prefixes checked every count against the largest bucket
+        run = self._runs.get((lanes, size, variant)) or self._prepare(lanes, size, variant)
         if run is None:  # the capture failed: said once, and the runner runs eagerly
             return None
-        buffer = self.buffers[size]
-        buffer.load(segment, prefix, self.columns - buckets.SCRATCH_COLUMNS)
+        buffer = self.buffers[lanes, size]
+        buffer.load(segments, prefixes, self.columns - buckets.SCRATCH_COLUMNS)
         run()
         self.calls[size] += 1
+        if len(segments) > 1:
+            self.batched[len(segments)] += 1
+        attending = [i for i, runs in enumerate(variant.attends) if runs]
+        return [
+            self._outputs(buffer, variant, segment, prefix, attending)
+            for segment, prefix in zip(segments, prefixes)
+        ]
+
+    def _outputs(
+        self, buffer: StepBuffers, variant: Variant, segment: Segment, prefix: int, attending
+    ) -> Outputs:
+        """One segment's rows of the buffers (copies: the next run overwrites them, and
+        callers keep outputs across steps); its cache's lengths moved on."""
+        cache, n = segment.cache, len(segment.tokens)
         for layer in attending:
             cache.lengths[layer] = prefix + n
-        # copies: the next run overwrites the buffers, callers keep outputs across steps
-        rows = slice(n - 1, n) if segment.last_only else slice(0, n)
+        first = cache.lane * buffer.size  # type: ignore[attr-defined]
+        rows = slice(first + n - 1 if segment.last_only else first, first + n)
         extra = None
-        if variant.extra_rows is not None:  # blocks of ``size`` rows -> blocks of the call's
+        if variant.extra_rows is not None:  # blocks of the step's rows -> blocks of the call's
             every = buffer.extra_logits[variant]
-            extra = every.view(-1, size, every.shape[-1])[:, rows].reshape(-1, every.shape[-1])
-        return buffer.logits[rows].clone(), buffer.hidden[:n].clone(), extra
+            width = every.shape[-1]
+            extra = every.view(-1, len(buffer.hidden), width)[:, rows].reshape(-1, width)
+        return buffer.logits[rows].clone(), buffer.hidden[first : first + n].clone(), extra
 
     @torch.inference_mode()  # as a forward runs it: no autograd records in the graph
-    def capture(self, sizes: tuple[int, ...] = buckets.BUCKETS, variant: Variant | None = None):
+    def capture(
+        self,
+        sizes: tuple[int, ...] = buckets.BUCKETS,
+        variant: Variant | None = None,
+        lanes: int = 1,
+    ) -> None:
         """Prepare (on CUDA: record) every bucket's step now rather than at its first
         call; the largest first, so that the graphs share their memory pool best.
         Needs storage: call after ``lend``."""
@@ -317,19 +326,20 @@ class StaticStep:
             raise ValueError("the step has no cache storage yet: lend a cache first")
         variant = variant or self.variant()
         for size in sorted(sizes, reverse=True):
-            if (size, variant) not in self._runs:
-                self._prepare(size, variant)
+            if (lanes, size, variant) not in self._runs:
+                self._prepare(lanes, size, variant)
 
-    def _prepare(self, size: int, variant: Variant) -> Run | None:
-        if size not in self.buffers:
-            self.buffers[size] = StepBuffers(size, self.model)
-        buffer = self.buffers[size]
+    def _prepare(self, lanes: int, size: int, variant: Variant) -> Run | None:
+        if (lanes, size) not in self.buffers:
+            self.buffers[lanes, size] = StepBuffers(lanes, size, self.model)
+        buffer = self.buffers[lanes, size]
         self._keep(variant)
         step = functools.partial(self.compute, buffer, variant, self._extra_output(buffer, variant))
         buffer.load_idle(self.columns - buckets.SCRATCH_COLUMNS)  # recording writes scratch only
-        run = self.recorder.make(step, self._statics(buffer), f"the engine's {size}-token step")
+        what = f"the engine's {size}-token step" + (f" over {lanes} sequences" if lanes > 1 else "")
+        run = self.recorder.make(step, self._statics(buffer), what)
         if run is not None:
-            self._runs[size, variant] = run
+            self._runs[lanes, size, variant] = run
         return run
 
     def _keep(self, variant: Variant) -> None:
@@ -341,7 +351,7 @@ class StaticStep:
         self._variants.move_to_end(variant)
         while len(self._variants) > KEPT_VARIANTS:
             dropped, _ = self._variants.popitem(last=False)
-            for key in [key for key in self._runs if key[1] == dropped]:
+            for key in [key for key in self._runs if key[2] == dropped]:
                 del self._runs[key]
             for buffer in self.buffers.values():
                 buffer.extra_logits.pop(dropped, None)
@@ -359,13 +369,14 @@ class StaticStep:
     def compute(
         self, buffer: StepBuffers, variant: Variant, extra_out: torch.Tensor | None = None
     ) -> None:
-        """The step itself, over the bucket's buffers and the cache storage: the runner's
-        arithmetic (``engine.layers``) with every shape fixed by the bucket, the
-        variant's sublayers left out and its extra rows through the same lm_head product
-        (into ``extra_out``; None: into a new buffer, ``_extra_output``'s sizing run)."""
-        model, size = self.model, buffer.size
-        hidden = model.embed(buffer.tokens.view(1, size))
-        rotation = layers.Rotation(model.rotary(hidden, buffer.positions.view(1, size)))
+        """The step itself, over the buffers and the cache storage: the runner's
+        arithmetic (``engine.layers``) with every shape fixed, the lanes as the batch of
+        attention, the variant's sublayers left out and its extra rows through the same
+        lm_head product (into ``extra_out``; None: into a new buffer, ``_extra_output``'s
+        sizing run)."""
+        model, lanes, size = self.model, buffer.lanes, buffer.size
+        hidden = model.embed(buffer.tokens)  # [lanes, size, H]
+        rotation = layers.Rotation(model.rotary(hidden, buffer.positions))
         writer = _ColumnWriter(self.keys, self.values, buffer.columns)
         rows = [layers.AttentionSegment(size, rotation, self.visibility(buffer), writer)]
         for index, layer in enumerate(model.layers):
@@ -378,31 +389,35 @@ class StaticStep:
             if variant.mlps[index]:
                 normed = layers.rms_norm(layer.post_attention_layernorm, hidden)
                 hidden = hidden + layers.mlp(layer.mlp, normed, model.product, gate_up=gate_up)
-        buffer.hidden.copy_(hidden[0])
-        normed = model.norm(hidden[0])
+        flat = hidden.view(lanes * size, -1)
+        buffer.hidden.copy_(flat)
+        normed = model.norm(flat)
         if variant.extra_rows is None:
             buffer.logits.copy_(model.logits(normed))
             return
         both = model.logits(torch.cat([normed, variant.extra_rows(normed)]))
-        buffer.logits.copy_(both[:size])
+        buffer.logits.copy_(both[: lanes * size])
         if extra_out is None:
-            buffer.extra_logits[variant] = both[size:].clone()
+            buffer.extra_logits[variant] = both[lanes * size :].clone()
         else:
-            extra_out.copy_(both[size:])
+            extra_out.copy_(both[lanes * size :])
 
     def visibility(self, buffer: StepBuffers) -> torch.Tensor:
-        """The additive mask [B, columns] every layer's attention takes (0: visible,
-        -inf: not), made once a step on the device: each row sees the cached prefix and,
-        at the columns the new tokens write, the new tokens its mask allows."""
-        earlier = self.column_numbers < buffer.prefix
-        visible = earlier.expand(buffer.size, -1).clone()
-        visible.index_copy_(1, buffer.columns, buffer.new_mask)
+        """The additive mask [lanes, 1, size, columns] every layer's attention takes (0:
+        visible, -inf: not), made once a step on the device: each row sees its lane's
+        cached prefix and, at the columns its lane's new tokens write, those its mask
+        allows."""
+        lanes, size = buffer.lanes, buffer.size
+        earlier = self.column_numbers.view(1, 1, -1) < buffer.prefix.view(lanes, 1, 1)
+        visible = earlier.expand(lanes, size, -1).clone()
+        where = buffer.columns.view(lanes, 1, size).expand(lanes, size, size)
+        visible.scatter_(2, where, buffer.new_mask)
         additive = torch.zeros(visible.shape, dtype=self.model.dtype, device=visible.device)
-        return additive.masked_fill_(~visible, float("-inf"))
+        return additive.masked_fill_(~visible, float("-inf")).unsqueeze(1)
 
     def _statics(self, buffer: StepBuffers) -> list[torch.Tensor]:
-        """Every tensor a bucket's step reads or writes besides the model's parameters:
-        the fused weights (plain tensors, not Parameters), the cache storage, the buffers."""
+        """Every tensor a step reads or writes besides the model's parameters: the fused
+        weights (plain tensors, not Parameters), the cache storage, the buffers."""
         fused = [f for pair in self.model.fused for f in pair]
         weights = [f.weight for f in fused] + [f.bias for f in fused if f.bias is not None]
         return [*weights, *self.keys, *self.values, self.column_numbers, *buffer.tensors()]
