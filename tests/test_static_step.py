@@ -23,7 +23,21 @@ from autotune.methods import registry
 from autotune.methods.base import DraftEnv
 from autotune.models.ref import TargetRef
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "on_device")
+
+# On a GPU machine (the GPU check runs this file there) every test runs on the GPU, where
+# the step is recorded as CUDA graphs: the same comparisons then test the recording
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture
+def on_device():
+    """Models and tensors made on ``DEVICE`` unless a test says otherwise."""
+    before = torch.get_default_device()
+    torch.set_default_device(DEVICE)
+    yield
+    torch.set_default_device(before)
+
 
 PROMPT = [1, 5, 9, 33, 70, 4, 8]
 TREE = TreeShape.from_choices([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
@@ -68,8 +82,8 @@ def test_a_fixed_cache_holds_its_entries_and_the_scratch_column_rounded_up():
 
 @pytest.fixture
 def pair(tiny_llama):
-    """The tiny LLaMA's eager runner and its static one (float32, CPU)."""
-    return Runner(tiny_llama), Runner(tiny_llama, static=True)
+    """The tiny LLaMA's eager runner and its static one (float32, on ``DEVICE``)."""
+    return Runner(tiny_llama, static=False), Runner(tiny_llama, static=True)
 
 
 class Twin:
@@ -109,8 +123,8 @@ def test_step_logits_equal_the_eager_layers(pair):
     twin.forward([12, 13, 14, 15, 16], 8)  # a chain of 5, padded to 6
     assert calls[6] == 1
     committed = 13
-    positions = committed + TREE.position_offsets("cpu")
-    twin.forward([20, 21, 22, 23, 24, 25, 26], committed, TREE.attention_mask("cpu"), positions)
+    positions = committed + TREE.position_offsets(DEVICE)
+    twin.forward([20, 21, 22, 23, 24, 25, 26], committed, TREE.attention_mask(DEVICE), positions)
     assert calls[8] == 2
     twin.keep(committed, [0, 1, 3, 6])  # the root, node 0, its child 2, its child 5
     assert fixed.static.fits([Segment(torch.tensor([1]), torch.tensor([17]), twin.fixed_cache)])
@@ -150,7 +164,8 @@ def test_a_call_past_the_scratch_column_moves_the_cache_out_and_stays_exact(pair
     twin = Twin(eager, fixed, capacity=40)
     columns = fixed.static.columns
     length = columns - buckets.SCRATCH_COLUMNS - 3
-    tokens = [int(t) for t in torch.randint(3, 120, (length,), generator=torch.Generator())]
+    drawn = torch.randint(3, 120, (length,), generator=torch.Generator(), device="cpu")
+    tokens = [int(t) for t in drawn]
     twin.forward(tokens, 0)  # past the largest bucket: eager, into the lent storage
     assert twin.fixed_cache.on_loan
     assert twin.fixed_cache.keys[0].data_ptr() == fixed.static.keys[0].data_ptr()  # lane 0
@@ -257,8 +272,8 @@ def test_speculative_decoding_is_token_identical_with_the_step(tiny_llama_dir, t
     """Verification through the step: the n-gram drafter's chains and trees, layer skip's
     drafts (its skip mask a variant of the step) beside verification on one cache, and
     Medusa's trees with its heads' logits made in the verify step's lm_head product."""
-    ref = TargetRef.for_user(str(tiny_llama_dir))
-    eager = ref.runner()
+    ref = TargetRef.for_user(str(tiny_llama_dir), dtype="float32", device=DEVICE)
+    eager = Runner(ref.runner().model, static=False)
     fixed = Runner(eager.model, static=True)
     method = registry.get(name)
     prompts = [[1, 100, 3, 3, 3, 100, 3], [1, 40, 41, 42, 43, 44], PROMPT]
@@ -347,7 +362,7 @@ def test_the_step_reads_nothing_back_to_the_host(pair, no_host_reads):
     cache = fixed.new_cache(100)
     fixed.forward(torch.tensor(PROMPT), torch.arange(len(PROMPT)), cache)
     calls = sum(fixed.static.calls.values())
-    for n, mask in ((1, None), (5, None), (7, TREE.attention_mask("cpu"))):
+    for n, mask in ((1, None), (5, None), (7, TREE.attention_mask(DEVICE))):
         cache.crop(len(PROMPT))
         ids, positions = torch.arange(n) + 3, torch.arange(n) + len(PROMPT)
         with no_host_reads():  # the copy-in, the step (what a graph replays) and the copy-out
@@ -359,6 +374,7 @@ def test_the_step_reads_nothing_back_to_the_host(pair, no_host_reads):
 
 
 def test_the_step_is_on_by_default_on_gpus_only(tiny_llama, monkeypatch):
+    tiny_llama.cpu()
     assert Runner(tiny_llama).static is None  # the CPU path as it was
     monkeypatch.delenv(static.SWITCH_ENV, raising=False)
     assert static.enabled_by_default(torch.device("cuda"))
@@ -410,13 +426,13 @@ def test_a_batched_forward_runs_as_one_step_over_the_lanes(pair):
         twin.forward(prompt, 0)
     idle = [store.clone() for store in twins[1].fixed_cache.keys]
     calls = [
-        (twins[0], [20, 21, 22, 23, 24, 25, 26], TREE.attention_mask("cpu"), len(PROMPT)),
+        (twins[0], [20, 21, 22, 23, 24, 25, 26], TREE.attention_mask(DEVICE), len(PROMPT)),
         (twins[2], [7, 8], None, 13),
     ]
     segments, expected = [], []
     for twin, tokens, mask, start in calls:
         ids = torch.tensor(tokens)
-        offsets = TREE.position_offsets("cpu") if mask is not None else torch.arange(len(ids))
+        offsets = TREE.position_offsets(DEVICE) if mask is not None else torch.arange(len(ids))
         positions = start + offsets
         expected.append(eager.forward(ids, positions, twin.eager_cache, mask=mask))
         segments.append(Segment(ids, positions, twin.fixed_cache, mask=mask))
@@ -432,8 +448,8 @@ def test_a_batched_forward_runs_as_one_step_over_the_lanes(pair):
 
 @pytest.mark.parametrize("speculative", [False, True], ids=["plain", "ngram"])
 def test_batched_decoding_is_token_identical_with_the_step(tiny_llama_dir, tmp_path, speculative):
-    ref = TargetRef.for_user(str(tiny_llama_dir))
-    eager = ref.runner()
+    ref = TargetRef.for_user(str(tiny_llama_dir), dtype="float32", device=DEVICE)
+    eager = Runner(ref.runner().model, static=False)
     fixed = Runner(eager.model, static=True)
     prompts = [[1, 100, 3, 3, 3, 100, 3], [1, 40, 41, 42, 43, 44], PROMPT, [1, 5, 5, 5]]
     new_drafter = None

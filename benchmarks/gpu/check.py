@@ -12,7 +12,7 @@ transformers or a CUDA package), puts the embedded model back together from its 
 in a process of its own with its own time limit:
 
   environment   card, torch, CUDA, transformers, date, commit
-  tests         tests/test_drafter_contract.py (and tests/test_static_step.py) on the GPU
+  tests         tests/test_drafter_contract.py and the fixed-shape steps' tests, on the GPU
   latency       autotune latency --model vicuna-13b --random-weights --dtype float16
                 --device cuda --roofline --max-tokens 64 -f json
   hf_reference  benchmarks/hf_graph_reference.py on the same shapes (CUDA graphs)

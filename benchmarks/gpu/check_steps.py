@@ -101,8 +101,10 @@ def commit() -> str | None:
 
 
 def test_files() -> list[str]:
-    """The contract suite, and the static step's tests where the tree has them."""
+    """The contract suite, and the fixed-shape steps' tests (which run on the GPU when
+    there is one, the steps recorded as CUDA graphs) where the tree has them."""
     files = ["tests/test_drafter_contract.py", "tests/test_static_step.py"]
+    files += ["tests/test_static_head.py"]
     return [name for name in files if (ROOT / name).is_file()]
 
 
