@@ -194,6 +194,7 @@ class StaticStep:
         # (lanes, bucket, variant) -> run its step once
         self._runs: dict[tuple[int, int, Variant], Run] = {}
         self._variants: collections.OrderedDict[Variant, None] = collections.OrderedDict()
+        self._variant_of: dict[tuple[SkipMask, Any], Variant] = {}
         self.column_numbers = torch.zeros(0, dtype=torch.long)  # 0 .. columns - 1
         self.calls: collections.Counter[int] = collections.Counter()  # bucket -> runs
         # sequences in a call (> 1) -> runs
@@ -238,7 +239,12 @@ class StaticStep:
         return cache
 
     def variant(self, skip: SkipMask = NO_SKIP, extra_rows=None) -> Variant:
-        return Variant.of(self.model.num_layers, skip, extra_rows)
+        key = (skip, extra_rows)
+        if key not in self._variant_of:  # made once: every decode step asks
+            if len(self._variant_of) >= 64:  # a search's masks: it need not hold them all
+                self._variant_of.clear()
+            self._variant_of[key] = Variant.of(self.model.num_layers, skip, extra_rows)
+        return self._variant_of[key]
 
     def fits(self, segments: list[Segment], variant: Variant | None = None) -> bool:
         """Whether ``forward`` can run this call: each segment in its own lane of this
