@@ -85,13 +85,13 @@ class EagleHead(nn.Module):
         if cache is not None:
             rows = HeadRows(features[0], embeds[0], positions.reshape(-1), cache, mask)
             return self.forward_rows([rows])[None]
-        hidden = layers.linear(torch.cat([embeds, features], dim=-1), self.fc)
+        hidden = self.pairs(features, embeds)
         rope = self.rotary(hidden, positions.expand(hidden.shape[0], -1))
         seq = hidden.shape[1]
         if mask is None and seq > 1:
             mask = torch.ones(seq, seq, dtype=torch.bool, device=hidden.device).tril()
         segment = layers.AttentionSegment(seq, rope, mask)
-        return self._layers(hidden, [segment])
+        return self.decoder_layers(hidden, [segment])
 
     def forward_rows(self, sequences: list[HeadRows]) -> torch.Tensor:
         """The predicted next features [N, H] of several sequences' rows, one after
@@ -99,7 +99,7 @@ class EagleHead(nn.Module):
         only that cache, as its mask allows; the products run once over all N rows."""
         features = torch.cat([s.features for s in sequences])
         embeds = torch.cat([s.embeds for s in sequences])
-        hidden = layers.linear(torch.cat([embeds, features], dim=-1), self.fc)[None]
+        hidden = self.pairs(features, embeds)[None]
         cos, sin = self.rotary(hidden, torch.cat([s.positions for s in sequences])[None])
         segments, start = [], 0
         for s in sequences:
@@ -108,9 +108,15 @@ class EagleHead(nn.Module):
             mask = visibility(s.mask, s.cache.length(0), count, hidden.device)
             segments.append(layers.AttentionSegment(count, rope, mask, s.cache))
             start += count
-        return self._layers(hidden, segments)[0]
+        return self.decoder_layers(hidden, segments)[0]
 
-    def _layers(self, hidden: torch.Tensor, segments: list[layers.AttentionSegment]):
+    def pairs(self, features: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """The first layer's input [..., H]: fc over each pair's token embedding and
+        feature [..., H] side by side."""
+        return layers.linear(torch.cat([embeds, features], dim=-1), self.fc)
+
+    def decoder_layers(self, hidden: torch.Tensor, segments: list[layers.AttentionSegment]):
+        """The head's decoder layers over ``hidden`` [B, S, H], attending per segment."""
         for index in range(len(self.layers)):
             layer: Any = self.layers[index]  # a transformers decoder layer
             hidden = hidden + layers.segmented_attention(
