@@ -28,6 +28,7 @@ from autotune.engine.kvcache import KVCache
 from autotune.engine.proposal import Draft, DraftContext
 from autotune.engine.tree import ROOT, TreeShape, check_tree
 from autotune.heads.eagle import DraftProjection, EagleHead, HeadRows
+from autotune.heads.static_head import EagleStep
 
 T = TypeVar("T")
 
@@ -93,10 +94,12 @@ class DynamicTree:
 @dataclass
 class _HeadCall:
     """Rows a drafting step needs the head to run, the last ``projected`` of them also
-    through the draft projection."""
+    through the draft projection; ``step``: the head's fixed-shape step that lent the
+    rows' cache (None: the head runs eagerly)."""
 
     rows: HeadRows
     projected: int
+    step: EagleStep | None = None
 
 
 @dataclass
@@ -140,6 +143,7 @@ class EagleDrafter(InStepDrafter):
     ):
         self.head, self.tree, self.projection = head, tree, projection
         self.cache: KVCache | None = None
+        self.step: EagleStep | None = None  # the head's fixed-shape step, where it runs
         self.committed = 0  # pairs in the head's cache that the target confirmed
         self.ranked_width = ranked_width
         if isinstance(tree, StaticTree):
@@ -151,7 +155,7 @@ class EagleDrafter(InStepDrafter):
             self.max_draft_tokens = tree.total_tokens - 1
 
     def reset(self) -> None:
-        self.cache, self.committed = None, 0
+        self.cache, self.committed, self.step = None, 0, None
 
     @property
     def model(self) -> EagleHead:
@@ -166,7 +170,11 @@ class EagleDrafter(InStepDrafter):
     def run_together(
         model: EagleHead, projection: DraftProjection, calls: list[_HeadCall]
     ) -> list[_HeadOut]:
-        """Several sequences' head calls as one head forward and one projection."""
+        """Several sequences' head calls as one head forward and one projection: in the
+        head's fixed-shape step where they fit it, else eagerly."""
+        fixed = EagleDrafter._in_step(projection, calls)
+        if fixed is not None:
+            return fixed
         features = model.forward_rows([call.rows for call in calls])
         sizes = [call.rows.positions.shape[0] for call in calls]
         ends = list(itertools.accumulate(sizes))
@@ -179,6 +187,21 @@ class EagleDrafter(InStepDrafter):
             )
             logit += call.projected
         return outs
+
+    @staticmethod
+    def _in_step(projection: DraftProjection, calls: list[_HeadCall]) -> list[_HeadOut] | None:
+        """The calls run in their step (``heads.static_head``), or None where they have
+        none (the target runs eagerly) or do not fit it (``EagleStep.place``)."""
+        step = calls[0].step
+        if step is None or any(call.step is not step for call in calls):
+            return None
+        outputs = step.forward([call.rows for call in calls], projection)
+        if outputs is None:
+            return None
+        return [
+            _HeadOut(features, logits[-call.projected :])
+            for call, (features, logits) in zip(calls, outputs)
+        ]
 
     def drafting(self, context: DraftContext) -> _Drafting[Draft]:
         tree = self.tree
@@ -206,7 +229,7 @@ class EagleDrafter(InStepDrafter):
         if hidden is None or tokens is None:
             raise ValueError("EAGLE drafting needs the target's hidden states and tokens")
         if self.cache is None:
-            self.cache = self.head.new_cache(capacity=context.position + context.max_tokens + 256)
+            self.cache = self._new_cache(runner, context.position + context.max_tokens + 256)
         cache = self.cache
         cache.crop(self.committed)
         count = hidden.shape[0]
@@ -218,11 +241,20 @@ class EagleDrafter(InStepDrafter):
         next_tokens = torch.tensor([*tokens[1:], context.last_token], device=runner.device)
         positions = torch.arange(self.committed, context.position, device=runner.device)
         rows = HeadRows(runner.norm(hidden), runner.embed(next_tokens), positions, cache)
-        out = yield _HeadCall(rows, projected=1)
+        out = yield _HeadCall(rows, projected=1, step=self.step)
         self.committed = context.position
         self._column: dict[int, int] = {}  # node -> its head-cache column
         self._columns: dict[int, list[int]] = {ROOT: []}  # node -> its ancestors' columns
         return _HeadOut(out.features[-1:], out.logits)
+
+    def _new_cache(self, runner, capacity: int) -> KVCache:
+        """The head's cache: lent by the head's fixed-shape step where the target runs
+        one of its own (``runner.static``: on a GPU), recorded the same way; else its own."""
+        if runner.static is None:
+            self.step = None
+            return self.head.new_cache(capacity)
+        self.step = EagleStep.of(self.head, runner.static.how)
+        return self.step.lend(capacity)
 
     def _expand(
         self, context: DraftContext, nodes: _Nodes, chosen: list[int], features: torch.Tensor
@@ -245,7 +277,7 @@ class EagleDrafter(InStepDrafter):
             [context.position + nodes.depths[n] - 1 for n in chosen], device=runner.device
         )
         rows = HeadRows(features, runner.embed(ids), positions, cache, mask.to(runner.device))
-        return (yield _HeadCall(rows, projected=len(chosen)))
+        return (yield _HeadCall(rows, projected=len(chosen), step=self.step))
 
     # --- static trees ------------------------------------------------------------------
 
