@@ -178,6 +178,18 @@ def test_a_call_past_the_scratch_column_moves_the_cache_out_and_stays_exact(pair
     assert sum(fixed.static.calls.values()) == before  # neither ran in the step
 
 
+def test_an_eager_write_onto_the_scratch_column_moves_the_cache_out(pair):
+    """A prefill past the largest bucket runs eagerly into the lent lane; one that would
+    reach the lane's scratch column (which padded rows overwrite) moves out first."""
+    eager, fixed = pair
+    twin = Twin(eager, fixed, capacity=40)
+    columns = fixed.static.columns
+    drawn = torch.randint(3, 120, (columns,), generator=torch.Generator(), device="cpu")
+    twin.forward([int(t) for t in drawn], 0)
+    assert not twin.fixed_cache.on_loan
+    twin.forward([5], columns)
+
+
 def test_sequences_alive_together_take_lanes_and_keep_their_entries(pair):
     """A second cache takes a second lane: the storage grows, the first cache's entries
     move with it, and both keep running in the step. Past the last lane, the sequence

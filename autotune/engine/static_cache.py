@@ -50,6 +50,13 @@ class StaticCache(KVCache):
         self.keys = [store[lane] for store in keys]
         self.values = [store[lane] for store in values]
 
+    def reserve(self, layer: int, length: int) -> None:
+        # the lane's last column is the step's scratch: an entry there would be
+        # overwritten by the next padded row, so reaching it moves the entries out
+        if self.on_loan and length > self.capacity - buckets.SCRATCH_COLUMNS:
+            self.give_back()
+        super().reserve(layer, length)
+
     def _grow(self, layer: int, needed: int) -> None:
         self.give_back()
         super()._grow(layer, needed)
