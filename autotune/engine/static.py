@@ -148,7 +148,7 @@ class StepBuffers:
         self.new_mask.fill_(True)
 
 
-class _ColumnWriter:
+class ColumnWriter:
     """The cache as ``layers.segmented_attention`` uses it (``update``): each row's keys
     and values [lanes, kv_heads, size, D] go to its column of its lane, and attention
     reads every column of the lanes in the step."""
@@ -383,7 +383,7 @@ class StaticStep:
         model, lanes, size = self.model, buffer.lanes, buffer.size
         hidden = model.embed(buffer.tokens)  # [lanes, size, H]
         rotation = layers.Rotation(model.rotary(hidden, buffer.positions))
-        writer = _ColumnWriter(self.keys, self.values, buffer.columns)
+        writer = ColumnWriter(self.keys, self.values, buffer.columns)
         rows = [layers.AttentionSegment(size, rotation, self.visibility(buffer), writer)]
         for index, layer in enumerate(model.layers):
             qkv, gate_up = model.fused[index]

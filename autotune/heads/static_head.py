@@ -33,7 +33,7 @@ from torch import nn
 from autotune.engine import buckets, layers
 from autotune.engine.capture import Recorder, Run
 from autotune.engine.runner import additive, visibility
-from autotune.engine.static import KEPT_VARIANTS, _ColumnWriter
+from autotune.engine.static import KEPT_VARIANTS, ColumnWriter
 from autotune.engine.static_cache import LaneStorage, StaticCache
 from autotune.heads.eagle import DraftProjection, EagleHead, HeadRows
 
@@ -238,7 +238,7 @@ class EagleStep:
         rotation = layers.Rotation(head.rotary(hidden, buffer.positions))
         mask = additive(buffer.seen, hidden.dtype)
         assert mask is not None  # a tensor in, a tensor out
-        writer = _ColumnWriter(self.storage.keys, self.storage.values, buffer.columns)
+        writer = ColumnWriter(self.storage.keys, self.storage.values, buffer.columns)
         segment = layers.AttentionSegment(size, rotation, mask.unsqueeze(1), writer)
         predicted = head.decoder_layers(hidden, [segment]).view(lanes * size, -1)
         buffer.predicted.copy_(predicted)
