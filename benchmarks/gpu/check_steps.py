@@ -267,7 +267,7 @@ def step_limit(ctx: Context, name: str) -> float:
 # the bundle); on a CPU with --quick. The profile's is its budget plus PROFILE_SLACK_S.
 GPU_LIMITS = {
     "environment": 60,
-    "tests": 90,
+    "tests": 120,  # each test's runners record their own graphs
     "latency": 60,
     "hf_reference": 150,
     "graph_step": 90,
