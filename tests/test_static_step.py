@@ -477,3 +477,14 @@ def test_batched_decoding_is_token_identical_with_the_step(tiny_llama_dir, tmp_p
         assert [result.tokens for result in run.results] == expected
         assert run.prefilled == (0 if again else len(prompts))
         assert sum(fixed.static.batched.values()) > 0  # several sequences ran in one step
+
+
+def test_a_lane_held_only_by_a_reference_cycle_is_taken_back(pair):
+    """A sequence gone but caught in a cycle keeps its lane until the collector runs:
+    the storage collects before it grows, rather than taking memory for it."""
+    fixed = pair[1]
+    cache = fixed.new_cache(100)
+    cache.me = cache  # type: ignore[attr-defined]  # a cycle: refcounting alone keeps it
+    del cache
+    again = fixed.new_cache(100)
+    assert again.lane == 0 and fixed.static.storage.lanes == 1

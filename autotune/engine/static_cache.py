@@ -11,6 +11,7 @@ move their entries into the new one, and the steps recorded over the old are dro
 
 from __future__ import annotations
 
+import gc
 import itertools
 import weakref
 
@@ -100,6 +101,12 @@ class LaneStorage:
         twice the lanes, up to the last of ``buckets.LANES``; past it, the sequence
         lent its lane longest ago gives it back."""
         live = self.live()
+        if self.keys and len(live) == self.lanes:
+            # a cache in a reference cycle outlives its decoding until the collector runs:
+            # collect before taking more memory (a lane of a 13B model's 2048 columns is
+            # 1.7 GB) for a sequence that is gone
+            gc.collect()
+            live = self.live()
         columns = max(self.columns, buckets.static_columns(capacity))
         lanes = max(self.lanes, 1)
         if len(live) == lanes and lanes < buckets.LANES[-1]:
