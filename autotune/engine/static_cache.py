@@ -100,13 +100,12 @@ class LaneStorage:
         storage with enough (rounded up, ``buckets.static_columns``). Every lane taken:
         twice the lanes, up to the last of ``buckets.LANES``; past it, the sequence
         lent its lane longest ago gives it back."""
-        live = self.live()
-        if self.keys and len(live) == self.lanes:
+        if self.keys and len(self.live()) == self.lanes:
             # a cache in a reference cycle outlives its decoding until the collector runs:
             # collect before taking more memory (a lane of a 13B model's 2048 columns is
-            # 1.7 GB) for a sequence that is gone
+            # 1.7 GB) for a sequence that is gone (and hold no reference while it runs)
             gc.collect()
-            live = self.live()
+        live = self.live()
         columns = max(self.columns, buckets.static_columns(capacity))
         lanes = max(self.lanes, 1)
         if len(live) == lanes and lanes < buckets.LANES[-1]:
