@@ -14,7 +14,10 @@ the committed tokens: row i sees the target's positions below min(i, p) for a ro
 (and always position 0). Measurement (``measure.glide_accuracy``) replays exactly this.
 
 Drafting is written as a generator of draft-model calls (``drafters.in_step``): sequences
-decoded together share each step's draft forward and projection (``propose_all``).
+decoded together share each step's draft forward and projection (``propose_all``). Where
+the target runs a fixed-shape step (``runner.static``: on a GPU), those forwards run in
+the draft's own (``heads.static_glide``), its cache lent in its target cache's lane; the
+exit rule reads each step's confidence on the host, between steps.
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ from autotune.drafters.self_spec import DraftExitPolicy, ExitThreshold
 from autotune.engine.kvcache import KVCache
 from autotune.engine.proposal import Draft, DraftContext, VerifyResult
 from autotune.engine.sampling import probabilities, sample
+from autotune.engine.static_cache import StaticCache
 from autotune.heads.eagle import DraftProjection
 from autotune.heads.glide import GlideDraft, GlideRows, stale_visibility
+from autotune.heads.static_glide import GlideStep, kept
 
 
 class GlideDrafter(InStepDrafter):
@@ -52,6 +57,7 @@ class GlideDrafter(InStepDrafter):
 
     def reset(self) -> None:
         self.cache: KVCache | None = None
+        self.step: GlideStep | None = None  # the draft's fixed-shape step, where it runs
         self.committed = 0  # positions in the draft's cache that the target confirmed
         self.exit = ExitThreshold(self.policy)
         self._hit_max = False
@@ -70,7 +76,13 @@ class GlideDrafter(InStepDrafter):
         model: GlideDraft, projection: DraftProjection, calls: list[GlideRows]
     ) -> list[torch.Tensor]:
         """Several sequences' rows as one draft forward; the draft logits of each one's
-        last row through one projection."""
+        last row through one projection. In the draft's fixed-shape step where they fit
+        it (``GlideStep.place``: their caches lent by it and by the target's step), else
+        eagerly."""
+        step = kept(model)
+        fixed = None if step is None else step.forward(calls, projection)
+        if fixed is not None:
+            return fixed
         hidden = model.forward_rows(calls)
         ends = list(itertools.accumulate(call.positions.shape[0] for call in calls))
         return list(projection(hidden[[end - 1 for end in ends]]))
@@ -90,7 +102,8 @@ class GlideDrafter(InStepDrafter):
                 position = torch.tensor([context.position + step], device=runner.device)
                 ids = torch.tensor([tokens[-1]], device=runner.device)
                 assert self.cache is not None
-                logits = yield GlideRows(embed(ids), position, target_kv, self.cache)
+                rows = GlideRows(embed(ids), position, target_kv, self.cache, target=context.cache)
+                logits = yield rows
             token, probs = self._pick(logits, context)
             if step > 0 and float(probs.max()) < self.exit.value:
                 break
@@ -107,7 +120,7 @@ class GlideDrafter(InStepDrafter):
         row drafts the first token)."""
         device, position = context.runner.device, context.position
         if self.cache is None or self.committed > position:
-            self.cache = self.draft.new_cache(capacity=position + context.max_tokens + 64)
+            self.cache = self._new_cache(context, position + context.max_tokens + 64)
             self.committed = 0
         self.cache.crop(self.committed)  # drafted entries of the last proposal
         new = context.history[self.committed : position + 1]
@@ -116,9 +129,20 @@ class GlideDrafter(InStepDrafter):
         positions = torch.arange(self.committed, position + 1, device=device)
         cross = stale_visibility(positions.clamp(max=position), position)
         self.committed = position + 1
-        return GlideRows(
-            embed(torch.tensor(new, device=device)), positions, target_kv, self.cache, cross
-        )
+        ids = torch.tensor(new, device=device)
+        return GlideRows(embed(ids), positions, target_kv, self.cache, cross, target=context.cache)
+
+    def _new_cache(self, context: DraftContext, capacity: int) -> KVCache:
+        """The draft's cache: lent by the draft's fixed-shape step, in the lane of the
+        target's cache, where the target's step lent that cache (``runner.static``: on a
+        GPU); else its own."""
+        static, target = context.runner.static, context.cache
+        self.step = None
+        if static is not None and isinstance(target, StaticCache) and static.storage.holds(target):
+            self.step = GlideStep.of(self.draft, static)
+            if self.step is not None:
+                return self.step.lend(capacity, target.lane)
+        return self.draft.new_cache(capacity)
 
     def _pick(self, logits: torch.Tensor, context: DraftContext) -> tuple[int, torch.Tensor]:
         """The step's token and its distribution over the draft vocabulary, from the

@@ -240,7 +240,7 @@ class GlideDraft(nn.Module):
         cross = [
             [CrossSegment(seq, cross_rope, keys, values, cross_mask)] for keys, values in target_kv
         ]
-        return self._layers(embeds, own, cross)
+        return self.decoder_layers(embeds, own, cross)
 
     def forward_rows(self, sequences: list[GlideRows]) -> torch.Tensor:
         """The final-normed hidden states [N, H] of several sequences' rows, one after
@@ -263,14 +263,17 @@ class GlideDraft(nn.Module):
             for index, (keys, values) in enumerate(s.target_kv):
                 cross[index].append(CrossSegment(count, cross_rope, keys, values, seen))
             start = end
-        return self._layers(hidden, own, cross)[0]
+        return self.decoder_layers(hidden, own, cross)[0]
 
-    def _layers(
+    def decoder_layers(
         self,
         hidden: torch.Tensor,
         own: list[layers.AttentionSegment],
         cross: list[list[CrossSegment]],
     ) -> torch.Tensor:
+        """The draft layers over ``hidden`` [B, S, H], then the final norm: self-attention
+        per segment of ``own``, and draft layer m's cross-attention per segment of
+        ``cross[m]`` (what a fixed-shape step runs too, ``heads.static_glide``)."""
         for index, reads in enumerate(cross):
             layer: Any = self.layers[index]  # submodules named by convention
             hidden = hidden + layers.segmented_attention(
@@ -287,7 +290,9 @@ class GlideDraft(nn.Module):
 class GlideRows:
     """One sequence's rows for the draft: input embeddings [S, H] at ``positions`` [S],
     the target cache they read (``cross_mask`` [S, T] or None: all of it), their own
-    cache (appended to) and ``mask`` as ``Runner.forward`` takes it."""
+    cache (appended to) and ``mask`` as ``Runner.forward`` takes it. ``target``: the
+    target's cache that ``target_kv`` was read from (its first T entries), where the
+    caller has it: a fixed-shape step reads that cache's storage in place."""
 
     embeds: torch.Tensor
     positions: torch.Tensor
@@ -295,6 +300,7 @@ class GlideRows:
     cache: KVCache
     cross_mask: torch.Tensor | None = None
     mask: torch.Tensor | None = None
+    target: KVCache | None = None
 
 
 # --- what the draft sees of the target's cache ----------------------------------------
