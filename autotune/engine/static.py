@@ -42,7 +42,14 @@ from autotune.engine.segment import Segment
 from autotune.engine.skip import NO_SKIP, SkipMask
 from autotune.engine.static_cache import LaneStorage, StaticCache
 
-__all__ = ["StaticCache", "StaticStep", "Variant", "enabled_by_default", "unsupported"]
+__all__ = [
+    "StaticCache",
+    "StaticStep",
+    "Variant",
+    "enabled_by_default",
+    "host_rotary",
+    "unsupported",
+]
 
 # Variants (skip masks, extra rows) whose steps are kept besides the plain one: a decoding
 # uses one (its drafter's), a layer-skip search a new mask every trial; dropping the
@@ -174,7 +181,12 @@ def unsupported(model: StepModel, how: str) -> str | None:
     """Why the step cannot run this runner's model, or None when it can."""
     if how not in HOWS:
         raise ValueError(f"how must be one of {', '.join(HOWS)}, not {how!r}")
-    rope = getattr(model.rotary, "rope_type", "default")
+    return host_rotary(model.rotary)
+
+
+def host_rotary(rotary: Any) -> str | None:
+    """Why a rotary embedding cannot run in a fixed-shape step, or None when it can."""
+    rope = getattr(rotary, "rope_type", "default")
     if "dynamic" in rope or rope == "longrope":
         # these recompute their frequencies from the largest position: a host sync
         return f"rotary embedding {rope!r} reads the positions on the host"

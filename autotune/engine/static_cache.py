@@ -95,37 +95,45 @@ class LaneStorage:
         found = {lane: ref() for lane, ref in self._borrowers.items()}
         return {lane: cache for lane, cache in found.items() if cache is not None and cache.on_loan}
 
-    def lend(self, capacity: int) -> StaticCache:
-        """A free lane as an empty cache for ``capacity`` tokens. Too few columns: new
-        storage with enough (rounded up, ``buckets.static_columns``). Every lane taken:
-        twice the lanes, up to the last of ``buckets.LANES``; past it, the sequence
-        lent its lane longest ago gives it back."""
-        if self.keys and len(self.live()) == self.lanes:
+    def lend(self, capacity: int, lane: int | None = None) -> StaticCache:
+        """A free lane as an empty cache for ``capacity`` tokens, or lane ``lane`` (a
+        draft's cache takes its sequence's lane of the target's storage; a cache still
+        there gives it back). Too few columns: new storage with enough (rounded up,
+        ``buckets.static_columns``). Every lane taken: twice the lanes, up to the last
+        of ``buckets.LANES``; past it, the sequence lent its lane longest ago gives it
+        back."""
+        if lane is None and self.keys and len(self.live()) == self.lanes:
             # a cache in a reference cycle outlives its decoding until the collector runs:
             # collect before taking more memory (a lane of a 13B model's 2048 columns is
             # 1.7 GB) for a sequence that is gone (and hold no reference while it runs)
             gc.collect()
         live = self.live()
+        if lane is not None and lane in live:
+            live.pop(lane).give_back()
         columns = max(self.columns, buckets.static_columns(capacity))
         lanes = max(self.lanes, 1)
-        if len(live) == lanes and lanes < buckets.LANES[-1]:
+        if lane is not None:
+            lanes = max(lanes, buckets.lanes_for(lane))
+        elif len(live) == lanes and lanes < buckets.LANES[-1]:
             lanes = buckets.lanes_for(lanes)
         if (lanes, columns) != (self.lanes, self.columns):
             self._allocate(lanes, columns, live)
-        free = [lane for lane in range(self.lanes) if lane not in live]
-        if not free:
-            oldest = min(live, key=self._lent_at.__getitem__)
-            live[oldest].give_back()
-            free = [oldest]
-        lane = free[0]
-        cache = StaticCache(
-            [store[lane : lane + 1] for store in self.keys],
-            [store[lane : lane + 1] for store in self.values],
-            lane,
-        )
+        if lane is None:
+            lane = self._free_lane(live)
+        one = slice(lane, lane + 1)
+        cache = StaticCache([s[one] for s in self.keys], [s[one] for s in self.values], lane)
         self._borrowers[lane] = weakref.ref(cache)
         self._lent_at[lane] = next(self._clock)
         return cache
+
+    def _free_lane(self, live: dict[int, StaticCache]) -> int:
+        """The first lane no live cache holds; none: the one lent longest ago, given back."""
+        free = [lane for lane in range(self.lanes) if lane not in live]
+        if free:
+            return free[0]
+        oldest = min(live, key=self._lent_at.__getitem__)
+        live[oldest].give_back()
+        return oldest
 
     def _allocate(self, lanes: int, columns: int, live: dict[int, StaticCache]) -> None:
         config = self.config

@@ -23,7 +23,6 @@ and the drafter reads them on the host at once to grow its tree.
 
 from __future__ import annotations
 
-import collections
 import functools
 from typing import NamedTuple
 
@@ -31,11 +30,11 @@ import torch
 from torch import nn
 
 from autotune.engine import buckets, layers
-from autotune.engine.capture import Recorder, Run
-from autotune.engine.runner import additive, visibility
-from autotune.engine.static import KEPT_VARIANTS, ColumnWriter
+from autotune.engine.runner import additive
+from autotune.engine.static import ColumnWriter
 from autotune.engine.static_cache import LaneStorage, StaticCache
 from autotune.heads.eagle import DraftProjection, EagleHead, HeadRows
+from autotune.heads.head_step import HeadBuffers, HeadStep
 
 # One call's outputs per sequence: predicted features [S, H], their draft logits [S, V']
 Outputs = tuple[torch.Tensor, torch.Tensor]
@@ -49,74 +48,40 @@ class Placed(NamedTuple):
     prefix: int
 
 
-class HeadBuffers:
-    """One shape's inputs and outputs, made once: ``lanes`` x ``size`` rows, lane by lane.
-    ``columns``: the column each row writes in its lane; ``seen`` [lanes, size, columns]:
-    the columns of its lane each row sees (True = may attend); ``logits``: per draft
-    projection (its weight's module), the rows' draft logits."""
+class EagleBuffers(HeadBuffers):
+    """One shape's buffers (``HeadBuffers``) with the pairs' features and embeddings in,
+    and the predicted features and every row's draft logits out."""
 
     def __init__(self, lanes: int, size: int, columns: int, head: EagleHead):
         weight = head.fc.weight
-        device, hidden = weight.device, head.hidden_size
-        self.lanes, self.size = lanes, size
-        self.features = torch.zeros(lanes, size, hidden, dtype=weight.dtype, device=device)
+        super().__init__(lanes, size, columns, weight, logit_rows=lanes * size)
+        shape = (lanes, size, head.hidden_size)
+        self.features = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
         self.embeds = torch.zeros_like(self.features)
-        self.positions = torch.zeros(lanes, size, dtype=torch.long, device=device)
-        self.columns = torch.zeros(lanes, size, dtype=torch.long, device=device)
-        self.seen = torch.zeros(lanes, size, columns, dtype=torch.bool, device=device)
-        self.rows = torch.arange(size, device=device)
-        self.predicted = torch.zeros(lanes * size, hidden, dtype=weight.dtype, device=device)
-        self.logits: dict[nn.Linear, torch.Tensor] = {}
-
-    def tensors(self) -> list[torch.Tensor]:
-        own = [v for v in vars(self).values() if isinstance(v, torch.Tensor)]
-        return own + list(self.logits.values())
-
-    def logits_for(self, linear: nn.Linear) -> torch.Tensor:
-        if linear not in self.logits:
-            rows, vocab = self.predicted.shape[0], linear.weight.shape[0]
-            self.logits[linear] = self.predicted.new_zeros(rows, vocab, dtype=linear.weight.dtype)
-        return self.logits[linear]
-
-    def load_idle(self, scratch: int) -> None:
-        """Every row padding: it writes its lane's scratch column and sees only that one
-        (the warm-up and capture runs, while sequences' entries sit in the storage)."""
-        self.columns.fill_(scratch)
-        self.seen.fill_(False)
-        self.seen[:, :, scratch] = True
+        self.predicted = self.features.new_zeros(lanes * size, head.hidden_size)
 
     def load(self, calls: list[Placed], scratch: int) -> None:
-        """Each call's rows in its lane, writing at its prefix onward and seeing what its
-        mask allows; every other row padding. Copies and fills on the device, no sync."""
+        """Each call's rows in its lane; every other row padding. No sync."""
         self.load_idle(scratch)
         for rows, lane, prefix in calls:
             n = rows.positions.shape[0]
             self.features[lane, :n].copy_(rows.features)
             self.embeds[lane, :n].copy_(rows.embeds)
-            self.positions[lane, :n].copy_(rows.positions)
-            torch.add(self.rows[:n], prefix, out=self.columns[lane, :n])
-            seen = self.seen[lane, :n]
-            seen.fill_(False)
-            visible = visibility(rows.mask, prefix, n, seen.device)  # None: one row, sees all
-            seen[:, : prefix + n] = True if visible is None else visible
+            self.load_rows(lane, rows.positions, prefix, rows.mask)
 
 
-class EagleStep:
+class EagleStep(HeadStep):
     """The fixed-shape step over an EAGLE head's weights and the KV storage it lends (see
     the module's docstring). ``how``: as the target's step records (``engine.capture``)."""
 
+    title = "the EAGLE head"
+
     def __init__(self, head: EagleHead, how: str = "graph"):
         weight = head.fc.weight
+        storage = LaneStorage(head.config, len(head.layers), weight.dtype, weight.device)
+        super().__init__(weight.device, how, storage)
         self.head, self.asked = head, how
-        self.recorder = Recorder(weight.device, how)
-        self.storage = LaneStorage(head.config, len(head.layers), weight.dtype, weight.device)
-        self._version = 0  # the storage's, when the buffers and runs below were made
-        self.buffers: dict[tuple[int, int], HeadBuffers] = {}
-        # (lanes, bucket, projection) -> run its step once
-        self._runs: dict[tuple[int, int, nn.Linear], Run] = {}
-        self._projections: collections.OrderedDict[nn.Linear, None] = collections.OrderedDict()
-        self.calls: collections.Counter[int] = collections.Counter()  # bucket -> runs
-        self.batched: collections.Counter[int] = collections.Counter()  # lanes (> 1) -> runs
+        self._version = 0  # the storage's, when the buffers and runs were made
 
     @classmethod
     def of(cls, head: EagleHead, how: str = "graph") -> EagleStep:
@@ -128,24 +93,13 @@ class EagleStep:
             object.__setattr__(head, "_autotune_step", found)  # not a submodule
         return found
 
-    @property
-    def failed(self) -> str | None:
-        """Why recording failed (the drafter runs the eager head from then on), or None."""
-        return self.recorder.failed
-
-    @property
-    def scratch(self) -> int:
-        return self.storage.columns - buckets.SCRATCH_COLUMNS
-
     def lend(self, capacity: int) -> StaticCache:
         """A lane of the storage as the head's cache for one sequence
         (``LaneStorage.lend``); storage that grows drops what was made over the old one."""
         cache = self.storage.lend(capacity)
         if self.storage.version != self._version:
             self._version = self.storage.version
-            self.buffers.clear()
-            self._runs.clear()
-            self.recorder.forget()
+            self.forget()
         return cache
 
     def place(self, calls: list[HeadRows]) -> list[Placed]:
@@ -177,18 +131,10 @@ class EagleStep:
         placed = self.place(calls) if self.failed is None else []
         if not placed:
             return None
-        size = buckets.bucket_for(max(rows.positions.shape[0] for rows in calls))
-        assert size is not None  # place() checked each count against the largest bucket
-        lanes = buckets.lanes_for(max(call.lane for call in placed))
-        run = self._run(lanes, size, projection.linear)
-        if run is None:  # the recording failed: said once, and the head runs eagerly
+        buffer = self.replay(placed, projection.linear)
+        if buffer is None:  # the recording failed: said once, and the head runs eagerly
             return None
-        buffer = self.buffers[lanes, size]
-        buffer.load(placed, self.scratch)
-        run()
-        self.calls[size] += 1
-        if len(placed) > 1:
-            self.batched[lanes] += 1
+        size = buffer.size
         logits, outputs = buffer.logits[projection.linear], []
         for rows, lane, prefix in placed:
             n = rows.positions.shape[0]
@@ -200,36 +146,13 @@ class EagleStep:
             )
         return outputs
 
-    def _run(self, lanes: int, size: int, linear: nn.Linear) -> Run | None:
-        """The step of this shape and projection, made (on CUDA: recorded) at its first call."""
-        self._keep(linear)
-        if (lanes, size, linear) in self._runs:
-            return self._runs[lanes, size, linear]
-        if (lanes, size) not in self.buffers:
-            self.buffers[lanes, size] = HeadBuffers(lanes, size, self.storage.columns, self.head)
-        buffer = self.buffers[lanes, size]
-        step = functools.partial(self.compute, buffer, linear, buffer.logits_for(linear))
-        buffer.load_idle(self.scratch)  # recording writes the scratch columns only
-        what = f"the EAGLE head's {size}-row step"
-        what += f" over {lanes} sequences" if lanes > 1 else ""
-        run = self.recorder.make(step, self._statics(buffer, linear), what)
-        if run is not None:
-            self._runs[lanes, size, linear] = run
-        return run
+    def new_buffers(self, lanes: int, size: int) -> EagleBuffers:
+        return EagleBuffers(lanes, size, self.storage.columns, self.head)
 
-    def _keep(self, linear: nn.Linear) -> None:
-        """Mark a projection as the most recently used; past ``KEPT_VARIANTS`` (a study
-        tries several draft vocabularies), the least recent one's steps are dropped."""
-        self._projections[linear] = None
-        self._projections.move_to_end(linear)
-        while len(self._projections) > KEPT_VARIANTS:
-            dropped, _ = self._projections.popitem(last=False)
-            for key in [key for key in self._runs if key[2] is dropped]:
-                del self._runs[key]
-            for buffer in self.buffers.values():
-                buffer.logits.pop(dropped, None)
+    def step(self, buffer: EagleBuffers, linear: nn.Linear) -> functools.partial:
+        return functools.partial(self.compute, buffer, linear, buffer.logits_for(linear))
 
-    def compute(self, buffer: HeadBuffers, linear: nn.Linear, logits: torch.Tensor) -> None:
+    def compute(self, buffer: EagleBuffers, linear: nn.Linear, logits: torch.Tensor) -> None:
         """The step itself, over the buffers and the storage: the eager head's arithmetic
         (``EagleHead.pairs`` and ``decoder_layers``) with every shape fixed, the lanes as
         the batch of attention, then the draft projection's product into ``logits``."""
@@ -244,7 +167,7 @@ class EagleStep:
         buffer.predicted.copy_(predicted)
         logits.copy_(layers.linear(predicted, linear))  # as ``DraftProjection`` multiplies
 
-    def _statics(self, buffer: HeadBuffers, linear: nn.Linear) -> list[torch.Tensor]:
+    def statics(self, buffer: EagleBuffers, linear: nn.Linear) -> list[torch.Tensor]:
         """Every tensor the step reads or writes besides the head's parameters: the
         storage, the buffers, and the projection's weight (the target's lm_head, or a
         draft vocabulary's rows of it: not the head's)."""
