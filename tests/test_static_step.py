@@ -393,6 +393,8 @@ def test_the_step_is_on_by_default_on_gpus_only(tiny_llama, monkeypatch):
     assert not static.enabled_by_default(torch.device("cpu"))
     monkeypatch.setenv(static.SWITCH_ENV, "0")
     assert not static.enabled_by_default(torch.device("cuda"))
+    monkeypatch.setenv(static.SWITCH_ENV, "1")  # the GPU's path on a CPU, eagerly
+    assert static.enabled_by_default(torch.device("cpu"))
     fixed = Runner(tiny_llama, static=True, how="graph")
     assert fixed.static is not None and fixed.static.how == "eager"  # no graphs on a CPU
     with pytest.raises(ValueError):

@@ -14,7 +14,9 @@ import torch
 from autotune.progress import say
 
 HOWS = ("graph", "compile", "eager")
-SWITCH_ENV = "AUTOTUNE_STATIC"  # "0": a GPU runner runs eagerly unless asked otherwise
+# "0": a GPU runner runs eagerly unless asked otherwise; "1": a CPU runner runs the steps
+# too (eagerly: the GPU's code path, end to end, where no GPU is at hand)
+SWITCH_ENV = "AUTOTUNE_STATIC"
 WARMUP_RUNS = 3  # eager runs on a side stream before a capture, as torch's docs ask
 # dynamo keeps 8 compiled entries per code object by default; each bucket and variant of
 # a step is one entry of the same code

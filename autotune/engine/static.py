@@ -173,8 +173,11 @@ class ColumnWriter:
 
 
 def enabled_by_default(device: torch.device) -> bool:
-    """On a GPU, unless ``AUTOTUNE_STATIC=0``; never on a CPU, whose path stays as it was."""
-    return device.type == "cuda" and os.environ.get(SWITCH_ENV, "1") != "0"
+    """On a GPU, unless ``AUTOTUNE_STATIC=0``; on a CPU only with ``AUTOTUNE_STATIC=1``
+    (eager there: it runs the GPU's code path end to end where no GPU is at hand), so
+    that the CPU path stays as it was."""
+    switch = os.environ.get(SWITCH_ENV, "")
+    return switch == "1" or (device.type == "cuda" and switch != "0")
 
 
 def unsupported(model: StepModel, how: str) -> str | None:
