@@ -86,8 +86,12 @@ class Runner:
         use_static = enabled_by_default(self.device) if static is None else static
         self.static = StaticStep.of(self, how) if use_static else None
 
-    def new_cache(self, capacity: int = 512) -> KVCache:
-        if self.static is not None:  # the step's own storage, lent to one sequence
+    def new_cache(self, capacity: int = 512, own: bool = False) -> KVCache:
+        """A cache for one sequence: where the runner has a fixed-shape step, a lane of its
+        storage, unless ``own`` (storage of its own, always run eagerly): for caches kept
+        long or many at once, such as frozen traces, which would hold lanes that the
+        sequences being decoded need (a decoding in lane k runs lanes 0 to k)."""
+        if self.static is not None and not own:
             return self.static.lend(capacity)
         return KVCache.for_config(self.config, self.num_layers, self.dtype, self.device, capacity)
 

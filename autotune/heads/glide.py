@@ -328,7 +328,7 @@ def teacher_cache(runner: Runner, tokens: list[int], logits: bool = False):
     """One frozen teacher-forced forward of the target over ``tokens``: its KV cache (and
     its logits [n, V] when asked), what the draft reads at every position."""
     device = runner.device
-    cache = runner.new_cache(capacity=len(tokens) + 8)
+    cache = runner.new_cache(capacity=len(tokens) + 8, own=True)  # kept: not a lane
     out = runner.forward(
         torch.tensor(tokens, device=device),
         torch.arange(len(tokens), device=device),

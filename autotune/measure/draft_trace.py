@@ -43,7 +43,8 @@ class DraftTracer:
         self._sequences = []
         for prompt, continuation in sequences:
             tokens = torch.tensor(prompt + continuation[:-1], device=runner.device)
-            cache = runner.new_cache(capacity=2 * len(tokens) + 8)
+            # kept for every mask the search tries: storage of its own, not a lane
+            cache = runner.new_cache(capacity=2 * len(tokens) + 8, own=True)
             runner.forward(
                 tokens, torch.arange(len(tokens), device=runner.device), cache, last_only=True
             )

@@ -118,7 +118,7 @@ def calibration_states(runner: Runner, prompt: list[int], continuation: list[int
     """The target's hidden states (before its final norm) at every position of prompt +
     continuation but the last, from one forward: what heads are measured on."""
     sequence = prompt + continuation
-    cache = runner.new_cache(capacity=len(sequence) + 8)
+    cache = runner.new_cache(capacity=len(sequence) + 8, own=True)  # one long forward
     ids = torch.tensor(sequence[:-1], device=runner.device)
     return runner.forward(
         ids, torch.arange(len(ids), device=runner.device), cache, last_only=True
