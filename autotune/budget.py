@@ -10,12 +10,21 @@ from pathlib import Path
 class Budget:
     """``seconds`` from now, or from ``started`` (a ``time.monotonic`` instant; None: no
     limit), the last ``reserve`` of them kept back from what is ``left()`` (for what must
-    still happen after the work it times: writing, reporting, exiting)."""
+    still happen after the work it times: writing, reporting, exiting). ``within``: the
+    run's deadline this share of it lies in, which no work may pass, not even the least
+    a phase does once its own share is spent."""
 
-    def __init__(self, seconds: float | None, started: float | None = None, reserve: float = 0.0):
+    def __init__(
+        self,
+        seconds: float | None,
+        started: float | None = None,
+        reserve: float = 0.0,
+        within: Budget | None = None,
+    ):
         self.seconds = seconds
         self.started = time.monotonic() if started is None else started
         self.reserve = reserve
+        self.within = within
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -35,8 +44,9 @@ class Budget:
         return None if left is None else max(floor, fraction * left)
 
     def part(self, fraction: float, floor: float = 1.0) -> Budget:
-        """A budget of ``fraction`` of what is left, starting now."""
-        return Budget(self.share(fraction, floor))
+        """A budget of ``fraction`` of what is left, starting now, within this one's
+        deadline (or within this one)."""
+        return Budget(self.share(fraction, floor), within=self.within or self)
 
 
 def command_started() -> float:

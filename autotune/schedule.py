@@ -91,7 +91,7 @@ class Schedule:
                 f"{clock(self.budget.seconds or 0)}): {name} does only its least; give more "
                 "--budget for a fuller run[/yellow]"
             )
-        return Budget(seconds)
+        return Budget(seconds, within=self.budget)
 
     @staticmethod
     def _scale(phase: Phase, ahead: list[Phase], left: float) -> float:

@@ -222,3 +222,32 @@ def test_no_prompt_starts_that_the_deadline_leaves_no_time_to_finish(tiny_llama,
     # the first prompt of all starts whatever is left: there is nothing to go by
     fresh = SideBySide(Runner(tiny_llama), {"m": drafter}, 4)
     assert fresh.measure(prompts, until=None, least=0, deadline=Budget(1.0)) == 1
+
+
+def test_a_phase_past_its_share_does_its_least_only_until_the_run_s_deadline(
+    tiny_llama, monkeypatch
+):
+    """A tuning phase's share spent, its measurement still takes its least prompts, but
+    none that the run's deadline (the budget the share lies within) leaves no time to
+    finish: a profile whose engine ran slow took 9:24 of a 3:20 share and ended 4:16 past
+    its --budget."""
+    from autotune.budget import Budget
+    from autotune.measure import timing
+
+    prompts = [EncodedPrompt(f"q{i}", [1, 7 + i, 9, 33]) for i in range(6)]
+    clock = [0.0]
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr("autotune.budget.time.monotonic", lambda: clock[0])
+
+    def slow(decode, *args):  # every decoding takes 10 s on the fake clock
+        result = decode(*args)
+        clock[0] += 10.0
+        return result, 10.0
+
+    monkeypatch.setattr(timing, "_timed", slow)
+    run = Budget(65.0)
+    share = run.part(0.1)  # 6.5 s: spent after the first prompt
+    session = SideBySide(Runner(tiny_llama), {"m": drafter}, 4)
+    assert session.measure(prompts, until=share, least=6) == 3  # not 6: 60 s of 65
+    alone = SideBySide(Runner(tiny_llama), {"m": drafter}, 4)
+    assert alone.measure(prompts, until=Budget(6.5), least=6) == 6  # no deadline: its least

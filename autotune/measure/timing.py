@@ -317,8 +317,11 @@ class SideBySide:
         deadline: Budget | None = None,
     ) -> int:
         """Measure ``prompts`` in turn (past ``until``'s time, no more than ``least``);
-        none starts that ``deadline``, the whole run's, leaves no time to finish, going by
-        the slowest prompt so far (but the first prompt of all); the number measured."""
+        none starts that ``deadline``, the whole run's (None: the one ``until`` lies
+        within), leaves no time to finish, going by the slowest prompt so far (but the
+        first prompt of all); the number measured."""
+        if deadline is None and until is not None:
+            deadline = until.within
         if prompts and not self._warm:
             self.warm_up(prompts[0])
         names: list[str | None] = [None, *self.variants]  # None: plain greedy

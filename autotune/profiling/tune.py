@@ -86,7 +86,7 @@ def tune_method(
 ) -> tuple[RunState, MethodSettings, str]:
     """``method``'s setting, chosen on the search split in its share (or in --time-budget)."""
     if run.tuning.time_budget_s is not None:
-        budget = Budget(run.tuning.time_budget_s)
+        budget = Budget(run.tuning.time_budget_s, within=budget.within)
     say(f"{method.name}: {method.title}")
     ctx = context(run, method, budget)
     settings = method.tune(ctx)
