@@ -197,24 +197,34 @@ def test_past_the_runs_deadline_the_held_back_measurement_stops_after_one_prompt
     assert result.stopped == "time"  # one prompt decides nothing, however it came out
 
 
-def test_no_prompt_starts_that_the_deadline_leaves_no_time_to_finish(tiny_llama, monkeypatch):
-    """The run's deadline stops the held-back measurement before a prompt that would end
-    past it (going by the slowest so far), not only once it has passed: a prompt started
-    with a second left ran 18 s past a busy run's --budget."""
-    from autotune.budget import Budget
+@pytest.fixture
+def slow_clock(monkeypatch) -> list[float]:
+    """A fake clock on which every decoding takes 10 s (read and moved through the list)."""
     from autotune.measure import timing
 
-    prompts = [EncodedPrompt(f"q{i}", [1, 7 + i, 9, 33]) for i in range(6)]
     clock = [0.0]
     monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr("autotune.budget.time.monotonic", lambda: clock[0])
 
-    def slow(decode, *args):  # every decoding takes 10 s on the fake clock
+    def slow(decode, *args):
         result = decode(*args)
         clock[0] += 10.0
         return result, 10.0
 
     monkeypatch.setattr(timing, "_timed", slow)
+    return clock
+
+
+SIX_PROMPTS = [EncodedPrompt(f"q{i}", [1, 7 + i, 9, 33]) for i in range(6)]
+
+
+def test_no_prompt_starts_that_the_deadline_leaves_no_time_to_finish(tiny_llama, slow_clock):
+    """The run's deadline stops the held-back measurement before a prompt that would end
+    past it (going by the slowest so far), not only once it has passed: a prompt started
+    with a second left ran 18 s past a busy run's --budget."""
+    from autotune.budget import Budget
+
+    prompts, clock = SIX_PROMPTS, slow_clock
     session = SideBySide(Runner(tiny_llama), {"m": drafter}, 4)
     # a prompt (greedy and m) takes 20 s: 45 s leave time for two, not for a third
     measured = session.measure(prompts, until=None, least=0, deadline=Budget(45.0))
@@ -225,26 +235,15 @@ def test_no_prompt_starts_that_the_deadline_leaves_no_time_to_finish(tiny_llama,
 
 
 def test_a_phase_past_its_share_does_its_least_only_until_the_run_s_deadline(
-    tiny_llama, monkeypatch
+    tiny_llama, slow_clock
 ):
     """A tuning phase's share spent, its measurement still takes its least prompts, but
     none that the run's deadline (the budget the share lies within) leaves no time to
     finish: a profile whose engine ran slow took 9:24 of a 3:20 share and ended 4:16 past
     its --budget."""
     from autotune.budget import Budget
-    from autotune.measure import timing
 
-    prompts = [EncodedPrompt(f"q{i}", [1, 7 + i, 9, 33]) for i in range(6)]
-    clock = [0.0]
-    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
-    monkeypatch.setattr("autotune.budget.time.monotonic", lambda: clock[0])
-
-    def slow(decode, *args):  # every decoding takes 10 s on the fake clock
-        result = decode(*args)
-        clock[0] += 10.0
-        return result, 10.0
-
-    monkeypatch.setattr(timing, "_timed", slow)
+    prompts = SIX_PROMPTS  # the fake clock (``slow_clock``): 20 s a prompt, m and greedy
     run = Budget(65.0)
     share = run.part(0.1)  # 6.5 s: spent after the first prompt
     session = SideBySide(Runner(tiny_llama), {"m": drafter}, 4)
