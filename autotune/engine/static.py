@@ -26,7 +26,6 @@ is what the CPU tests check against the runner's own layers.
 
 from __future__ import annotations
 
-import collections
 import functools
 import os
 from collections.abc import Callable
@@ -36,13 +35,15 @@ from typing import Any, Protocol
 import torch
 
 from autotune.engine import buckets, layers
-from autotune.engine.capture import HOWS, SWITCH_ENV, Recorder, Run
+from autotune.engine.capture import HOWS, SWITCH_ENV
 from autotune.engine.layers import Fused, Product
+from autotune.engine.recorded import KEPT_VARIANTS, RecordedSteps
 from autotune.engine.segment import Segment
 from autotune.engine.skip import NO_SKIP, SkipMask
 from autotune.engine.static_cache import LaneStorage, StaticCache
 
 __all__ = [
+    "KEPT_VARIANTS",
     "StaticCache",
     "StaticStep",
     "Variant",
@@ -50,11 +51,6 @@ __all__ = [
     "host_rotary",
     "unsupported",
 ]
-
-# Variants (skip masks, extra rows) whose steps are kept besides the plain one: a decoding
-# uses one (its drafter's), a layer-skip search a new mask every trial; dropping the
-# least recent bounds the graphs held while a search runs
-KEPT_VARIANTS = 4
 
 # One call's outputs per segment: logits, hidden states, extra rows' logits (or None)
 Outputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
@@ -109,9 +105,10 @@ class StepBuffers:
     lane's new tokens each row sees (True = may attend); ``prefix`` [lanes]: each lane's
     cached entries before them."""
 
-    def __init__(self, lanes: int, size: int, model: StepModel):
+    def __init__(self, lanes: int, size: int, model: StepModel, columns: int):
         device, hidden = model.device, model.config.hidden_size
         self.lanes, self.size = lanes, size
+        self.column_numbers = torch.arange(columns, device=device)  # of a lane
         self.tokens = torch.zeros(lanes, size, dtype=torch.long, device=device)
         self.positions = torch.zeros(lanes, size, dtype=torch.long, device=device)
         self.columns = torch.zeros(lanes, size, dtype=torch.long, device=device)
@@ -128,6 +125,9 @@ class StepBuffers:
         return [v for v in vars(self).values() if isinstance(v, torch.Tensor)] + list(
             self.extra_logits.values()
         )
+
+    def drop(self, variant: Variant) -> None:
+        self.extra_logits.pop(variant, None)
 
     def load(self, segments: list[Segment], prefixes: list[int], scratch: int) -> None:
         """The call's tokens, positions and masks in their lanes, each segment's rows
@@ -196,33 +196,17 @@ def host_rotary(rotary: Any) -> str | None:
     return None
 
 
-class StaticStep:
-    """The fixed-shape step over a runner's weights, one shape (lanes, bucket) at a
-    time, and the KV storage it lends (see the module's docstring)."""
+class StaticStep(RecordedSteps):
+    """The fixed-shape step over a runner's weights, one shape (lanes, bucket) and
+    variant at a time, and the KV storage it lends (see the module's docstring)."""
+
+    title = "the engine"
 
     def __init__(self, model: StepModel, how: str = "graph"):
+        storage = LaneStorage(model.config, model.num_layers, model.dtype, model.device)
+        super().__init__(model.device, how, storage)
         self.model = model
-        self.recorder = Recorder(model.device, how)
-        self.storage = LaneStorage(model.config, model.num_layers, model.dtype, model.device)
-        self._version = 0  # the storage's, when the runs below were made
-        self.buffers: dict[tuple[int, int], StepBuffers] = {}
-        # (lanes, bucket, variant) -> run its step once
-        self._runs: dict[tuple[int, int, Variant], Run] = {}
-        self._variants: collections.OrderedDict[Variant, None] = collections.OrderedDict()
         self._variant_of: dict[tuple[SkipMask, Any], Variant] = {}
-        self.column_numbers = torch.zeros(0, dtype=torch.long)  # 0 .. columns - 1
-        self.calls: collections.Counter[int] = collections.Counter()  # bucket -> runs
-        # sequences in a call (> 1) -> runs
-        self.batched: collections.Counter[int] = collections.Counter()
-
-    @property
-    def how(self) -> str:
-        return self.recorder.how
-
-    @property
-    def failed(self) -> str | None:
-        """Why recording failed (the runner runs eagerly from then on), or None."""
-        return self.recorder.failed
 
     @classmethod
     def of(cls, model: StepModel, how: str = "graph") -> StaticStep | None:
@@ -246,11 +230,7 @@ class StaticStep:
         sequence (``LaneStorage.lend``); storage that grows drops the steps recorded
         over the old one."""
         cache = self.storage.lend(capacity)
-        if self.storage.version != self._version:
-            self._version = self.storage.version
-            self.column_numbers = torch.arange(self.columns, device=self.model.device)
-            self._runs.clear()
-            self.recorder.forget()
+        self.follow(self.storage.version)
         return cache
 
     def variant(self, skip: SkipMask = NO_SKIP, extra_rows=None) -> Variant:
@@ -301,15 +281,13 @@ class StaticStep:
         size = buckets.bucket_for(max(len(s.tokens) for s in segments))
         lanes = buckets.lanes_for(max(s.cache.lane for s in segments))  # type: ignore[attr-defined]
         assert size is not None  # _prefixes checked every count against the largest bucket
-        run = self._runs.get((lanes, size, variant)) or self._prepare(lanes, size, variant)
+        run = self.run_for(lanes, size, variant)
         if run is None:  # the capture failed: said once, and the runner runs eagerly
             return None
         buffer = self.buffers[lanes, size]
-        buffer.load(segments, prefixes, self.columns - buckets.SCRATCH_COLUMNS)
+        buffer.load(segments, prefixes, self.scratch)
         run()
-        self.calls[size] += 1
-        if len(segments) > 1:
-            self.batched[len(segments)] += 1
+        self.ran(size, len(segments))
         attending = [i for i, runs in enumerate(variant.attends) if runs]
         return [
             self._outputs(buffer, variant, segment, prefix, attending)
@@ -347,35 +325,16 @@ class StaticStep:
             raise ValueError("the step has no cache storage yet: lend a cache first")
         variant = variant or self.variant()
         for size in sorted(sizes, reverse=True):
-            if (lanes, size, variant) not in self._runs:
-                self._prepare(lanes, size, variant)
+            self.run_for(lanes, size, variant)
 
-    def _prepare(self, lanes: int, size: int, variant: Variant) -> Run | None:
-        if (lanes, size) not in self.buffers:
-            self.buffers[lanes, size] = StepBuffers(lanes, size, self.model)
-        buffer = self.buffers[lanes, size]
-        self._keep(variant)
-        step = functools.partial(self.compute, buffer, variant, self._extra_output(buffer, variant))
-        buffer.load_idle(self.columns - buckets.SCRATCH_COLUMNS)  # recording writes scratch only
-        what = f"the engine's {size}-token step" + (f" over {lanes} sequences" if lanes > 1 else "")
-        run = self.recorder.make(step, self._statics(buffer), what)
-        if run is not None:
-            self._runs[lanes, size, variant] = run
-        return run
+    def new_buffers(self, lanes: int, size: int) -> StepBuffers:
+        return StepBuffers(lanes, size, self.model, self.columns)
 
-    def _keep(self, variant: Variant) -> None:
-        """Mark ``variant`` as the most recently used; past ``KEPT_VARIANTS`` besides the
-        plain step, the least recent one's steps and outputs are dropped."""
-        if variant.plain:
-            return
-        self._variants[variant] = None
-        self._variants.move_to_end(variant)
-        while len(self._variants) > KEPT_VARIANTS:
-            dropped, _ = self._variants.popitem(last=False)
-            for key in [key for key in self._runs if key[2] == dropped]:
-                del self._runs[key]
-            for buffer in self.buffers.values():
-                buffer.extra_logits.pop(dropped, None)
+    def step(self, buffer: StepBuffers, variant: Variant) -> functools.partial:
+        return functools.partial(self.compute, buffer, variant, self._extra_output(buffer, variant))
+
+    def tracked(self, variant: Variant) -> bool:
+        return not variant.plain  # the plain step serves every decoding: never dropped
 
     def _extra_output(self, buffer: StepBuffers, variant: Variant) -> torch.Tensor | None:
         """The buffer a variant's extra logits go to, sized by one eager run on idle
@@ -383,7 +342,7 @@ class StaticStep:
         if variant.extra_rows is None:
             return None
         if variant not in buffer.extra_logits:
-            buffer.load_idle(self.columns - buckets.SCRATCH_COLUMNS)
+            buffer.load_idle(self.scratch)
             self.compute(buffer, variant)
         return buffer.extra_logits[variant]
 
@@ -429,16 +388,16 @@ class StaticStep:
         cached prefix and, at the columns its lane's new tokens write, those its mask
         allows."""
         lanes, size = buffer.lanes, buffer.size
-        earlier = self.column_numbers.view(1, 1, -1) < buffer.prefix.view(lanes, 1, 1)
+        earlier = buffer.column_numbers.view(1, 1, -1) < buffer.prefix.view(lanes, 1, 1)
         visible = earlier.expand(lanes, size, -1).clone()
         where = buffer.columns.view(lanes, 1, size).expand(lanes, size, size)
         visible.scatter_(2, where, buffer.new_mask)
         additive = torch.zeros(visible.shape, dtype=self.model.dtype, device=visible.device)
         return additive.masked_fill_(~visible, float("-inf")).unsqueeze(1)
 
-    def _statics(self, buffer: StepBuffers) -> list[torch.Tensor]:
+    def statics(self, buffer: StepBuffers, variant: Variant) -> list[torch.Tensor]:
         """Every tensor a step reads or writes besides the model's parameters: the fused
         weights (plain tensors, not Parameters), the cache storage, the buffers."""
         fused = [f for pair in self.model.fused for f in pair]
         weights = [f.weight for f in fused] + [f.bias for f in fused if f.bias is not None]
-        return [*weights, *self.keys, *self.values, self.column_numbers, *buffer.tensors()]
+        return [*weights, *self.keys, *self.values, *buffer.tensors()]

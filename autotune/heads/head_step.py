@@ -1,23 +1,19 @@
 """What the drafting heads' fixed-shape steps share (the EAGLE head's,
-``heads.static_head``; GLIDE's draft's, ``heads.static_glide``): KV storage of their own
-lent lane by lane, one step per shape (lanes, bucket of rows) and draft projection,
-recorded at its first call as the target's step is (``engine.capture``), and the four
-most recent projections kept (a study tries several draft vocabularies)."""
+``heads.static_head``; GLIDE's draft's, ``heads.static_glide``) beyond what every step
+keeps (``engine.recorded``: storage, buffers, runs recorded at their first call): their
+buffers' inputs and per-row masks over a lane, and a run over the calls placed in it,
+one step per shape and draft projection."""
 
 from __future__ import annotations
 
-import collections
-import functools
 from typing import Any
 
 import torch
 from torch import nn
 
 from autotune.engine import buckets
-from autotune.engine.capture import Recorder, Run
+from autotune.engine.recorded import RecordedSteps
 from autotune.engine.runner import visibility
-from autotune.engine.static import KEPT_VARIANTS
-from autotune.engine.static_cache import LaneStorage
 
 
 class HeadBuffers:
@@ -40,6 +36,9 @@ class HeadBuffers:
     def tensors(self) -> list[torch.Tensor]:
         own = [v for v in vars(self).values() if isinstance(v, torch.Tensor)]
         return own + list(self.logits.values())
+
+    def drop(self, linear: nn.Linear) -> None:
+        self.logits.pop(linear, None)
 
     def logits_for(self, linear: nn.Linear) -> torch.Tensor:
         if linear not in self.logits:
@@ -67,52 +66,11 @@ class HeadBuffers:
         seen[:, : prefix + n] = True if visible is None else visible
 
 
-class HeadStep:
-    """A head's steps and storage. A subclass makes a shape's buffers (``new_buffers``),
-    the step over them (``step``: a ``functools.partial`` the recorder can replay) and
-    says what the step reads and writes (``statics``); ``title`` names it in a warning."""
+class HeadStep(RecordedSteps):
+    """A head's steps and storage (``engine.recorded``), its variants the draft
+    projections (a study tries several draft vocabularies)."""
 
     title = "a drafting head"
-
-    def __init__(self, device: torch.device, how: str, storage: LaneStorage):
-        self.recorder = Recorder(device, how)
-        self.storage = storage
-        self.buffers: dict[tuple[int, int], Any] = {}
-        # (lanes, bucket, projection) -> run its step once
-        self._runs: dict[tuple[int, int, nn.Linear], Run] = {}
-        self._projections: collections.OrderedDict[nn.Linear, None] = collections.OrderedDict()
-        self.calls: collections.Counter[int] = collections.Counter()  # bucket -> runs
-        self.batched: collections.Counter[int] = collections.Counter()  # lanes (> 1) -> runs
-
-    @property
-    def failed(self) -> str | None:
-        """Why recording failed (the drafter runs the eager head from then on), or None."""
-        return self.recorder.failed
-
-    @property
-    def scratch(self) -> int:
-        return self.storage.columns - buckets.SCRATCH_COLUMNS
-
-    def new_buffers(self, lanes: int, size: int) -> HeadBuffers:
-        raise NotImplementedError
-
-    def step(self, buffer: Any, linear: nn.Linear) -> functools.partial:
-        raise NotImplementedError
-
-    def statics(self, buffer: Any, linear: nn.Linear) -> list[torch.Tensor]:
-        raise NotImplementedError
-
-    def forget(self) -> None:
-        """Drop the buffers and runs: they were made over storage since replaced."""
-        self.buffers.clear()
-        self._runs.clear()
-        self.recorder.forget()
-
-    def ran(self, size: int, lanes: int, sequences: int) -> None:
-        """Count a run of the step (the tests and the GPU check read the counts)."""
-        self.calls[size] += 1
-        if sequences > 1:
-            self.batched[lanes] += 1
 
     def replay(self, placed: list[Any], linear: nn.Linear) -> Any:
         """Run the step over calls that fit it (each with its ``rows`` and ``lane``): the
@@ -127,33 +85,5 @@ class HeadStep:
         buffer = self.buffers[lanes, size]
         buffer.load(placed, self.scratch)
         run()
-        self.ran(size, lanes, len(placed))
+        self.ran(size, len(placed))
         return buffer
-
-    def run_for(self, lanes: int, size: int, linear: nn.Linear) -> Run | None:
-        """The step of this shape and projection, made (on CUDA: recorded) at its first
-        call; None where the recording was refused (said once: the head runs eagerly)."""
-        self._keep(linear)
-        if (lanes, size, linear) in self._runs:
-            return self._runs[lanes, size, linear]
-        if (lanes, size) not in self.buffers:
-            self.buffers[lanes, size] = self.new_buffers(lanes, size)
-        buffer = self.buffers[lanes, size]
-        step = self.step(buffer, linear)
-        buffer.load_idle(self.scratch)  # recording writes the scratch columns only
-        what = f"{self.title}'s {size}-row step" + (f" over {lanes} sequences" if lanes > 1 else "")
-        run = self.recorder.make(step, self.statics(buffer, linear), what)
-        if run is not None:
-            self._runs[lanes, size, linear] = run
-        return run
-
-    def _keep(self, linear: nn.Linear) -> None:
-        """Mark a projection as the most recently used; past ``KEPT_VARIANTS``, the least
-        recent one's runs and outputs go."""
-        self._projections[linear] = None
-        self._projections.move_to_end(linear)
-        while len(self._projections) > KEPT_VARIANTS:
-            dropped, _ = self._projections.popitem(last=False)
-            self._runs = {key: run for key, run in self._runs.items() if key[2] is not dropped}
-            for buffer in self.buffers.values():
-                buffer.logits.pop(dropped, None)

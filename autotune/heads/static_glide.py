@@ -105,7 +105,6 @@ class GlideStep(HeadStep):
         super().__init__(weight.device, target.how, storage)
         self.draft, self.asked = draft, target.how
         self._target = weakref.ref(target)  # not kept alive by a draft that outlives it
-        self._versions = (0, 0)  # the storages', when the buffers and runs were made
 
     @classmethod
     def of(cls, draft: GlideDraft, target: StaticStep) -> GlideStep | None:
@@ -202,10 +201,7 @@ class GlideStep(HeadStep):
         or the target's step lent a cache that needed more lanes or columns)."""
         target = self.target
         assert target is not None  # place() found it
-        versions = (self.storage.version, target.storage.version)
-        if versions != self._versions:
-            self._versions = versions
-            self.forget()
+        self.follow((self.storage.version, target.storage.version))
 
     def new_buffers(self, lanes: int, size: int) -> GlideBuffers:
         target = self.target

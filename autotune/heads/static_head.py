@@ -81,7 +81,6 @@ class EagleStep(HeadStep):
         storage = LaneStorage(head.config, len(head.layers), weight.dtype, weight.device)
         super().__init__(weight.device, how, storage)
         self.head, self.asked = head, how
-        self._version = 0  # the storage's, when the buffers and runs were made
 
     @classmethod
     def of(cls, head: EagleHead, how: str = "graph") -> EagleStep:
@@ -97,9 +96,7 @@ class EagleStep(HeadStep):
         """A lane of the storage as the head's cache for one sequence
         (``LaneStorage.lend``); storage that grows drops what was made over the old one."""
         cache = self.storage.lend(capacity)
-        if self.storage.version != self._version:
-            self._version = self.storage.version
-            self.forget()
+        self.follow(self.storage.version)
         return cache
 
     def place(self, calls: list[HeadRows]) -> list[Placed]:
