@@ -178,6 +178,7 @@ def made_up_results(
             "engine_tokens_per_s": greedy, "transformers_tokens_per_s": 500.0,
             "engine_over_transformers": greedy / 500, "interval": [1.1, 1.4],
             "transformers": "generate, StaticCache, compiled", "compiled": True,
+            "decode_step_us": 1510.0, "step_replay_us": 1390.4, "around_step_us": 119.6,
         }},
         "tests": {"status": "ok", "data": {"passed": 57, "failed": 0, "device": "cuda"}},
         "graph_step": {"status": "ok", "data": {"columns": {
@@ -269,6 +270,10 @@ def test_the_table_names_the_card_and_says_what_did_not_run(gpu):
         in lines
     )
     assert lines[-1] == "4 of 11 bars met"  # two latency bars, the reference, the suite
+    results = made_up_results(x_floor_1=1.25, graph_ms_1=9.8, greedy=650.0)
+    lines = gpu.check_summary.table(results).splitlines()
+    step = "embedded greedy, a decode step: 1510 us, its step replayed alone 1390 us, "
+    assert step + "around it 120 us" in lines
 
 
 def test_profile_facts_and_pytest_counts_read_what_the_bars_need(gpu):

@@ -382,6 +382,44 @@ def test_the_step_reads_nothing_back_to_the_host(pair, no_host_reads):
     assert sum(fixed.static.calls.values()) == calls + 3
 
 
+class Operations(TorchDispatchMode):
+    """Records every operation that is not a view (on a GPU, each is a launch)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view:
+            self.seen.append(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
+@torch.inference_mode()
+def test_a_call_s_inputs_reach_the_device_in_one_copy(pair, monkeypatch):
+    """On a GPU every fill or copy into the step's buffers is a launch around the replay:
+    a call made on the host (``Runner.input_device``) loads in one copy, a tree's mask
+    included (the loader used to take ten operations a decode step)."""
+    fixed = pair[1]
+    host = fixed.input_device
+    assert host == torch.device("cpu")  # on a GPU too: the step sends them
+    cache = fixed.new_cache(100)
+    fixed.forward(torch.tensor(PROMPT, device=host), torch.arange(len(PROMPT), device=host), cache)
+    loads = Operations()
+    load = static.StepBuffers.load
+
+    def counted(*args):
+        with loads:
+            load(*args)
+
+    monkeypatch.setattr(static.StepBuffers, "load", counted)
+    for n, mask in ((1, None), (5, None), (7, TREE.attention_mask(host))):
+        cache.crop(len(PROMPT))
+        ids, positions = torch.arange(n, device=host) + 3, torch.arange(n, device=host) + 7
+        fixed.forward(ids, positions, cache, mask=mask)
+    assert loads.seen == ["aten.copy_"] * 3
+
+
 # --- where the step runs --------------------------------------------------------------
 
 

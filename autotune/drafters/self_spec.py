@@ -109,7 +109,7 @@ class LayerSkipDrafter(ChainDrafter):
 
     def _drafting(self, context: DraftContext) -> Generator[Segment, torch.Tensor, Draft]:
         """One proposal: yields each draft step's token, is sent its logits."""
-        device = context.runner.device
+        device = context.runner.input_device
         limit = self.limit(context)
         token, tokens, dists = context.last_token, [], []
         for i in range(limit):

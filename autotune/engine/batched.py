@@ -250,8 +250,8 @@ def _prefill(
         return 0
     segments = [
         Segment(
-            torch.tensor(r.prompt, device=runner.device),
-            torch.arange(len(r.prompt), device=runner.device),
+            torch.tensor(r.prompt, device=runner.input_device),
+            torch.arange(len(r.prompt), device=runner.input_device),
             r.cache,
             last_only=True,
         )

@@ -66,10 +66,10 @@ def _prefill(
     runner: Runner, prompt: list[int], max_new_tokens: int, extra_rows: ExtraRows | None = None
 ):
     cache = runner.new_cache(capacity=cache_capacity(prompt, max_new_tokens))
-    ids = torch.tensor(prompt, device=runner.device)
+    ids = torch.tensor(prompt, device=runner.input_device)
     out = runner.forward(
         ids,
-        torch.arange(len(prompt), device=runner.device),
+        torch.arange(len(prompt), device=runner.input_device),
         cache,
         last_only=True,
         extra_rows=extra_rows,
@@ -106,8 +106,8 @@ def decode_plain(
     while not _finished(tokens, max_new_tokens, runner.eos_token_ids):
         position = len(prompt) + len(tokens) - 1
         out = runner.forward(
-            torch.tensor([tokens[-1]], device=runner.device),
-            torch.tensor([position], device=runner.device),
+            torch.tensor([tokens[-1]], device=runner.input_device),
+            torch.tensor([position], device=runner.input_device),
             cache,
         )
         tokens.append(_pick(out.logits[-1], sampling, generator))
@@ -212,7 +212,7 @@ def verify_segment(runner: Runner, cache, committed: int, last_token: int, draft
     """The root and the draft as one sequence's part of a verify forward: a chain at
     consecutive positions, a tree at its depths under its attention mask."""
     tree = draft.tree
-    device = runner.device
+    device = runner.input_device
     ids = torch.tensor([last_token, *draft.tokens], device=device)
     if tree is None or tree.is_chain:
         positions = torch.arange(committed, committed + len(ids), device=device)

@@ -22,6 +22,7 @@ from autotune.engine.skip import NO_SKIP, SkipMask
 from autotune.engine.stack import NativeStack
 from autotune.engine.static import StaticStep, enabled_by_default
 
+HOST = torch.device("cpu")
 # Maps the final-normed hidden states [S, H] to more rows [R, H] for the lm_head product.
 ExtraRows = Callable[[torch.Tensor], torch.Tensor]
 
@@ -95,6 +96,14 @@ class Runner:
             return self.static.lend(capacity)
         return KVCache.for_config(self.config, self.num_layers, self.dtype, self.device, capacity)
 
+    @property
+    def input_device(self) -> torch.device:
+        """Where a call's tokens, positions and masks are best made: on the host when the
+        runner has a fixed-shape step (it sends a call's inputs to the device in one
+        copy, ``engine.staging``; one tensor made on a GPU from a list is a copy that
+        waits for it), else on the runner's device. Either works for every call."""
+        return HOST if self.static is not None else self.device
+
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
         """The lm_head over final-normed hidden states, in float32."""
         return self.product(normed, self.lm_head).float()
@@ -140,14 +149,11 @@ class Runner:
             return fixed
         counts = [len(segment.tokens) for segment in segments]
         total = sum(counts)
-        tokens = (
-            torch.cat([s.tokens for s in segments]) if len(segments) > 1 else segments[0].tokens
-        )
-        positions = (
-            torch.cat([s.positions for s in segments])
-            if len(segments) > 1
-            else segments[0].positions
-        )
+        tokens, positions = segments[0].tokens, segments[0].positions
+        if len(segments) > 1:
+            tokens = torch.cat([s.tokens for s in segments])
+            positions = torch.cat([s.positions for s in segments])
+        tokens, positions = tokens.to(self.device), positions.to(self.device)  # input_device
         hidden = self.embed(tokens.view(1, total))
         rope = self.rotary(hidden, positions.view(1, total))
         layer_rows = LayerRows(rope, segments, counts, skip)

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from autotune.engine import buckets, layers
@@ -40,6 +41,7 @@ from autotune.engine.layers import Fused, Product
 from autotune.engine.recorded import KEPT_VARIANTS, RecordedSteps
 from autotune.engine.segment import Segment
 from autotune.engine.skip import NO_SKIP, SkipMask
+from autotune.engine.staging import HostInputs, host_array
 from autotune.engine.static_cache import LaneStorage, StaticCache
 
 __all__ = [
@@ -103,19 +105,30 @@ class StepBuffers:
     and the cache storage. Rows lie lane by lane, ``size`` a lane. ``columns``: the
     column each row writes in its lane; ``new_mask`` [lanes, size, size]: which of its
     lane's new tokens each row sees (True = may attend); ``prefix`` [lanes]: each lane's
-    cached entries before them."""
+    cached entries before them. The inputs are written on the host and sent in one copy
+    (``engine.staging``)."""
 
     def __init__(self, lanes: int, size: int, model: StepModel, columns: int):
         device, hidden = model.device, model.config.hidden_size
         self.lanes, self.size = lanes, size
         self.column_numbers = torch.arange(columns, device=device)  # of a lane
-        self.tokens = torch.zeros(lanes, size, dtype=torch.long, device=device)
-        self.positions = torch.zeros(lanes, size, dtype=torch.long, device=device)
-        self.columns = torch.zeros(lanes, size, dtype=torch.long, device=device)
-        self.new_mask = torch.ones(lanes, size, size, dtype=torch.bool, device=device)
-        self.prefix = torch.zeros(lanes, dtype=torch.long, device=device)
-        self.rows = torch.arange(size, device=device)
-        self.causal = torch.ones(size, size, dtype=torch.bool, device=device).tril()
+        rows = (lanes, size)
+        self.inputs = HostInputs(
+            {
+                "tokens": (rows, torch.long),
+                "positions": (rows, torch.long),
+                "columns": (rows, torch.long),
+                "prefix": ((lanes,), torch.long),
+                "new_mask": ((lanes, size, size), torch.bool),
+            },
+            device,
+        )
+        views = self.inputs.device
+        self.tokens, self.positions, self.columns = (
+            views[name] for name in ("tokens", "positions", "columns")
+        )
+        self.prefix, self.new_mask = views["prefix"], views["new_mask"]
+        self.causal = np.tri(size, dtype=np.bool_)
         self.hidden = torch.zeros(lanes * size, hidden, dtype=model.dtype, device=device)
         self.logits = torch.zeros(lanes * size, model.config.vocab_size, device=device)
         # a variant's extra logits rows, made at its first (eager) run, before any capture
@@ -131,28 +144,48 @@ class StepBuffers:
 
     def load(self, segments: list[Segment], prefixes: list[int], scratch: int) -> None:
         """The call's tokens, positions and masks in their lanes, each segment's rows
-        writing at its prefix onward and every other row at ``scratch``: copies and
-        fills on the device, no sync."""
-        self.load_idle(scratch)
+        writing at its prefix onward and every other row at ``scratch``: written on the
+        host and sent in one copy; a segment's values already on the device are copied
+        there after it. Nothing is read back to the host."""
+        host = self._idle(scratch)
+        on_device: list[tuple[torch.Tensor, torch.Tensor]] = []  # (device view, values)
         for segment, prefix in zip(segments, prefixes):
             lane, n = segment.cache.lane, len(segment.tokens)  # type: ignore[attr-defined]
-            self.tokens[lane, :n].copy_(segment.tokens)
-            self.positions[lane, :n].copy_(segment.positions)
-            self.prefix[lane] = prefix
-            torch.add(self.rows[:n], prefix, out=self.columns[lane, :n])
-            seen = self.new_mask[lane]
-            seen[:n].fill_(False)
-            seen[:n, :n] = self.causal[:n, :n] if segment.mask is None else segment.mask
+            for name, values in (("tokens", segment.tokens), ("positions", segment.positions)):
+                if (array := host_array(values)) is not None:
+                    host[name][lane, :n] = array
+                else:
+                    on_device.append((self.inputs.device[name][lane, :n], values))
+            host["prefix"][lane] = prefix
+            host["columns"][lane, :n] = np.arange(prefix, prefix + n)
+            seen = host["new_mask"][lane]
+            seen[:n] = False
+            if segment.mask is None:
+                seen[:n, :n] = self.causal[:n, :n]
+            elif (array := host_array(segment.mask)) is not None:
+                seen[:n, :n] = array
+            else:
+                on_device.append((self.new_mask[lane, :n, :n], segment.mask))
             # every padded row maps to the scratch column with the same mask column
             # (real rows: no, padded rows: yes), so the scatter in ``visibility`` agrees
             seen[n:, :n] = False
+        self.inputs.send()
+        for view, values in on_device:
+            view.copy_(values)
 
     def load_idle(self, scratch: int) -> None:
         """Inputs whose every row is padding: a run writes the scratch columns only (the
         warm-up and capture runs, while sequences' entries sit in the cache)."""
-        self.prefix.fill_(0)
-        self.columns.fill_(scratch)
-        self.new_mask.fill_(True)
+        self._idle(scratch)
+        self.inputs.send()
+
+    def _idle(self, scratch: int) -> dict[str, np.ndarray]:
+        """The host inputs set to every row padding, not yet sent."""
+        host = self.inputs.writable()
+        host["prefix"].fill(0)
+        host["columns"].fill(scratch)
+        host["new_mask"].fill(True)
+        return host
 
 
 class ColumnWriter:

@@ -266,6 +266,13 @@ def forward_lines(results: dict) -> list[str]:
             if "ms" in column
         ]
         lines.append(f"engine step (graph_step.py), n={n}: " + ", ".join(cells))
+    greedy = _data(results, "greedy") or {}
+    if "around_step_us" in greedy:  # what a token costs besides its recorded run
+        lines.append(
+            f"embedded greedy, a decode step: {greedy['decode_step_us']:.0f} us, its step "
+            f"replayed alone {greedy['step_replay_us']:.0f} us, around it "
+            f"{greedy['around_step_us']:.0f} us"
+        )
     return lines
 
 

@@ -2,7 +2,8 @@
 beside transformers' ``generate`` over a static cache with its decoding step compiled
 (CUDA graphs), on the same MT-bench prompts, interleaved prompt by prompt in one process:
 tokens/s of each, their ratio and its 95% interval over prompts (paired bootstrap,
-``autotune.measure.stats``).
+``autotune.measure.stats``); then, where the engine runs its fixed-shape step, a decode
+step's time beside the step replayed alone (``around_the_step``).
 
     python benchmarks/gpu/greedy_vs_hf.py --model-path FILE.gguf --device cuda \
         [--prompts 8] [--max-new-tokens 128] [--out FILE]
@@ -82,6 +83,44 @@ def transformers_decoder(model, eos: list[int], capacity: int, max_new_tokens: i
     return decode
 
 
+def around_the_step(runner: Runner, ids: list[int], steps: int = 64, replays: int = 200) -> dict:
+    """What a decode step costs besides its recorded run: a decode step's time (plain
+    greedy decoding, its prefill taken out) against the one-token step replayed alone.
+    The difference is the host's work around the replay (loading the inputs, copying
+    the logits out, the argmax and its read), which a GPU pays on every token. Empty
+    where the runner has no fixed-shape step (a CPU, by default)."""
+    step = runner.static
+    if step is None:
+        return {}
+
+    def timed(max_new_tokens: int) -> tuple[float, int]:
+        synchronize(runner.device)
+        start = time.perf_counter()
+        result = decode_plain(runner, ids, max_new_tokens)
+        synchronize(runner.device)
+        return time.perf_counter() - start, result.steps
+
+    timed(steps)  # warm-up: the prompt's bucket and the one-token step recorded
+    (short_s, short), (long_s, long) = timed(1), timed(steps)
+    if long - short < 8:
+        return {}  # it met its end-of-sequence token at once
+    run = step.run_for(1, 1, step.variant())
+    if run is None:
+        return {}
+    synchronize(runner.device)
+    start = time.perf_counter()
+    for _ in range(replays):  # over the last call's inputs: it rewrites one column
+        run()
+    synchronize(runner.device)
+    replay_us = (time.perf_counter() - start) / replays * 1e6
+    decode_us = (long_s - short_s) / (long - short) * 1e6
+    return {
+        "decode_step_us": round(decode_us, 1),
+        "step_replay_us": round(replay_us, 1),
+        "around_step_us": round(decode_us - replay_us, 1),
+    }
+
+
 def summary(rows: list[tuple[float, int, float, int]], same: int) -> dict:
     """The engine against transformers over the prompts decoded so far."""
     pairs = Pairs.of(rows)
@@ -148,7 +187,8 @@ def measure(args: argparse.Namespace, write) -> dict:
         warmed = time.monotonic() - started
         until = started + args.time_limit
         result = interleaved(engine, transformers, encoded, until, lambda r: write({**head, **r}))
-    return {**head, **result, "setup_s": round(warmed, 1)}
+        around = around_the_step(runner, encoded[0], steps=min(64, args.max_new_tokens))
+    return {**head, **result, **around, "setup_s": round(warmed, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
