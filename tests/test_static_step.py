@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from autotune.engine import buckets, static
+from autotune.engine import buckets, staging, static
 from autotune.engine.batched import Prefills, decode_batch
 from autotune.engine.decoding import cache_capacity, decode_plain, decode_speculative
 from autotune.engine.runner import Runner
@@ -112,7 +112,12 @@ class Twin:
         self.fixed_cache.keep(start, torch.tensor(rows))
 
 
-def test_step_logits_equal_the_eager_layers(pair):
+@pytest.mark.parametrize("made", ["as made", "on the device"])
+def test_step_logits_equal_the_eager_layers(pair, made, monkeypatch):
+    """``on the device``: every input as a GPU caller's tensors (copied after the host's
+    one copy, ``engine.staging``), on a CPU too."""
+    if made == "on the device":
+        monkeypatch.setattr(staging, "on_host", lambda values: False)
     eager, fixed = pair
     twin = Twin(eager, fixed)
     calls = fixed.static.calls

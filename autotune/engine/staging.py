@@ -4,10 +4,12 @@ host and sent to the device in one copy a call.
 A recorded step replays fast, but what runs around it does not: on a GPU every copy or
 fill into a step's buffers is a kernel launch, and every tensor made on the device from
 a Python list a copy that waits for the device. Loading a decode step that way took ten
-device operations besides the replay (``benchmarks/step_overhead.py`` counts them).
-Here the inputs are views of one byte buffer on the device, each with a twin on the
-host (pinned memory on a GPU, so that the copy does not wait): the step's loader writes
-the twins with numpy, and ``send`` copies the whole buffer in one operation."""
+device operations besides the replay (``tests/test_static_step.py`` counts them; the GPU
+check's greedy step times a decode step beside its replay alone). Here the inputs are
+views of one byte buffer on the device, each with a twin on the host (pinned memory on
+a GPU, so that the copy does not wait): the step's loader writes the twins with numpy,
+and ``send`` copies the whole buffer in one operation. Values a caller made on the
+device are copied there after it, never read back."""
 
 from __future__ import annotations
 
@@ -42,8 +44,17 @@ class HostInputs:
             self.device[name] = self._sent[offset:end].view(dtype).view(shape)
             self.host[name] = staged_bytes[offset:end].view(_NUMPY[dtype]).reshape(shape)
             offset = end
+        self._later: list[tuple[torch.Tensor, torch.Tensor]] = []  # (device view, values)
         # marks the last send: the host twins are not written again before it has read them
         self._read = torch.cuda.Event() if pinned else None
+
+    def put(self, name: str, index, values: torch.Tensor) -> None:
+        """``values`` into input ``name`` at ``index``: into its host twin where they are
+        on the host, else (on the device) queued to be copied after the next ``send``."""
+        if on_host(values):
+            self.host[name][index] = values.numpy()
+        else:
+            self._later.append((self.device[name][index], values))
 
     def writable(self) -> dict[str, np.ndarray]:
         """The host twins, once the last ``send`` has read them (at once on a CPU)."""
@@ -53,13 +64,17 @@ class HostInputs:
 
     def send(self) -> None:
         """Every host twin into its device view: one copy, queued on the current stream
-        (the step that reads them is queued after it)."""
+        (the step that reads them is queued after it); then the values ``put`` left on
+        the device."""
         self._sent.copy_(self._staged, non_blocking=self._read is not None)
         if self._read is not None:
             self._read.record()
+        for view, values in self._later:
+            view.copy_(values)
+        self._later.clear()
 
 
-def host_array(values: torch.Tensor) -> np.ndarray | None:
-    """``values`` as numpy when they are on the host (no copy), else None: values already
-    on the device are copied there, never read back."""
-    return values.numpy() if values.device.type == "cpu" else None
+def on_host(values: torch.Tensor) -> bool:
+    """Whether ``values`` can be written into a host twin as they are (the tests make
+    this False to run a GPU caller's path, values on the device, on a CPU)."""
+    return values.device.type == "cpu"

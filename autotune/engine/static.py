@@ -41,7 +41,7 @@ from autotune.engine.layers import Fused, Product
 from autotune.engine.recorded import KEPT_VARIANTS, RecordedSteps
 from autotune.engine.segment import Segment
 from autotune.engine.skip import NO_SKIP, SkipMask
-from autotune.engine.staging import HostInputs, host_array
+from autotune.engine.staging import HostInputs
 from autotune.engine.static_cache import LaneStorage, StaticCache
 
 __all__ = [
@@ -147,31 +147,23 @@ class StepBuffers:
         writing at its prefix onward and every other row at ``scratch``: written on the
         host and sent in one copy; a segment's values already on the device are copied
         there after it. Nothing is read back to the host."""
-        host = self._idle(scratch)
-        on_device: list[tuple[torch.Tensor, torch.Tensor]] = []  # (device view, values)
+        host, put = self._idle(scratch), self.inputs.put
         for segment, prefix in zip(segments, prefixes):
             lane, n = segment.cache.lane, len(segment.tokens)  # type: ignore[attr-defined]
-            for name, values in (("tokens", segment.tokens), ("positions", segment.positions)):
-                if (array := host_array(values)) is not None:
-                    host[name][lane, :n] = array
-                else:
-                    on_device.append((self.inputs.device[name][lane, :n], values))
+            put("tokens", (lane, slice(n)), segment.tokens)
+            put("positions", (lane, slice(n)), segment.positions)
             host["prefix"][lane] = prefix
             host["columns"][lane, :n] = np.arange(prefix, prefix + n)
             seen = host["new_mask"][lane]
             seen[:n] = False
             if segment.mask is None:
                 seen[:n, :n] = self.causal[:n, :n]
-            elif (array := host_array(segment.mask)) is not None:
-                seen[:n, :n] = array
             else:
-                on_device.append((self.new_mask[lane, :n, :n], segment.mask))
+                put("new_mask", (lane, slice(n), slice(n)), segment.mask)
             # every padded row maps to the scratch column with the same mask column
             # (real rows: no, padded rows: yes), so the scatter in ``visibility`` agrees
             seen[n:, :n] = False
         self.inputs.send()
-        for view, values in on_device:
-            view.copy_(values)
 
     def load_idle(self, scratch: int) -> None:
         """Inputs whose every row is padding: a run writes the scratch columns only (the
