@@ -15,7 +15,7 @@ import torch
 
 # the host-read guard and the device (a GPU where there is one: the GPU check runs this
 # file there, and the steps are then recorded as CUDA graphs), as fixtures
-from test_static_step import DEVICE, no_host_reads, on_device  # noqa: F401
+from test_static_step import DEVICE, inputs_made, no_host_reads, on_device  # noqa: F401
 
 from autotune.drafters.glide import GlideDrafter
 from autotune.drafters.self_spec import DraftExitPolicy
@@ -123,6 +123,7 @@ def twin(runners, draft):
 
 
 @torch.inference_mode()
+@pytest.mark.usefixtures("inputs_made")
 def test_draft_step_equals_the_eager_draft(twin):
     calls = twin.step.calls
     assert twin.target.lengths[0] == COMMITTED and twin.fixed_cache.lane == twin.target.lane

@@ -14,7 +14,7 @@ import torch
 
 # the host-read guard and the device (a GPU where there is one: the GPU check runs this
 # file there, and the steps are then recorded as CUDA graphs), as fixtures
-from test_static_step import DEVICE, no_host_reads, on_device  # noqa: F401
+from test_static_step import DEVICE, inputs_made, no_host_reads, on_device  # noqa: F401
 
 from autotune.drafters.eagle import EAGLE1_TREE, DynamicTree, EagleDrafter, StaticTree
 from autotune.engine import buckets
@@ -103,6 +103,7 @@ def expansion(prefix: int, seen: list[list[int]]) -> torch.Tensor:
 
 
 @torch.inference_mode()
+@pytest.mark.usefixtures("inputs_made")
 def test_head_step_equals_the_eager_head(twin):
     calls = twin.step.calls
     twin.call(0, COMMITTED)  # the prompt's pairs, causal: bucket 12

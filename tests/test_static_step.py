@@ -112,12 +112,17 @@ class Twin:
         self.fixed_cache.keep(start, torch.tensor(rows))
 
 
-@pytest.mark.parametrize("made", ["as made", "on the device"])
-def test_step_logits_equal_the_eager_layers(pair, made, monkeypatch):
-    """``on the device``: every input as a GPU caller's tensors (copied after the host's
-    one copy, ``engine.staging``), on a CPU too."""
-    if made == "on the device":
+@pytest.fixture(params=["as made", "on the device"])
+def inputs_made(request, monkeypatch):
+    """``on the device``: a step takes every input as a GPU caller's device tensors
+    (copied after the host's one copy, ``engine.staging``), on a CPU too."""
+    if request.param == "on the device":
         monkeypatch.setattr(staging, "on_host", lambda values: False)
+    return request.param
+
+
+@pytest.mark.usefixtures("inputs_made")
+def test_step_logits_equal_the_eager_layers(pair):
     eager, fixed = pair
     twin = Twin(eager, fixed)
     calls = fixed.static.calls

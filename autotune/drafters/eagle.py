@@ -239,7 +239,7 @@ class EagleDrafter(InStepDrafter):
                 f"!= position {context.position}"
             )
         next_tokens = torch.tensor([*tokens[1:], context.last_token], device=runner.device)
-        positions = torch.arange(self.committed, context.position, device=runner.device)
+        positions = torch.arange(self.committed, context.position, device=runner.input_device)
         rows = HeadRows(runner.norm(hidden), runner.embed(next_tokens), positions, cache)
         out = yield _HeadCall(rows, projected=1, step=self.step)
         self.committed = context.position
@@ -273,10 +273,10 @@ class EagleDrafter(InStepDrafter):
             mask[row, prefix + row] = True
             self._column[node] = prefix + row
         ids = torch.tensor([nodes.tokens[n] for n in chosen], device=runner.device)
-        positions = torch.tensor(
-            [context.position + nodes.depths[n] - 1 for n in chosen], device=runner.device
+        positions = torch.tensor(  # the head's step sends them from the host
+            [context.position + nodes.depths[n] - 1 for n in chosen], device=runner.input_device
         )
-        rows = HeadRows(features, runner.embed(ids), positions, cache, mask.to(runner.device))
+        rows = HeadRows(features, runner.embed(ids), positions, cache, mask.to(runner.input_device))
         return (yield _HeadCall(rows, projected=len(chosen), step=self.step))
 
     # --- static trees ------------------------------------------------------------------

@@ -99,7 +99,7 @@ class GlideDrafter(InStepDrafter):
         dists: list[torch.Tensor] = []
         for step in range(limit):
             if step > 0:  # the previous token, one position on, same target cache
-                position = torch.tensor([context.position + step], device=runner.device)
+                position = torch.tensor([context.position + step], device=runner.input_device)
                 ids = torch.tensor([tokens[-1]], device=runner.device)
                 assert self.cache is not None
                 rows = GlideRows(embed(ids), position, target_kv, self.cache, target=context.cache)
@@ -118,7 +118,7 @@ class GlideDrafter(InStepDrafter):
     def _commit(self, context: DraftContext, embed, target_kv) -> GlideRows:
         """The rows of the tokens committed since the last proposal, root last (the last
         row drafts the first token)."""
-        device, position = context.runner.device, context.position
+        runner, position = context.runner, context.position
         if self.cache is None or self.committed > position:
             self.cache = self._new_cache(context, position + context.max_tokens + 64)
             self.committed = 0
@@ -126,10 +126,10 @@ class GlideDrafter(InStepDrafter):
         new = context.history[self.committed : position + 1]
         if len(new) != position + 1 - self.committed:
             raise RuntimeError("GLIDE drafting needs the whole token history")
-        positions = torch.arange(self.committed, position + 1, device=device)
+        positions = torch.arange(self.committed, position + 1, device=runner.input_device)
         cross = stale_visibility(positions.clamp(max=position), position)
         self.committed = position + 1
-        ids = torch.tensor(new, device=device)
+        ids = torch.tensor(new, device=runner.device)
         return GlideRows(embed(ids), positions, target_kv, self.cache, cross, target=context.cache)
 
     def _new_cache(self, context: DraftContext, capacity: int) -> KVCache:

@@ -100,7 +100,8 @@ class EagleHead(nn.Module):
         features = torch.cat([s.features for s in sequences])
         embeds = torch.cat([s.embeds for s in sequences])
         hidden = self.pairs(features, embeds)[None]
-        cos, sin = self.rotary(hidden, torch.cat([s.positions for s in sequences])[None])
+        positions = torch.cat([s.positions for s in sequences]).to(hidden.device)  # host's too
+        cos, sin = self.rotary(hidden, positions[None])
         segments, start = [], 0
         for s in sequences:
             count = s.positions.shape[0]

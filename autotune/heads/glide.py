@@ -247,7 +247,8 @@ class GlideDraft(nn.Module):
         another: each reads its own target cache and its own draft cache (appended to);
         the products run once over all N rows."""
         hidden = torch.cat([s.embeds for s in sequences])[None]
-        positions = torch.cat([s.positions for s in sequences])[None]
+        # made on the host where the draft has a step (``Runner.input_device``)
+        positions = torch.cat([s.positions for s in sequences])[None].to(hidden.device)
         cos, sin = self.rotary(hidden, positions)
         cross_cos, cross_sin = self.cross_rotary(hidden, positions)
         own: list[layers.AttentionSegment] = []
@@ -259,7 +260,9 @@ class GlideDraft(nn.Module):
             mask = visibility(s.mask, s.cache.length(0), count, hidden.device)
             own.append(layers.AttentionSegment(count, rope, mask, s.cache))
             cross_rope = (cross_cos[:, start:end], cross_sin[:, start:end])
-            seen = None if s.cross_mask is None else s.cross_mask.reshape(1, 1, count, -1)
+            seen = s.cross_mask
+            if seen is not None:
+                seen = seen.reshape(1, 1, count, -1).to(hidden.device)
             for index, (keys, values) in enumerate(s.target_kv):
                 cross[index].append(CrossSegment(count, cross_rope, keys, values, seen))
             start = end

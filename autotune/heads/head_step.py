@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from autotune.engine import buckets
 from autotune.engine.recorded import RecordedSteps
-from autotune.engine.runner import visibility
+from autotune.engine.runner import HOST, visibility
+from autotune.engine.staging import HostInputs
 
 
 class HeadBuffers:
@@ -22,15 +24,35 @@ class HeadBuffers:
     ``seen`` [lanes, size, columns]: the columns of its lane each row sees (True = may
     attend), loaded from the call's mask, which may span the cached prefix; ``logits``:
     per draft projection (its weight's module), ``logit_rows`` rows of draft logits.
-    A subclass adds the head's own inputs and outputs."""
+    These inputs, and a subclass's (``fields``), are written on the host and sent in one
+    copy (``engine.staging``); a subclass adds the head's other inputs and outputs."""
 
-    def __init__(self, lanes: int, size: int, columns: int, like: torch.Tensor, logit_rows: int):
-        device = like.device
+    def __init__(
+        self,
+        lanes: int,
+        size: int,
+        columns: int,
+        like: torch.Tensor,
+        logit_rows: int,
+        fields: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None,
+    ):
         self.lanes, self.size, self.logit_rows = lanes, size, logit_rows
-        self.positions = torch.zeros(lanes, size, dtype=torch.long, device=device)
-        self.columns = torch.zeros(lanes, size, dtype=torch.long, device=device)
-        self.seen = torch.zeros(lanes, size, columns, dtype=torch.bool, device=device)
-        self.rows = torch.arange(size, device=device)
+        rows = (lanes, size)
+        self.inputs = HostInputs(
+            {
+                "positions": (rows, torch.long),
+                "columns": (rows, torch.long),
+                "seen": ((lanes, size, columns), torch.bool),
+                **(fields or {}),
+            },
+            like.device,
+        )
+        views = self.inputs.device
+        self.positions, self.columns, self.seen = (
+            views["positions"],
+            views["columns"],
+            views["seen"],
+        )
         self.logits: dict[nn.Linear, torch.Tensor] = {}
 
     def tensors(self) -> list[torch.Tensor]:
@@ -47,23 +69,35 @@ class HeadBuffers:
         return self.logits[linear]
 
     def load_idle(self, scratch: int) -> None:
-        """Every row padding: it writes its lane's scratch column and sees only that one
-        (the warm-up and capture runs, while sequences' entries sit in the storage)."""
-        self.columns.fill_(scratch)
-        self.seen.fill_(False)
-        self.seen[:, :, scratch] = True
+        """Every row padding (the warm-up and capture runs, while sequences' entries sit
+        in the storage), sent."""
+        self.idle(scratch)
+        self.inputs.send()
+
+    def idle(self, scratch: int) -> dict[str, np.ndarray]:
+        """The host inputs set to every row padding, not yet sent: each row writes its
+        lane's scratch column and sees only that one."""
+        host = self.inputs.writable()
+        host["columns"].fill(scratch)
+        host["seen"].fill(False)
+        host["seen"][:, :, scratch] = True
+        return host
 
     def load_rows(self, lane: int, positions: torch.Tensor, prefix: int, mask) -> None:
-        """A call's rows in ``lane``: at ``positions``, writing at ``prefix`` onward and
-        seeing what ``mask`` allows (as ``Runner.forward`` takes it). On the device, no
-        sync."""
+        """A call's rows in ``lane``, on the host until ``inputs.send``: at ``positions``,
+        writing at ``prefix`` onward and seeing what ``mask`` allows (as
+        ``Runner.forward`` takes it). Nothing is read back from the device."""
         n = positions.shape[0]
-        self.positions[lane, :n].copy_(positions)
-        torch.add(self.rows[:n], prefix, out=self.columns[lane, :n])
-        seen = self.seen[lane, :n]
-        seen.fill_(False)
-        visible = visibility(mask, prefix, n, seen.device)  # None: one row, sees everything
-        seen[:, : prefix + n] = True if visible is None else visible
+        self.inputs.put("positions", (lane, slice(n)), positions)
+        self.inputs.host["columns"][lane, :n] = np.arange(prefix, prefix + n)
+        seen = self.inputs.host["seen"][lane, :n]
+        seen.fill(False)
+        where = HOST if mask is None else mask.device
+        visible = visibility(mask, prefix, n, where)  # None: one row, sees everything
+        if visible is None:
+            seen[:, : prefix + n] = True
+        else:
+            self.inputs.put("seen", (lane, slice(n), slice(prefix + n)), visible)
 
 
 class HeadStep(RecordedSteps):

@@ -29,6 +29,7 @@ import functools
 import weakref
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -60,36 +61,43 @@ class GlideBuffers(HeadBuffers):
 
     def __init__(self, lanes: int, size: int, columns: int, target_columns: int, draft):
         weight = draft.norm.weight
-        super().__init__(lanes, size, columns, weight, logit_rows=lanes)
+        fields = {
+            "cross_seen": ((lanes, size, target_columns), torch.bool),
+            "cross_prefix": ((lanes,), torch.long),
+            "last": ((lanes,), torch.long),
+        }
+        super().__init__(lanes, size, columns, weight, logit_rows=lanes, fields=fields)
         device, hidden = weight.device, draft.config.hidden_size
         self.embeds = torch.zeros(lanes, size, hidden, dtype=weight.dtype, device=device)
-        self.cross_seen = torch.ones(lanes, size, target_columns, dtype=torch.bool, device=device)
-        self.cross_prefix = torch.ones(lanes, dtype=torch.long, device=device)
-        self.last = torch.zeros(lanes, dtype=torch.long, device=device)
+        views = self.inputs.device
+        self.cross_seen, self.cross_prefix = views["cross_seen"], views["cross_prefix"]
+        self.last = views["last"]
         self.lane_numbers = torch.arange(lanes, device=device)
         self.target_columns = torch.arange(target_columns, device=device)
 
-    def load_idle(self, scratch: int) -> None:
-        """Every row padding (``HeadBuffers.load_idle``), seeing the target's first column
-        (a row that saw no column at all would make NaNs, which the scratch column would
+    def idle(self, scratch: int) -> dict[str, np.ndarray]:
+        """Every row padding (``HeadBuffers.idle``), seeing the target's first column (a
+        row that saw no column at all would make NaNs, which the scratch column would
         pass on to real rows)."""
-        super().load_idle(scratch)
-        self.cross_seen.fill_(True)
-        self.cross_prefix.fill_(1)
-        self.last.fill_(0)
+        host = super().idle(scratch)
+        host["cross_seen"].fill(True)
+        host["cross_prefix"].fill(1)
+        host["last"].fill(0)
+        return host
 
     def load(self, calls: list[Placed], scratch: int) -> None:
         """Each call's rows in its lane, seeing what its masks allow; every other row
-        padding. Copies and fills on the device, no sync."""
-        self.load_idle(scratch)
+        padding. Written on the host and sent in one copy; no sync."""
+        host = self.idle(scratch)
         for rows, lane, prefix, committed in calls:
             n = rows.positions.shape[0]
             self.embeds[lane, :n].copy_(rows.embeds)
             self.load_rows(lane, rows.positions, prefix, rows.mask)
-            self.last[lane] = n - 1
-            self.cross_prefix[lane] = committed
+            host["last"][lane] = n - 1
+            host["cross_prefix"][lane] = committed
             if rows.cross_mask is not None:  # past ``committed``, cross_prefix hides them
-                self.cross_seen[lane, :n, :committed] = rows.cross_mask
+                self.inputs.put("cross_seen", (lane, slice(n), slice(committed)), rows.cross_mask)
+        self.inputs.send()
 
 
 class GlideStep(HeadStep):

@@ -62,12 +62,13 @@ class EagleBuffers(HeadBuffers):
 
     def load(self, calls: list[Placed], scratch: int) -> None:
         """Each call's rows in its lane; every other row padding. No sync."""
-        self.load_idle(scratch)
+        self.idle(scratch)
         for rows, lane, prefix in calls:
             n = rows.positions.shape[0]
             self.features[lane, :n].copy_(rows.features)
             self.embeds[lane, :n].copy_(rows.embeds)
             self.load_rows(lane, rows.positions, prefix, rows.mask)
+        self.inputs.send()
 
 
 class EagleStep(HeadStep):
