@@ -179,6 +179,8 @@ def made_up_results(
             "engine_over_transformers": greedy / 500, "interval": [1.1, 1.4],
             "transformers": "generate, StaticCache, compiled", "compiled": True,
             "decode_step_us": 1510.0, "step_replay_us": 1390.4, "around_step_us": 119.6,
+            "prefill_tokens": 180, "prefill_parts_ms": 4.2, "prefill_eager_ms": 11.5,
+            "prefill_in_parts": True,
         }},
         "tests": {"status": "ok", "data": {"passed": 57, "failed": 0, "device": "cuda"}},
         "graph_step": {"status": "ok", "data": {"columns": {
@@ -274,6 +276,8 @@ def test_the_table_names_the_card_and_says_what_did_not_run(gpu):
     lines = gpu.check_summary.table(results).splitlines()
     step = "embedded greedy, a decode step: 1510 us, its step replayed alone 1390 us, "
     assert step + "around it 120 us" in lines
+    prefill = "embedded prefill of 180 tokens: in parts of the step 4.20 ms, one eager call "
+    assert prefill + "11.50 ms (the engine took parts)" in lines
 
 
 def test_profile_facts_and_pytest_counts_read_what_the_bars_need(gpu):

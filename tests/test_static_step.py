@@ -223,6 +223,40 @@ def test_sequences_alive_together_take_lanes_and_keep_their_entries(pair):
     other.forward([14, 15], 4)
 
 
+LONG_PROMPT = [1 + (7 * i) % 90 for i in range(150)]  # past the largest bucket: in parts
+
+
+def test_a_prefill_longer_than_the_largest_bucket_runs_in_parts(pair):
+    """150 tokens as parts of 64, 64 and 22 (bucket 24), each reading what the parts
+    before it wrote: the eager layers' logits and hidden states for every token, and for
+    a prefill's last token with Medusa's extra rows; the same greedy tokens after it."""
+    eager, fixed = pair
+    twin = Twin(eager, fixed, capacity=300)
+    twin.forward(LONG_PROMPT, 0)
+    assert fixed.static.calls == {64: 2, 24: 1}
+    twin.forward([11], len(LONG_PROMPT))
+    ids, positions = torch.tensor(LONG_PROMPT), torch.arange(len(LONG_PROMPT))
+    outputs = [
+        runner.forward(ids, positions, runner.new_cache(300), last_only=True, extra_rows=doubled)
+        for runner in pair
+    ]
+    for got, want in zip(outputs[1:], outputs):
+        torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got.extra_logits, want.extra_logits, rtol=1e-5, atol=1e-5)
+        assert got.logits.shape[0] == 1 and got.hidden.shape[0] == len(LONG_PROMPT)
+    assert sum(fixed.static.calls.values()) == 7
+    assert (
+        decode_plain(fixed, LONG_PROMPT, 20).tokens == decode_plain(eager, LONG_PROMPT, 20).tokens
+    )
+    # more tokens than its lane holds: the whole call takes the eager layers
+    before, many = sum(fixed.static.calls.values()), fixed.static.columns
+    ids, positions = torch.tensor(LONG_PROMPT * 4)[:many], torch.arange(many)
+    got = fixed.forward(ids, positions, fixed.new_cache(300), last_only=True)
+    want = eager.forward(ids, positions, eager.new_cache(300), last_only=True)
+    torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-5)
+    assert sum(fixed.static.calls.values()) == before
+
+
 def test_calls_the_step_cannot_run_take_the_eager_layers(pair):
     eager, fixed = pair
     twin = Twin(eager, fixed)

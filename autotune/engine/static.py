@@ -58,6 +58,15 @@ __all__ = [
 Outputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 
+# A prompt longer than the largest bucket is prefilled in parts of that bucket only for
+# models of at most this many bytes of weights. Each part reads every weight again: an
+# estimate from the cards' bandwidth (3.35 TB/s on an H100) makes 2 GiB 0.6 ms a part,
+# under the ~1 ms of launches a small model's replay holds, where its eager prefill is
+# mostly launches; a 13B model's 26 GB is 7.8 ms a part, and its prefill in one eager
+# call reads them once. Not yet measured on a GPU (the check's greedy step will time it).
+PARTS_WEIGHT_BYTES = 2 << 30
+
+
 @dataclass(frozen=True)
 class Variant:
     """What a call computes besides the plain forward: per layer, whether its attention
@@ -232,6 +241,8 @@ class StaticStep(RecordedSteps):
         super().__init__(model.device, how, storage)
         self.model = model
         self._variant_of: dict[tuple[SkipMask, Any], Variant] = {}
+        weights = [p for m in (model.embed, *model.layers) for p in m.parameters()]
+        self.parts_pay = sum(p.numel() * p.element_size() for p in weights) <= PARTS_WEIGHT_BYTES
 
     @classmethod
     def of(cls, model: StepModel, how: str = "graph") -> StaticStep | None:
@@ -298,7 +309,10 @@ class StaticStep(RecordedSteps):
         """Per segment: logits [n, V] float32 (or [1, V] for ``last_only``), hidden [n, H]
         and the extra rows' logits (or None), its keys and values appended to its cache
         in the layers whose attention runs, as ``Runner.forward_batch`` returns them;
-        None when the call does not fit (``fits``)."""
+        None when the call does not fit (``fits``). One causal sequence longer than the
+        largest bucket (a long prompt's prefill) runs in parts (``_in_parts``)."""
+        if len(segments) == 1 and len(segments[0].tokens) > buckets.LARGEST:
+            return self._in_parts(segments[0], skip, extra_rows) if self.parts_pay else None
         variant = self.variant(skip, extra_rows)
         prefixes = self._prefixes(segments, variant) if self.failed is None else []
         if not prefixes:
@@ -318,6 +332,43 @@ class StaticStep(RecordedSteps):
             self._outputs(buffer, variant, segment, prefix, attending)
             for segment, prefix in zip(segments, prefixes)
         ]
+
+    def _in_parts(self, segment: Segment, skip: SkipMask, extra_rows) -> list[Outputs] | None:
+        """A causal segment of more tokens than the largest bucket as consecutive calls of
+        at most that many, each reading the entries the ones before it wrote: on a GPU,
+        a 200-token prompt's prefill is four replays instead of the eager layers' launches
+        (most of its time, for a small model). None where it does not fit: a mask, extra
+        rows for every token, too little room in its lane, or a refused recording (found
+        before any part runs, so that the eager layers can take the whole call)."""
+        if segment.mask is not None or (extra_rows is not None and not segment.last_only):
+            return None
+        total, largest = len(segment.tokens), buckets.LARGEST
+        parts = [
+            Segment(
+                segment.tokens[start : start + largest],
+                segment.positions[start : start + largest],
+                segment.cache,
+                last_only=segment.last_only,
+            )
+            for start in range(0, total, largest)
+        ]
+        first = self._prefixes(parts[:1], self.variant(skip)) if self.failed is None else []
+        if not first or first[0] + total > self.columns - buckets.SCRATCH_COLUMNS:
+            return None
+        lanes = buckets.lanes_for(segment.cache.lane)  # type: ignore[attr-defined]
+        extras = [None] * (len(parts) - 1) + [extra_rows]  # only the last row's, if any
+        for part, extra in zip(parts, extras):
+            size = buckets.bucket_for(len(part.tokens))
+            assert size is not None  # each part holds at most the largest bucket's tokens
+            if self.run_for(lanes, size, self.variant(skip, extra)) is None:
+                return None
+        outputs = []
+        for part, extra in zip(parts, extras):
+            done = self.forward([part], skip, extra)
+            assert done is not None  # each part fits and its step is recorded
+            outputs.append(done[0])
+        logits = outputs[-1][0] if segment.last_only else torch.cat([o[0] for o in outputs])
+        return [(logits, torch.cat([o[1] for o in outputs]), outputs[-1][2])]
 
     def _outputs(
         self, buffer: StepBuffers, variant: Variant, segment: Segment, prefix: int, attending

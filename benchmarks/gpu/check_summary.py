@@ -273,6 +273,13 @@ def forward_lines(results: dict) -> list[str]:
             f"replayed alone {greedy['step_replay_us']:.0f} us, around it "
             f"{greedy['around_step_us']:.0f} us"
         )
+    if "prefill_parts_ms" in greedy:  # which way a long prompt's prefill is faster
+        lines.append(
+            f"embedded prefill of {greedy['prefill_tokens']} tokens: in parts of the step "
+            f"{greedy['prefill_parts_ms']:.2f} ms, one eager call "
+            f"{greedy['prefill_eager_ms']:.2f} ms (the engine took "
+            f"{'parts' if greedy['prefill_in_parts'] else 'the eager call'})"
+        )
     return lines
 
 

@@ -3,7 +3,8 @@ beside transformers' ``generate`` over a static cache with its decoding step com
 (CUDA graphs), on the same MT-bench prompts, interleaved prompt by prompt in one process:
 tokens/s of each, their ratio and its 95% interval over prompts (paired bootstrap,
 ``autotune.measure.stats``); then, where the engine runs its fixed-shape step, a decode
-step's time beside the step replayed alone (``around_the_step``).
+step's time beside the step replayed alone (``around_the_step``), and the longest
+prompt's prefill in parts of the step beside one eager call (``prefill_both_ways``).
 
     python benchmarks/gpu/greedy_vs_hf.py --model-path FILE.gguf --device cuda \
         [--prompts 8] [--max-new-tokens 128] [--out FILE]
@@ -28,6 +29,7 @@ from pathlib import Path
 import torch
 from hf_graph_reference import cache_keyword  # in benchmarks/, on PYTHONPATH
 
+from autotune.engine import buckets
 from autotune.engine.decoding import decode_plain
 from autotune.engine.runner import Runner
 from autotune.errors import AutotuneError, exit_status
@@ -121,6 +123,34 @@ def around_the_step(runner: Runner, ids: list[int], steps: int = 64, replays: in
     }
 
 
+def prefill_both_ways(runner: Runner, ids: list[int], repeats: int = 5) -> dict:
+    """A prompt longer than the largest bucket prefilled in parts of the recorded step and
+    in one eager call (``StaticStep.parts_pay`` decides which a run takes): the better
+    of ``repeats`` each, in ms. Empty without a step or such a prompt."""
+    step = runner.static
+    if step is None or len(ids) <= buckets.LARGEST:
+        return {}
+    chosen, found = step.parts_pay, {}
+    tokens = torch.tensor(ids, device=runner.input_device)
+    positions = torch.arange(len(ids), device=runner.input_device)
+    for parts in (True, False):
+        step.parts_pay = parts
+        seconds = []
+        for _ in range(repeats + 1):  # the first records the parts' steps
+            cache = runner.new_cache(len(ids) + 64)
+            synchronize(runner.device)
+            start = time.perf_counter()
+            runner.forward(tokens, positions, cache, last_only=True)
+            synchronize(runner.device)
+            seconds.append(time.perf_counter() - start)
+            del cache
+        found["prefill_parts_ms" if parts else "prefill_eager_ms"] = round(
+            min(seconds[1:]) * 1e3, 3
+        )
+    step.parts_pay = chosen
+    return {"prefill_tokens": len(ids), **found, "prefill_in_parts": chosen}
+
+
 def summary(rows: list[tuple[float, int, float, int]], same: int) -> dict:
     """The engine against transformers over the prompts decoded so far."""
     pairs = Pairs.of(rows)
@@ -188,6 +218,7 @@ def measure(args: argparse.Namespace, write) -> dict:
         until = started + args.time_limit
         result = interleaved(engine, transformers, encoded, until, lambda r: write({**head, **r}))
         around = around_the_step(runner, encoded[0], steps=min(64, args.max_new_tokens))
+        around |= prefill_both_ways(runner, max(encoded, key=len))
     return {**head, **result, **around, "setup_s": round(warmed, 1)}
 
 
