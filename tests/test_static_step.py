@@ -464,6 +464,29 @@ def test_a_call_s_inputs_reach_the_device_in_one_copy(pair, monkeypatch):
     assert loads.seen == ["aten.copy_"] * 3
 
 
+@torch.inference_mode()
+def test_a_tree_s_accepted_path_moves_in_every_layer_at_once(pair):
+    """After a tree's verification, its accepted path's entries move to the committed
+    length in one index_select and one copy each for keys and values, whatever the
+    layers (on a GPU: launches, each layer's four cost as much as the verify step); the
+    next forward sees them as the eager cache's."""
+    eager, fixed = pair
+    twin = Twin(eager, fixed)
+    twin.forward(PROMPT, 0)
+    committed = len(PROMPT)
+    positions = committed + TREE.position_offsets(DEVICE)
+    twin.forward([20, 21, 22, 23, 24, 25, 26], committed, TREE.attention_mask(DEVICE), positions)
+    with Operations() as moves:
+        twin.fixed_cache.keep(committed, torch.tensor([0, 1, 3, 6]))
+    twin.eager_cache.keep(committed, torch.tensor([0, 1, 3, 6]))
+    assert moves.seen.count("aten.index_select") == moves.seen.count("aten.copy_") == 2
+    assert len(moves.seen) <= 6  # besides them: the index moved to the device, its offset
+    assert (
+        twin.fixed_cache.lengths == twin.eager_cache.lengths == [committed + 4] * eager.num_layers
+    )
+    twin.forward([30], committed + 4)
+
+
 # --- where the step runs --------------------------------------------------------------
 
 
