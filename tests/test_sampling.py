@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from autotune.drafters.self_spec import DraftExitPolicy, LayerSkipDrafter
 from autotune.engine.decoding import decode_plain, decode_speculative
 from autotune.engine.runner import Runner
-from autotune.engine.sampling import GREEDY, SamplingConfig, probabilities, sample
+from autotune.engine.sampling import GREEDY, SamplingConfig, most_probable, probabilities, sample
 from autotune.engine.skip import SkipMask
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -189,3 +189,11 @@ def test_speculative_sampling_is_reproducible(small_vocab_llama):
     b = decode_speculative(runner, drafter, PROMPT, 20, sampling)
     assert a.tokens == b.tokens and len(a.tokens) == 20
     assert a.drafted >= a.steps and a.accepted <= a.drafted
+
+
+def test_the_most_probable_token_and_its_probability_come_back_in_one_read():
+    probs = torch.tensor([0.1, 0.4, 0.4, 0.1])
+    assert most_probable(probs) == (pytest.approx(0.4), 1)  # a tie: the first, as argmax
+    big = torch.zeros(150_001)
+    big[150_000] = 1.0  # past a float16's range of exact integers, within a float32's
+    assert most_probable(big) == (1.0, 150_000)

@@ -31,7 +31,7 @@ from autotune.drafters.in_step import InStepDrafter
 from autotune.drafters.self_spec import DraftExitPolicy, ExitThreshold
 from autotune.engine.kvcache import KVCache
 from autotune.engine.proposal import Draft, DraftContext, VerifyResult
-from autotune.engine.sampling import probabilities, sample
+from autotune.engine.sampling import most_probable, probabilities, sample
 from autotune.engine.static_cache import StaticCache
 from autotune.heads.eagle import DraftProjection
 from autotune.heads.glide import GlideDraft, GlideRows, stale_visibility
@@ -104,8 +104,8 @@ class GlideDrafter(InStepDrafter):
                 assert self.cache is not None
                 rows = GlideRows(embed(ids), position, target_kv, self.cache, target=context.cache)
                 logits = yield rows
-            token, probs = self._pick(logits, context)
-            if step > 0 and float(probs.max()) < self.exit.value:
+            token, probs, confidence = self._pick(logits, context)
+            if step > 0 and confidence < self.exit.value:
                 break
             tokens.append(token)
             dists.append(probs)
@@ -144,18 +144,20 @@ class GlideDrafter(InStepDrafter):
                 return self.step.lend(capacity, target.lane)
         return self.draft.new_cache(capacity)
 
-    def _pick(self, logits: torch.Tensor, context: DraftContext) -> tuple[int, torch.Tensor]:
-        """The step's token and its distribution over the draft vocabulary, from the
-        draft logits [V'] of its last row."""
+    def _pick(self, logits: torch.Tensor, context: DraftContext) -> tuple[int, torch.Tensor, float]:
+        """The step's token, its distribution over the draft vocabulary and the largest
+        probability in it (the exit rule's confidence), from the draft logits [V'] of its
+        last row: greedy, one read back to the host."""
         assert self.projection is not None
         logits = logits.float()
         if context.sampling.greedy:
             probs = logits.softmax(-1)
-            index = int(probs.argmax())
+            confidence, index = most_probable(probs)
         else:
             probs = probabilities(logits, context.sampling)
             index = sample(probs, context.generator)
-        return int(self.projection.tokens(torch.tensor(index))), probs
+            confidence = float(probs.max())
+        return self.projection.token_of(index), probs, confidence
 
     def _draft(self, tokens: list[int], dists: list[torch.Tensor], context: DraftContext) -> Draft:
         assert self.projection is not None

@@ -11,7 +11,7 @@ import torch
 from autotune.drafters.in_step import run_in_step
 from autotune.engine.proposal import ChainDrafter, Draft, DraftContext, Drafter, VerifyResult
 from autotune.engine.runner import Segment
-from autotune.engine.sampling import probabilities, sample
+from autotune.engine.sampling import most_probable, probabilities, sample
 from autotune.engine.skip import SkipMask
 
 
@@ -117,8 +117,7 @@ class LayerSkipDrafter(ChainDrafter):
             logits = yield Segment(torch.tensor([token], device=device), position, context.cache)
             if context.sampling.greedy:
                 probs = torch.softmax(logits, dim=-1)
-                top = probs.max(dim=-1)
-                confidence, token = float(top.values), int(top.indices)
+                confidence, token = most_probable(probs)
             else:
                 probs = probabilities(logits, context.sampling)
                 confidence = float(probs.max())

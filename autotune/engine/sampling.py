@@ -37,6 +37,16 @@ def probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     return probs
 
 
+def most_probable(probs: torch.Tensor) -> tuple[float, int]:
+    """The most probable index of ``probs`` [V] and its probability, read back to the
+    host in one transfer: on a GPU each read waits for the device, and a drafter asks
+    for both at every draft token. (The index travels as a float32: exact up to 2**24,
+    past any vocabulary.)"""
+    top = probs.max(dim=-1)
+    confidence, index = torch.stack([top.values.float(), top.indices.float()]).tolist()
+    return confidence, int(index)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
     """One token drawn from ``probs`` [V] by ``generator``, on the generator's device (the
     CPU's: the same seed then draws the same tokens whichever device the model is on)."""

@@ -283,6 +283,7 @@ class DraftProjection:
     unchanged, so a smaller draft vocabulary never changes the output, only speed."""
 
     def __init__(self, lm_head: nn.Linear, vocab: list[int] | None = None):
+        self.vocab = vocab  # on the host too: a drafter maps its pick without a device read
         if vocab is None:
             self.linear, self.ids = lm_head, None
             return
@@ -303,6 +304,10 @@ class DraftProjection:
     def tokens(self, indices: torch.Tensor) -> torch.Tensor:
         """Token ids of draft-vocabulary indices."""
         return indices if self.ids is None else self.ids[indices]
+
+    def token_of(self, index: int) -> int:
+        """The token id of one draft-vocabulary index, on the host."""
+        return index if self.vocab is None else self.vocab[index]
 
     def indices(self, tokens: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary index of each token id, -1 for ids outside it."""
