@@ -12,6 +12,9 @@ registered method's first example setting:
     python benchmarks/around_steps.py [--tokens 48] [--layers 30] [--json]
 
 Views (slices, ``.numpy()``'s detach) and making a tensor from a list are not counted.
+On a CPU every tensor is the host's, so operations on tensors a GPU run keeps on the
+host (a mask built from lists before it is sent) are counted too: on a GPU the launches
+are at most these figures.
 """
 
 from __future__ import annotations
