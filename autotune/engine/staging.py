@@ -67,8 +67,8 @@ class HostInputs:
         (the step that reads them is queued after it); then the values ``put`` left on
         the device."""
         self._sent.copy_(self._staged, non_blocking=self._read is not None)
-        if self._read is not None:
-            self._read.record()
+        if self._read is not None:  # on the copy's stream, whichever GPU is current
+            self._read.record(torch.cuda.current_stream(self._sent.device))
         for view, values in self._later:
             view.copy_(values)
         self._later.clear()
