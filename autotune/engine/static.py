@@ -295,7 +295,7 @@ class StaticStep(RecordedSteps):
             if len(lengths) != 1 or cache.lane in lanes:  # no attention, or lagging layers
                 return []
             prefix = lengths.pop()
-            if not 1 <= n <= buckets.LARGEST or prefix + n > self.columns - buckets.SCRATCH_COLUMNS:
+            if not 1 <= n <= buckets.LARGEST or prefix + n > self.scratch:
                 return []
             if mask is not None and tuple(mask.shape) != (n, n):
                 return []
@@ -353,7 +353,7 @@ class StaticStep(RecordedSteps):
             for start in range(0, total, largest)
         ]
         first = self._prefixes(parts[:1], self.variant(skip)) if self.failed is None else []
-        if not first or first[0] + total > self.columns - buckets.SCRATCH_COLUMNS:
+        if not first or first[0] + total > self.scratch:
             return None
         lanes = buckets.lanes_for(segment.cache.lane)  # type: ignore[attr-defined]
         extras = [None] * (len(parts) - 1) + [extra_rows]  # only the last row's, if any
