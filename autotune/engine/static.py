@@ -87,9 +87,16 @@ class Variant:
             extra_rows,
         )
 
-    @property
+    # read at every call of the step: worked out once per variant (a variant is made once
+    # per skip mask and extra rows, ``StaticStep.variant``), not once per call
+    @functools.cached_property
     def plain(self) -> bool:
         return all(self.attends) and all(self.mlps) and self.extra_rows is None
+
+    @functools.cached_property
+    def attending(self) -> tuple[int, ...]:
+        """The layers whose attention runs (and writes the cache)."""
+        return tuple(i for i, runs in enumerate(self.attends) if runs)
 
 
 class StepModel(Protocol):
@@ -327,9 +334,8 @@ class StaticStep(RecordedSteps):
         buffer.load(segments, prefixes, self.scratch)
         run()
         self.ran(size, len(segments))
-        attending = [i for i, runs in enumerate(variant.attends) if runs]
         return [
-            self._outputs(buffer, variant, segment, prefix, attending)
+            self._outputs(buffer, variant, segment, prefix)
             for segment, prefix in zip(segments, prefixes)
         ]
 
@@ -371,12 +377,12 @@ class StaticStep(RecordedSteps):
         return [(logits, torch.cat([o[1] for o in outputs]), outputs[-1][2])]
 
     def _outputs(
-        self, buffer: StepBuffers, variant: Variant, segment: Segment, prefix: int, attending
+        self, buffer: StepBuffers, variant: Variant, segment: Segment, prefix: int
     ) -> Outputs:
         """One segment's rows of the buffers (copies: the next run overwrites them, and
         callers keep outputs across steps); its cache's lengths moved on."""
         cache, n = segment.cache, len(segment.tokens)
-        for layer in attending:
+        for layer in variant.attending:
             cache.lengths[layer] = prefix + n
         first = cache.lane * buffer.size  # type: ignore[attr-defined]
         rows = slice(first + n - 1 if segment.last_only else first, first + n)
