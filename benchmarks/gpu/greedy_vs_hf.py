@@ -21,10 +21,13 @@ PYTHONPATH to both).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from hf_graph_reference import cache_keyword  # in benchmarks/, on PYTHONPATH
@@ -38,21 +41,29 @@ from autotune.measure.stats import Pairs, bootstrap_interval
 from autotune.models import load_target
 from autotune.prompts import default_prompts_path, load_prompts
 
+T = TypeVar("T")
+
 
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
+def timed(device: torch.device, call: Callable[[], T]) -> tuple[float, T]:
+    """``call()``'s wall-clock seconds, the device synchronised before and after (its
+    queued work counted, none before it), and what it returned."""
+    synchronize(device)
+    start = time.perf_counter()
+    out = call()
+    synchronize(device)
+    return time.perf_counter() - start, out
+
+
 def engine_decoder(runner: Runner, max_new_tokens: int):
     """ids -> (seconds, tokens) of plain greedy decoding in autotune's engine."""
 
     def decode(ids: list[int]) -> tuple[float, list[int]]:
-        synchronize(runner.device)
-        start = time.perf_counter()
-        tokens = decode_plain(runner, ids, max_new_tokens).tokens
-        synchronize(runner.device)
-        return time.perf_counter() - start, tokens
+        return timed(runner.device, lambda: decode_plain(runner, ids, max_new_tokens).tokens)
 
     return decode
 
@@ -76,11 +87,9 @@ def transformers_decoder(model, eos: list[int], capacity: int, max_new_tokens: i
     def decode(ids: list[int]) -> tuple[float, list[int]]:
         cache.reset()
         prompt = torch.tensor([ids], device=device)
-        synchronize(device)
-        start = time.perf_counter()
-        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), **options)
-        synchronize(device)
-        return time.perf_counter() - start, out[0, len(ids) :].tolist()
+        mask = torch.ones_like(prompt)
+        seconds, out = timed(device, lambda: model.generate(prompt, attention_mask=mask, **options))
+        return seconds, out[0, len(ids) :].tolist()
 
     return decode
 
@@ -95,26 +104,23 @@ def around_the_step(runner: Runner, ids: list[int], steps: int = 64, replays: in
     if step is None:
         return {}
 
-    def timed(max_new_tokens: int) -> tuple[float, int]:
-        synchronize(runner.device)
-        start = time.perf_counter()
-        result = decode_plain(runner, ids, max_new_tokens)
-        synchronize(runner.device)
-        return time.perf_counter() - start, result.steps
+    def decoding(max_new_tokens: int) -> tuple[float, int]:
+        seconds, result = timed(runner.device, lambda: decode_plain(runner, ids, max_new_tokens))
+        return seconds, result.steps
 
-    timed(steps)  # warm-up: the prompt's bucket and the one-token step recorded
-    (short_s, short), (long_s, long) = timed(1), timed(steps)
+    decoding(steps)  # warm-up: the prompt's bucket and the one-token step recorded
+    (short_s, short), (long_s, long) = decoding(1), decoding(steps)
     if long - short < 8:
         return {}  # it met its end-of-sequence token at once
     run = step.run_for(1, 1, step.variant())
     if run is None:
         return {}
-    synchronize(runner.device)
-    start = time.perf_counter()
-    for _ in range(replays):  # over the last call's inputs: it rewrites one column
-        run()
-    synchronize(runner.device)
-    replay_us = (time.perf_counter() - start) / replays * 1e6
+
+    def replayed() -> None:
+        for _ in range(replays):  # over the last call's inputs: it rewrites one column
+            run()
+
+    replay_us = timed(runner.device, replayed)[0] / replays * 1e6
     decode_us = (long_s - short_s) / (long - short) * 1e6
     return {
         "decode_step_us": round(decode_us, 1),
@@ -138,11 +144,8 @@ def prefill_both_ways(runner: Runner, ids: list[int], repeats: int = 5) -> dict:
         seconds = []
         for _ in range(repeats + 1):  # the first records the parts' steps
             cache = runner.new_cache(len(ids) + 64)
-            synchronize(runner.device)
-            start = time.perf_counter()
-            runner.forward(tokens, positions, cache, last_only=True)
-            synchronize(runner.device)
-            seconds.append(time.perf_counter() - start)
+            prefill = functools.partial(runner.forward, tokens, positions, cache, last_only=True)
+            seconds.append(timed(runner.device, prefill)[0])
             del cache
         found["prefill_parts_ms" if parts else "prefill_eager_ms"] = round(
             min(seconds[1:]) * 1e3, 3
