@@ -32,6 +32,7 @@ from autotune.drafters.self_spec import DraftExitPolicy, ExitThreshold
 from autotune.engine.kvcache import KVCache
 from autotune.engine.proposal import Draft, DraftContext, VerifyResult
 from autotune.engine.sampling import most_probable, probabilities, sample
+from autotune.engine.staging import sent
 from autotune.engine.static_cache import StaticCache
 from autotune.heads.eagle import DraftProjection
 from autotune.heads.glide import GlideDraft, GlideRows, stale_visibility
@@ -100,7 +101,7 @@ class GlideDrafter(InStepDrafter):
         for step in range(limit):
             if step > 0:  # the previous token, one position on, same target cache
                 position = torch.tensor([context.position + step], device=runner.input_device)
-                ids = torch.tensor([tokens[-1]], device=runner.device)
+                ids = sent([tokens[-1]], runner.device)
                 assert self.cache is not None
                 rows = GlideRows(embed(ids), position, target_kv, self.cache, target=context.cache)
                 logits = yield rows
@@ -129,7 +130,7 @@ class GlideDrafter(InStepDrafter):
         positions = torch.arange(self.committed, position + 1, device=runner.input_device)
         cross = stale_visibility(positions.clamp(max=position), position)
         self.committed = position + 1
-        ids = torch.tensor(new, device=runner.device)
+        ids = sent(new, runner.device)
         return GlideRows(embed(ids), positions, target_kv, self.cache, cross, target=context.cache)
 
     def _new_cache(self, context: DraftContext, capacity: int) -> KVCache:

@@ -78,3 +78,12 @@ def on_host(values: torch.Tensor) -> bool:
     """Whether ``values`` can be written into a host twin as they are (the tests make
     this False to run a GPU caller's path, values on the device, on a CPU)."""
     return values.device.type == "cpu"
+
+
+def sent(values: list[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``values`` (a list of ints, or a host tensor) on ``device``, without waiting for
+    the device. ``torch.tensor(values, device=gpu)`` waits for every operation queued
+    before it (a blocking copy synchronises its stream); from the host's pageable
+    memory a non-blocking copy is staged at once, and waits for none."""
+    made = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.long)
+    return made if device.type == "cpu" else made.to(device, non_blocking=True)
