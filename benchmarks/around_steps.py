@@ -7,9 +7,9 @@ own work) is a launch more, paid on every forward, and the reads back to the hos
 (``.item()``, ``.tolist()``) are each a wait for the device. This counts both on the
 tiny random LLaMA, with as many layers as the embedded model (30), every step on
 (eagerly on a CPU, which dispatches the same operations a GPU would), for every
-registered method's first example setting:
+registered method's first example setting (``--every-example``: each of them):
 
-    python benchmarks/around_steps.py [--tokens 48] [--layers 30] [--json]
+    python benchmarks/around_steps.py [--tokens 48] [--layers 30] [--every-example] [--json]
 
 Views (slices, ``.numpy()``'s detach) and making a tensor from a list are not counted.
 On a CPU every tensor is the host's, so operations on tensors a GPU run keeps on the
@@ -99,7 +99,7 @@ def tiny_model(folder: Path, layers: int) -> TargetRef:
     return TargetRef.for_user(str(folder / "tiny-llama"), dtype="float32", device="cpu")
 
 
-def measure(tokens: int, layers: int) -> dict[str, dict]:
+def measure(tokens: int, layers: int, every_example: bool = False) -> dict[str, dict]:
     torch.set_num_threads(1)
     mode = Around()
     counting_runs(mode)
@@ -112,11 +112,12 @@ def measure(tokens: int, layers: int) -> dict[str, dict]:
         runner.eos_token_ids = frozenset()  # every decoding runs its full length
         decoders = {"plain greedy": lambda: decode_plain(runner, PROMPT, tokens)}
         for name, method in registry.methods().items():
-            label, settings = next(iter(method.examples(runner.model, folder / name).items()))
-            new_drafter = method.deployed_drafter(settings, DraftEnv(ref, runner))
-            decoders[f"{name} ({label})"] = lambda new=new_drafter: decode_speculative(
-                runner, new(), PROMPT, tokens
-            )
+            examples = list(method.examples(runner.model, folder / name).items())
+            for label, settings in examples if every_example else examples[:1]:
+                new_drafter = method.deployed_drafter(settings, DraftEnv(ref, runner))
+                decoders[f"{name} ({label})"] = lambda new=new_drafter: decode_speculative(
+                    runner, new(), PROMPT, tokens
+                )
         for name, decode in decoders.items():
             decode()  # warm-up: every shape's step made before counting
             mode.operations.clear()
@@ -139,9 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=48, help="tokens each decoding makes")
     parser.add_argument("--layers", type=int, default=30, help="decoder layers (SmolLM2-135M: 30)")
+    parser.add_argument("--every-example", action="store_true", help="each example setting")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    rows = measure(args.tokens, args.layers)
+    rows = measure(args.tokens, args.layers, args.every_example)
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0

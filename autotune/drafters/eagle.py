@@ -26,6 +26,7 @@ import torch
 from autotune.drafters.in_step import InStepDrafter
 from autotune.engine.kvcache import KVCache
 from autotune.engine.proposal import Draft, DraftContext
+from autotune.engine.staging import sent
 from autotune.engine.tree import ROOT, TreeShape, check_tree
 from autotune.heads.eagle import DraftProjection, EagleHead, HeadRows
 from autotune.heads.static_head import EagleStep
@@ -114,25 +115,70 @@ _Drafting = Generator[_HeadCall, _HeadOut, T]
 
 @dataclass
 class _Nodes:
-    """A growing draft tree; ``scores``: cumulative draft log-probabilities."""
+    """A drafted tree, read back once it is grown: node i's token, parent (ROOT or an
+    earlier node), cumulative draft log-probability and depth."""
 
     tokens: list[int]
     parents: list[int]
     scores: list[float]
     depths: list[int]
 
-    def add(self, token: int, parent: int, score: float) -> int:
-        self.tokens.append(token)
-        self.parents.append(parent)
-        self.scores.append(score)
-        self.depths.append(1 if parent == ROOT else self.depths[parent] + 1)
-        return len(self.tokens) - 1
+
+@dataclass(frozen=True)
+class _Level:
+    """One depth of a static tree as drafting takes it, its parents being the previous
+    level's expanded nodes in order (the first level's: the root). ``picks``: per node,
+    its place among its parents' top tokens laid end to end (parent row x ``width`` +
+    rank); ``expanded``: the rows of the nodes with children, which the head runs next;
+    ``their_parents``: those nodes' parent rows; ``seen`` [e, before + e]: of the draft
+    rows in the head's cache (``before`` of earlier levels, then the e new ones), those
+    each expanded row attends to: its ancestors' and its own."""
+
+    depth: int
+    width: int
+    picks: list[int]
+    expanded: list[int]
+    their_parents: list[int]
+    seen: torch.Tensor
+
+    @staticmethod
+    def plan(choices: tuple[tuple[int, ...], ...]) -> list[_Level]:
+        """The levels of a tree in canonical order (parents before children)."""
+        has_children = {path[:-1] for path in choices}
+        row: dict[tuple[int, ...], int] = {(): 0}  # an expanded node's row at its level
+        column: dict[tuple[int, ...], int] = {}  # its draft row in the head's cache
+        levels, before = [], 0
+        for depth in range(1, max(len(path) for path in choices) + 1):
+            nodes = [path for path in choices if len(path) == depth]
+            width = 1 + max(path[-1] for path in nodes)
+            expanded = [i for i, path in enumerate(nodes) if path in has_children]
+            seen = torch.zeros(len(expanded), before + len(expanded), dtype=torch.bool)
+            for i, at in enumerate(expanded):
+                path = nodes[at]
+                row[path], column[path] = i, before + i
+                seen[i, [column[path[:d]] for d in range(1, depth + 1)]] = True
+            picks = [row[path[:-1]] * width + path[-1] for path in nodes]
+            their_parents = [row[nodes[at][:-1]] for at in expanded]
+            levels.append(_Level(depth, width, picks, expanded, their_parents, seen))
+            before += len(expanded)
+        return levels
+
+
+def _rows(index: list[int], device: torch.device) -> torch.Tensor | slice:
+    """``index`` as rows to take on ``device``: a slice (a view) where it takes the first
+    rows in order, else an index tensor, sent without waiting for the device."""
+    return slice(len(index)) if index == list(range(len(index))) else sent(index, device)
 
 
 class EagleDrafter(InStepDrafter):
     """``projection``: the lm_head over a draft vocabulary (default: the target's whole
     lm_head). ``ranked_width`` > 0 (static chains only): drafts carry each step's top
-    tokens and probabilities."""
+    tokens and probabilities.
+
+    Drafting keeps the tree's tokens on the device until the draft is complete and
+    reads them back once: the head's next call takes its tokens from the last one's
+    top-k without a round trip to the host, so a GPU is never left idle between the
+    head's calls while the host reads, decides and sends."""
 
     def __init__(
         self,
@@ -147,7 +193,9 @@ class EagleDrafter(InStepDrafter):
         self.committed = 0  # pairs in the head's cache that the target confirmed
         self.ranked_width = ranked_width
         if isinstance(tree, StaticTree):
-            self._plan_static(tree.choices)
+            self._static_shape = TreeShape.from_choices(tree.choices)
+            self._levels = _Level.plan(tree.choices)
+            self._indices: list[tuple[torch.Tensor | slice, ...]] = []  # per level, on the device
             self.max_draft_tokens = len(tree.choices)
             if ranked_width and not self._static_shape.is_chain:
                 raise ValueError("ranked tokens are reported for a chain, not a tree")
@@ -238,13 +286,11 @@ class EagleDrafter(InStepDrafter):
                 f"head cache out of step: {self.committed} pairs + {count} new "
                 f"!= position {context.position}"
             )
-        next_tokens = torch.tensor([*tokens[1:], context.last_token], device=runner.device)
+        next_tokens = sent([*tokens[1:], context.last_token], runner.device)
         positions = torch.arange(self.committed, context.position, device=runner.input_device)
         rows = HeadRows(runner.norm(hidden), runner.embed(next_tokens), positions, cache)
         out = yield _HeadCall(rows, projected=1, step=self.step)
         self.committed = context.position
-        self._column: dict[int, int] = {}  # node -> its head-cache column
-        self._columns: dict[int, list[int]] = {ROOT: []}  # node -> its ancestors' columns
         return _HeadOut(out.features[-1:], out.logits)
 
     def _new_cache(self, runner, capacity: int) -> KVCache:
@@ -257,76 +303,60 @@ class EagleDrafter(InStepDrafter):
         return self.step.lend(capacity)
 
     def _expand(
-        self, context: DraftContext, nodes: _Nodes, chosen: list[int], features: torch.Tensor
+        self,
+        context: DraftContext,
+        tokens: torch.Tensor,
+        depth: int,
+        features: torch.Tensor,
+        seen: torch.Tensor,
     ) -> _Drafting[_HeadOut]:
-        """Run the head on nodes ``chosen`` (features [S, H]: their parents' outputs);
-        return their outputs [S, H]."""
+        """Run the head on S nodes at ``depth``: their tokens [S] (on the device), their
+        parents' outputs ``features`` [S, H], each row attending to the committed pairs
+        and, of the draft rows in the head's cache and its own call, to those ``seen``
+        [S, P' + S] allows (P': the draft rows of earlier calls). Returns their outputs."""
         runner, cache = context.runner, self._cache()
-        prefix = cache.length(0)
-        mask = torch.zeros(len(chosen), prefix + len(chosen), dtype=torch.bool)
-        mask[:, : self.committed] = True
-        for row, node in enumerate(chosen):
-            parent = nodes.parents[node]
-            seen = self._columns[parent] + ([] if parent == ROOT else [self._column[parent]])
-            self._columns[node] = seen
-            mask[row, seen] = True
-            mask[row, prefix + row] = True
-            self._column[node] = prefix + row
-        ids = torch.tensor([nodes.tokens[n] for n in chosen], device=runner.device)
-        positions = torch.tensor(  # the head's step sends them from the host
-            [context.position + nodes.depths[n] - 1 for n in chosen], device=runner.input_device
-        )
-        rows = HeadRows(features, runner.embed(ids), positions, cache, mask.to(runner.input_device))
-        return (yield _HeadCall(rows, projected=len(chosen), step=self.step))
+        count = tokens.shape[0]
+        committed = torch.ones(count, self.committed, dtype=torch.bool, device=seen.device)
+        positions = torch.full((count,), context.position + depth - 1, device=runner.input_device)
+        mask = torch.cat([committed, seen], dim=1)
+        rows = HeadRows(features, runner.embed(tokens), positions, cache, mask)
+        return (yield _HeadCall(rows, projected=count, step=self.step))
 
     # --- static trees ------------------------------------------------------------------
 
-    def _plan_static(self, choices) -> None:
-        shape = self._static_shape = TreeShape.from_choices(choices)
-        self._ranks = [path[-1] for path in choices]
-        depth = max(len(path) for path in choices)
-        self._levels = [
-            [i for i, p in enumerate(choices) if len(p) == d] for d in range(1, depth + 1)
-        ]
-        has_children = {p[:-1] for p in choices if len(p) > 1}
-        self._expanded = [
-            [i for i in level if choices[i] in has_children] for level in self._levels
-        ]
-        # per parent (ROOT or node): how many of its top tokens its children take
-        self._widths = {
-            parent - 1: 1 + max(self._ranks[c] for c in children)
-            for parent, children in enumerate(shape.children)
-            if children
-        }
-
     def _static(self, context: DraftContext, root: _HeadOut) -> _Drafting[tuple]:
-        """The tree's tokens, and (with ``ranked_width``) each expanded node's top tokens
-        and probabilities, in expansion order."""
-        parents, project = self._static_shape.parents, self.projection_for(context.runner)
-        nodes = _Nodes([], [], [], [])
-        outputs = {ROOT: root.features[0]}
-        logits = {ROOT: root.logits[0]}
-        picked: dict[int, list[int]] = {}  # parent -> its top tokens, best first
-        ranked = []
-        for level, expanded in zip(self._levels, self._expanded):
-            for node in level:
-                parent = parents[node]
-                if parent not in picked:
-                    if self.ranked_width:
-                        ranked.append(logits[parent].float().softmax(-1).topk(self.ranked_width))
-                    best = logits[parent].topk(self._widths[parent]).indices
-                    picked[parent] = project.tokens(best).tolist()
-                nodes.add(picked[parent][self._ranks[node]], parent, 0.0)
-            if expanded:
-                features = torch.stack([outputs[parents[n]] for n in expanded])
-                out = yield from self._expand(context, nodes, expanded, features)
-                for row, (node, row_logits) in enumerate(zip(expanded, out.logits)):
-                    outputs[node], logits[node] = out.features[row], row_logits
+        """The tree's tokens, and (with ``ranked_width``) each level's top tokens and
+        probabilities; every level's tokens picked on the device, read back at the end."""
+        runner, project = context.runner, self.projection_for(context.runner)
+        if not self._indices:
+            self._indices = [
+                (
+                    _rows(level.picks, runner.device),
+                    _rows(level.expanded, runner.device),
+                    _rows(level.their_parents, runner.device),
+                )
+                for level in self._levels
+            ]
+        logits, features = root.logits, root.features  # the first level's parent: the root
+        found, ranked = [], []
+        for level, (picks, expanded, their_parents) in zip(self._levels, self._indices):
+            if self.ranked_width:
+                ranked.append(logits.float().softmax(-1).topk(self.ranked_width))
+            best = project.tokens(logits.topk(level.width).indices)  # [parents, width]
+            tokens = best.view(-1)[picks]
+            found.append(tokens)
+            if level.expanded:
+                seen = sent(level.seen, runner.input_device)
+                out = yield from self._expand(
+                    context, tokens[expanded], level.depth, features[their_parents], seen
+                )
+                logits, features = out.logits, out.features
+        drafted = torch.cat(found).tolist()
         if not ranked:
-            return nodes.tokens, None
-        return nodes.tokens, (
-            project.tokens(torch.stack([r.indices for r in ranked])),
-            torch.stack([r.values for r in ranked]),
+            return drafted, None
+        return drafted, (
+            project.tokens(torch.cat([r.indices for r in ranked])),
+            torch.cat([r.values for r in ranked]),
         )
 
     # --- EAGLE-2 dynamic trees ---------------------------------------------------------
@@ -334,27 +364,39 @@ class EagleDrafter(InStepDrafter):
     def _dynamic(
         self, context: DraftContext, root: _HeadOut, tree: DynamicTree
     ) -> _Drafting[_Nodes]:
-        project = self.projection_for(context.runner)
-        nodes = _Nodes([], [], [], [])
-        scores, best = root.logits.float().log_softmax(-1)[0].topk(tree.top_k)
+        """Grow the tree on the device: each expansion's frontier, scores, parents and
+        masks are taken there from the last one's top-k; the tree is read back once."""
+        project, k = self.projection_for(context.runner), tree.top_k
+        device = root.logits.device
+        scores, best = root.logits.float().log_softmax(-1)[0].topk(k)
         tokens = project.tokens(best)
-        frontier = [nodes.add(t, ROOT, s) for t, s in zip(tokens.tolist(), scores.tolist())]
-        features = root.features.expand(len(frontier), -1)
-        for _ in range(tree.depth):
-            out = yield from self._expand(context, nodes, frontier, features)
-            logp = out.logits.float().log_softmax(-1)
-            child_logp, child_best = logp.topk(tree.top_k, dim=-1)  # [F, k]
-            child_tokens = project.tokens(child_best)
-            total = torch.tensor([nodes.scores[n] for n in frontier])[:, None] + child_logp.cpu()
-            children = [
-                [nodes.add(t, parent, s) for t, s in zip(row_t, row_s)]
-                for parent, row_t, row_s in zip(frontier, child_tokens.tolist(), total.tolist())
-            ]
-            flat = [c for row in children for c in row]
-            kept = sorted(range(len(flat)), key=lambda i: -nodes.scores[flat[i]])[: tree.top_k]
-            frontier = [flat[i] for i in kept]
-            features = out.features[[i // tree.top_k for i in kept]]
-        return nodes
+        grown = [(tokens, scores, torch.full((k,), ROOT, device=device))]
+        frontier, features = torch.arange(k, device=device), root.features.expand(k, -1)
+        own = torch.eye(k, dtype=torch.bool, device=device)
+        seen, first = own, 0  # the frontier's draft rows seen; its first node's index
+        for depth in range(1, tree.depth + 1):
+            out = yield from self._expand(context, tokens, depth, features, seen)
+            child_logp, child_best = out.logits.float().log_softmax(-1).topk(k, dim=-1)
+            tokens = project.tokens(child_best).view(-1)  # [k * k]: each parent's k children
+            scores = (scores[:, None] + child_logp).view(-1)
+            grown.append((tokens, scores, frontier.repeat_interleave(k)))
+            first += len(grown[-2][0])
+            if depth == tree.depth:
+                break
+            scores, kept = scores.topk(k)  # the next frontier: the best k children
+            tokens, frontier, parents = tokens[kept], first + kept, kept // k
+            features = out.features[parents]
+            seen = torch.cat([seen[parents], own], dim=1)
+        return self._read_back(grown)
+
+    @staticmethod
+    def _read_back(grown: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> _Nodes:
+        """The grown tree on the host: per expansion its nodes' tokens, scores and parents."""
+        ids = torch.cat([tokens for tokens, _, _ in grown] + [p for _, _, p in grown]).tolist()
+        scores = torch.cat([s for _, s, _ in grown]).tolist()
+        count = len(scores)
+        depths = [d + 1 for d, (tokens, _, _) in enumerate(grown) for _ in range(len(tokens))]
+        return _Nodes(ids[:count], ids[count:], scores, depths)
 
     @staticmethod
     def _keep_best(nodes: _Nodes, count: int) -> tuple[list[int], None, TreeShape]:
