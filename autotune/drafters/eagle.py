@@ -21,6 +21,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TypeVar
 
+import numpy as np
 import torch
 
 from autotune.drafters.in_step import InStepDrafter
@@ -402,11 +403,12 @@ class EagleDrafter(InStepDrafter):
     def _keep_best(nodes: _Nodes, count: int) -> tuple[list[int], None, TreeShape]:
         """The ``count`` best nodes by cumulative log-probability, as a tree: a child never
         scores above its parent, and ties go to the shallower node, so every kept node's
-        parent is kept."""
-        ranked = sorted(
-            range(len(nodes.tokens)), key=lambda n: (-nodes.scores[n], nodes.depths[n], n)
-        )[:count]
-        kept = sorted(ranked, key=lambda n: (nodes.depths[n], n))
-        index = {node: i for i, node in enumerate(kept)}
-        parents = tuple(ROOT if nodes.parents[n] == ROOT else index[nodes.parents[n]] for n in kept)
-        return [nodes.tokens[n] for n in kept], None, TreeShape(parents)
+        parent is kept. (Sorted in numpy: EAGLE-2's 60/5/10 ranks 510 nodes a draft.)"""
+        number = np.arange(len(nodes.tokens))
+        depths, parents = np.asarray(nodes.depths), np.asarray(nodes.parents)
+        ranked = np.lexsort((number, depths, -np.asarray(nodes.scores)))[:count]
+        kept = ranked[np.lexsort((ranked, depths[ranked]))]  # parents before children
+        index = np.full(len(number) + 1, ROOT)  # node -> its place in ``kept``; ROOT: ROOT
+        index[kept] = np.arange(len(kept))
+        tokens = np.asarray(nodes.tokens)[kept].tolist()
+        return tokens, None, TreeShape(tuple(index[parents[kept]].tolist()))

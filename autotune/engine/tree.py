@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
 import torch
 
 ROOT = -1
@@ -77,15 +78,16 @@ class TreeShape:
 
     @cached_property
     def _mask(self) -> torch.Tensor:
-        mask = torch.zeros(self.size + 1, self.size + 1, dtype=torch.bool)
+        # built in numpy: a row copy there costs a tenth of torch's, and a dynamic tree
+        # (EAGLE-2's 59 nodes, an n-gram lookup tree) makes its mask at every draft
+        mask = np.zeros((self.size + 1, self.size + 1), dtype=np.bool_)
         mask[:, 0] = True
         for node, parent in enumerate(self.parents):
             row = node + 1
             if parent != ROOT:
                 mask[row] = mask[parent + 1]
             mask[row, row] = True
-        mask[0, 0] = True
-        return mask
+        return torch.from_numpy(mask)
 
     @cached_property
     def _offsets(self) -> torch.Tensor:
