@@ -7,9 +7,14 @@ own work) is a launch more, paid on every forward, and the reads back to the hos
 (``.item()``, ``.tolist()``) are each a wait for the device. This counts both on the
 tiny random LLaMA, with as many layers as the embedded model (30), every step on
 (eagerly on a CPU, which dispatches the same operations a GPU would), for every
-registered method's first example setting (``--every-example``: each of them):
+registered method's first example setting (``--every-example``: each of them, and
+EAGLE's published trees on its example head):
 
     python benchmarks/around_steps.py [--tokens 48] [--layers 30] [--every-example] [--json]
+
+It also times the host's part: each decoding again with the recorded runs skipped (their
+outputs stale), its wall time per target forward. On a GPU that is what the host must do
+between replays, however fast the device; where it exceeds a replay, the GPU waits.
 
 Views (slices, ``.numpy()``'s detach) and making a tensor from a list are not counted.
 On a CPU every tensor is the host's, so operations on tensors a GPU run keeps on the
@@ -24,6 +29,7 @@ import collections
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -51,6 +57,7 @@ class Around(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.inside = 0
+        self.free = False  # skip the recorded runs: time the host's part alone
         self.operations: collections.Counter[str] = collections.Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -84,7 +91,8 @@ def counting_runs(mode: Around) -> None:
         def marked():
             mode.inside += 1
             try:
-                run()
+                if not mode.free:
+                    run()
             finally:
                 mode.inside -= 1
 
@@ -113,6 +121,8 @@ def measure(tokens: int, layers: int, every_example: bool = False) -> dict[str, 
         decoders = {"plain greedy": lambda: decode_plain(runner, PROMPT, tokens)}
         for name, method in registry.methods().items():
             examples = list(method.examples(runner.model, folder / name).items())
+            if every_example and name == "eagle":
+                examples += published_trees(examples[0][1])
             for label, settings in examples if every_example else examples[:1]:
                 new_drafter = method.deployed_drafter(settings, DraftEnv(ref, runner))
                 decoders[f"{name} ({label})"] = lambda new=new_drafter: decode_speculative(
@@ -131,9 +141,38 @@ def measure(tokens: int, layers: int, every_example: bool = False) -> dict[str, 
                 "tokens_per_forward": round(len(result.tokens) / forwards, 2),
                 "operations_per_forward": round(total / forwards, 1),
                 "host_reads_per_forward": round(reads / forwards, 1),
+                "host_us_per_forward": round(host_seconds(mode, decode) * 1e6),
                 "top": dict(mode.operations.most_common(4)),
             }
     return rows
+
+
+def host_seconds(mode: Around, decode, repeats: int = 5) -> float:
+    """The fastest of ``repeats`` decodings with the recorded runs skipped, per target
+    forward (the stale outputs change what is accepted, so the count is its own)."""
+    mode.free = True
+    try:
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            result = decode()
+            best = min(best, (time.perf_counter() - start) / (result.steps + 1))
+        return best
+    finally:
+        mode.free = False
+
+
+def published_trees(example) -> list[tuple[str, object]]:
+    """EAGLE-1's static tree and EAGLE-2's 60/5/10 on the example's head, over the
+    whole vocabulary (``_defaults``: the defaults a tuned tree is compared with)."""
+    from _defaults import EAGLE_DEFAULTS
+
+    from autotune.methods.eagle.settings import tree_block
+
+    return [
+        (label, example.model_copy(update={"tree": tree_block(tree), "draft_vocab": 0}))
+        for label, tree in EAGLE_DEFAULTS.items()
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,11 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    print(f"{'decoding':<28} {'forwards':>8} {'tok/fwd':>7} {'ops/fwd':>7} {'reads/fwd':>9}")
+    print(
+        f"{'decoding':<28} {'forwards':>8} {'tok/fwd':>7} {'ops/fwd':>7} {'reads/fwd':>9} "
+        f"{'host us/fwd':>11}"
+    )
     for name, row in rows.items():
         print(
             f"{name:<28} {row['target_forwards']:>8} {row['tokens_per_forward']:>7} "
-            f"{row['operations_per_forward']:>7} {row['host_reads_per_forward']:>9}"
+            f"{row['operations_per_forward']:>7} {row['host_reads_per_forward']:>9} "
+            f"{row['host_us_per_forward']:>11}"
         )
     return 0
 
