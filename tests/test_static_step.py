@@ -36,7 +36,9 @@ def on_device():
     before = torch.get_default_device()
     torch.set_default_device(DEVICE)
     yield
-    torch.set_default_device(before)
+    # None, not the CPU device: naming any device leaves a device mode on every later
+    # torch call of the session (which runs patched methods twice, for one)
+    torch.set_default_device(None if before.type == "cpu" else before)
 
 
 PROMPT = [1, 5, 9, 33, 70, 4, 8]
