@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from autotune.drafters.eagle import EAGLE1_TREE, DynamicTree, EagleDrafter, StaticTree
 from autotune.engine.decoding import decode_plain, decode_speculative
@@ -124,65 +123,6 @@ def test_dynamic_tree_keeps_best_nodes_as_a_tree(tiny_llama, one_thread, random_
     for draft in seen:
         assert draft.tree.size == len(draft.tokens) <= 8
         assert max(draft.tree.depths) <= 4  # depth expansions after the first level
-
-
-class Reads(TorchDispatchMode):
-    """Counts reads of a tensor's values back to the host (on a GPU, each waits for the
-    device): scalar reads, as dispatched, and ``tolist`` (``counting`` adds it, since on
-    a CPU it dispatches nothing)."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket in (torch.ops.aten.item, torch.ops.aten._local_scalar_dense):
-            self.count += 1
-        return func(*args, **(kwargs or {}))
-
-    def counting(self, monkeypatch) -> Reads:
-        tolist = torch.Tensor.tolist
-
-        def counted(tensor):
-            self.count += 1
-            return tolist(tensor)
-
-        monkeypatch.setattr(torch.Tensor, "tolist", counted)
-        return self
-
-
-@pytest.mark.parametrize(
-    "tree, width, reads",
-    [
-        (StaticTree(EAGLE1_TREE), 0, 1),
-        (StaticTree(((0,), (0, 0), (0, 0, 0))), 3, 1),  # the ranked tokens stay on the device
-        (DynamicTree(total_tokens=20, depth=3, top_k=4), 0, 2),  # tokens and parents; scores
-    ],
-    ids=["static tree", "ranked chain", "dynamic tree"],
-)
-@pytest.mark.parametrize("static", [False, True], ids=["eager", "fixed-shape steps"])
-def test_a_draft_is_read_back_to_the_host_once(
-    tiny_llama, one_thread, random_eagle_head, monkeypatch, tree, width, reads, static
-):
-    """The head's calls take their tokens from the last call's top-k on the device: a
-    draft reads the device only when it is complete, and its tokens are the same. Read
-    per parent and per expansion, these drafts took 11, 3 and 8 reads."""
-    runner = Runner(tiny_llama, static=static)
-    counted = Reads().counting(monkeypatch)
-    per_draft: list[int] = []
-
-    class Counted(EagleDrafter):
-        def propose(self, context):
-            before = counted.count
-            with counted:
-                draft = super().propose(context)
-            per_draft.append(counted.count - before)
-            return draft
-
-    head = random_eagle_head(tiny_llama)
-    spec = decode_speculative(runner, Counted(head, tree, ranked_width=width), PROMPTS[1], 24)
-    assert spec.tokens == decode_plain(runner, PROMPTS[1], 24).tokens
-    assert per_draft and set(per_draft) == {reads}
 
 
 def _sequential_ranks(head, runner, features, tokens, root, depth):

@@ -96,15 +96,14 @@ class GlideDrafter(InStepDrafter):
         limit = max(1, min(self.policy.max_tokens, context.max_tokens - 1))
         target_kv = self.draft.read_target(context.cache, context.position)
         logits = yield self._commit(context, embed, target_kv)
+        if context.sampling.greedy and self.exit.never_fires:
+            return (yield from self._to_the_limit(context, embed, target_kv, logits, limit))
         tokens: list[int] = []
         dists: list[torch.Tensor] = []
         for step in range(limit):
             if step > 0:  # the previous token, one position on, same target cache
-                position = torch.tensor([context.position + step], device=runner.input_device)
                 ids = sent([tokens[-1]], runner.device)
-                assert self.cache is not None
-                rows = GlideRows(embed(ids), position, target_kv, self.cache, target=context.cache)
-                logits = yield rows
+                logits = yield self._step_rows(context, embed(ids), target_kv, step)
             token, probs, confidence = self._pick(logits, context)
             if step > 0 and confidence < self.exit.value:
                 break
@@ -112,6 +111,31 @@ class GlideDrafter(InStepDrafter):
             dists.append(probs)
         self._hit_max = len(tokens) == limit
         return self._draft(tokens, dists, context)
+
+    def _to_the_limit(
+        self, context: DraftContext, embed, target_kv, logits: torch.Tensor, limit: int
+    ) -> Generator[GlideRows, torch.Tensor, Draft]:
+        """A greedy chain no exit can cut short, from the first step's draft ``logits``:
+        each step's token goes to the next on the device, and the chain is read back once,
+        when it is complete."""
+        assert self.projection is not None
+        picked: list[torch.Tensor] = []
+        dists: list[torch.Tensor] = []
+        for step in range(limit):
+            if step > 0:
+                logits = yield self._step_rows(context, embed(picked[-1]), target_kv, step)
+            probs = logits.float().softmax(-1)
+            picked.append(self.projection.tokens(probs.argmax(-1, keepdim=True)))
+            dists.append(probs)
+        self._hit_max = True
+        return self._draft(torch.cat(picked).tolist(), dists, context)
+
+    def _step_rows(self, context: DraftContext, embeds: torch.Tensor, target_kv, step: int):
+        """The row of draft step ``step`` > 0: the previous token's embedding, one position
+        on, reading the same target cache."""
+        position = torch.tensor([context.position + step], device=context.runner.input_device)
+        assert self.cache is not None
+        return GlideRows(embeds, position, target_kv, self.cache, target=context.cache)
 
     def observe(self, result: VerifyResult) -> None:
         self.exit.update(result.num_drafted, result.num_accepted, self._hit_max)

@@ -47,6 +47,12 @@ class ExitThreshold:
         self.value = policy.exit_threshold
         self._acceptance_ema = 0.0 if self.rule is None else self.rule.target_acceptance
 
+    @property
+    def never_fires(self) -> bool:
+        """A fixed threshold of 0, which no probability falls below: drafting runs to its
+        limit, so a greedy drafter need not read each step's confidence back."""
+        return self.rule is None and self.value <= 0.0
+
     def update(self, drafted: int, accepted: int, hit_max: bool) -> None:
         rule = self.rule
         if rule is None or drafted == 0:
@@ -111,6 +117,8 @@ class LayerSkipDrafter(ChainDrafter):
         """One proposal: yields each draft step's token, is sent its logits."""
         device = context.runner.input_device
         limit = self.limit(context)
+        if context.sampling.greedy and self.exit.never_fires:
+            return (yield from self._drafting_to_the_limit(context, limit))
         token, tokens, dists = context.last_token, [], []
         for i in range(limit):
             position = torch.tensor([context.position + i], device=device)
@@ -127,6 +135,22 @@ class LayerSkipDrafter(ChainDrafter):
             tokens.append(token)
             dists.append(probs)
         return self._draft(tokens, dists, limit, context.sampling.greedy)
+
+    def _drafting_to_the_limit(
+        self, context: DraftContext, limit: int
+    ) -> Generator[Segment, torch.Tensor, Draft]:
+        """A greedy proposal no exit can cut short: each step's token goes to the next
+        step on the device, and the chain is read back once, when it is complete."""
+        device = context.runner.input_device
+        token = torch.tensor([context.last_token], device=device)
+        picked, dists = [], []
+        for i in range(limit):
+            position = torch.tensor([context.position + i], device=device)
+            probs = torch.softmax((yield Segment(token, position, context.cache)), dim=-1)
+            token = probs.argmax(dim=-1, keepdim=True)  # the first of equals, as on the host
+            picked.append(token)
+            dists.append(probs)
+        return self._draft(torch.cat(picked).tolist(), dists, limit, greedy=True)
 
     def _draft(
         self, tokens: list[int], dists: list[torch.Tensor], limit: int, greedy: bool
