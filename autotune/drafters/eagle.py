@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 import torch
@@ -164,6 +164,25 @@ class _Level:
             before += len(expanded)
         return levels
 
+    def placed(self, runner) -> _Placed:
+        """The level as ``runner``'s drafts take it, made once: its rows on the device,
+        its mask where the head's call takes it (``Runner.input_device``)."""
+        return _Placed(
+            _rows(self.picks, runner.device),
+            _rows(self.expanded, runner.device),
+            _rows(self.their_parents, runner.device),
+            sent(self.seen, runner.input_device),
+        )
+
+
+class _Placed(NamedTuple):
+    """A static level's rows to take (``_rows``) and its expanded rows' mask, made once."""
+
+    picks: torch.Tensor | slice
+    expanded: torch.Tensor | slice
+    their_parents: torch.Tensor | slice
+    seen: torch.Tensor
+
 
 def _rows(index: list[int], device: torch.device) -> torch.Tensor | slice:
     """``index`` as rows to take on ``device``: a slice (a view) where it takes the first
@@ -196,7 +215,7 @@ class EagleDrafter(InStepDrafter):
         if isinstance(tree, StaticTree):
             self._static_shape = TreeShape.from_choices(tree.choices)
             self._levels = _Level.plan(tree.choices)
-            self._indices: list[tuple[torch.Tensor | slice, ...]] = []  # per level, on the device
+            self._placed: list[_Placed] = []  # the levels, made at the first draft
             self.max_draft_tokens = len(tree.choices)
             if ranked_width and not self._static_shape.is_chain:
                 raise ValueError("ranked tokens are reported for a chain, not a tree")
@@ -329,25 +348,17 @@ class EagleDrafter(InStepDrafter):
         """The tree's tokens, and (with ``ranked_width``) each level's top tokens and
         probabilities; every level's tokens picked on the device, read back at the end."""
         runner, project = context.runner, self.projection_for(context.runner)
-        if not self._indices:
-            self._indices = [
-                (
-                    _rows(level.picks, runner.device),
-                    _rows(level.expanded, runner.device),
-                    _rows(level.their_parents, runner.device),
-                )
-                for level in self._levels
-            ]
+        if not self._placed:
+            self._placed = [level.placed(runner) for level in self._levels]
         logits, features = root.logits, root.features  # the first level's parent: the root
         found, ranked = [], []
-        for level, (picks, expanded, their_parents) in zip(self._levels, self._indices):
+        for level, (picks, expanded, their_parents, seen) in zip(self._levels, self._placed):
             if self.ranked_width:
                 ranked.append(logits.float().softmax(-1).topk(self.ranked_width))
             best = project.tokens(logits.topk(level.width).indices)  # [parents, width]
             tokens = best.view(-1)[picks]
             found.append(tokens)
             if level.expanded:
-                seen = sent(level.seen, runner.input_device)
                 out = yield from self._expand(
                     context, tokens[expanded], level.depth, features[their_parents], seen
                 )
