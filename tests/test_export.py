@@ -377,6 +377,13 @@ def test_hf_exact_for_a_suffix_mask():
     assert result.warnings == ()
 
 
+def _release() -> tuple[int, ...]:
+    """The installed transformers' (major, minor)."""
+    import transformers
+
+    return tuple(int(part) for part in transformers.__version__.split(".")[:2])
+
+
 @pytest.mark.skipif(
     int(__import__("transformers").__version__.split(".")[0]) < 5,
     reason="the hf export is checked against transformers 5's generation config handling",
@@ -414,10 +421,17 @@ def test_hf_export_runs_in_transformers_and_equals_greedy(embedded_target, one_t
         k: settings[k]
         for k in ("assistant_early_exit", "num_assistant_tokens", "assistant_confidence_threshold")
     }
-    own = model.generation_config
+    own, layers = model.generation_config, model.config.num_hidden_layers
+    # the note's known failure: merged, before 5.18, with a threshold above 0
+    merged_fails = settings["assistant_confidence_threshold"] > 0 and _release() < (5, 18)
     try:
         model.generation_config = GenerationConfig.from_dict({**own.to_dict(), **settings})
-        merged = model.generate(ids, do_sample=False, max_new_tokens=new_tokens)
+        if merged_fails:
+            with pytest.raises(TypeError):
+                model.generate(ids, do_sample=False, max_new_tokens=new_tokens)
+            model.config.num_hidden_layers, merged = layers, plain  # see the finally
+        else:
+            merged = model.generate(ids, do_sample=False, max_new_tokens=new_tokens)
         assert seen[0] == wanted  # the outermost drafter: the export's
         seen.clear()
         rest = {k: v for k, v in settings.items() if k != "assistant_early_exit"}
@@ -430,7 +444,9 @@ def test_hf_export_runs_in_transformers_and_equals_greedy(embedded_target, one_t
         )
         assert seen == [wanted]  # one drafter, no nesting
     finally:
-        model.generation_config = own
+        # transformers lowers the shared model's layer count while an early-exit draft
+        # runs, and leaves it lowered when the draft fails: every later test would see it
+        model.generation_config, model.config.num_hidden_layers = own, layers
     assert merged.tolist() == plain.tolist()
     assert advised.tolist() == plain.tolist()
     assert plain.shape[1] == ids.shape[1] + new_tokens

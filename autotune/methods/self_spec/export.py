@@ -109,6 +109,12 @@ def _hf_notes(exit_layer: int) -> list[str]:
         f"the draft's own generate() inherits it and nests early-exit drafting (exact, "
         f"slower); to avoid that, leave it out of generation_config.json and pass "
         f"assistant_early_exit={exit_layer} to generate()",
+        # seen on 2026-11-27: 5.16.1 and 5.17.0 (the GPU image's) fail, 5.18.0 and later
+        # decode exactly; with a threshold of 0 every release decodes
+        "before transformers 5.18 (seen in 5.16 and 5.17), generate() fails with a "
+        "TypeError in ConfidenceCriteria when the model's generation config holds both "
+        "assistant_early_exit and an assistant_confidence_threshold above 0: there, pass "
+        "assistant_early_exit to generate() as above, or upgrade transformers",
         "num_assistant_tokens_schedule is constant: the draft length is a fixed cap; "
         "the confidence threshold ends each draft early",
         "transformers keeps the draft token whose confidence fell below the threshold "
