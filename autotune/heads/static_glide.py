@@ -189,8 +189,9 @@ class GlideStep(HeadStep):
         self, calls: list[GlideRows], projection: DraftProjection
     ) -> list[torch.Tensor] | None:
         """Per call, the draft logits [V'] of its last row as the eager draft and
-        ``projection`` give them, its keys and values appended to its draft cache; None
-        when the calls do not fit the step (``place``) or it could not be recorded."""
+        ``projection`` give them (views, valid until the step's next run), its keys and
+        values appended to its draft cache; None when the calls do not fit the step
+        (``place``) or it could not be recorded."""
         placed = self.place(calls) if self.failed is None else []
         if not placed:
             return None
@@ -200,9 +201,10 @@ class GlideStep(HeadStep):
             return None
         for rows, _, prefix, _ in placed:
             rows.cache.lengths = [prefix + rows.positions.shape[0]] * len(rows.cache.lengths)
-        # copies: the next run overwrites the buffer, the drafter keeps its distributions
+        # views, valid until the step's next run (see ``EagleStep.forward``): the drafter
+        # makes its distributions from them before its next call
         logits = buffer.logits[projection.linear]
-        return [logits[call.lane].clone() for call in placed]
+        return [logits[call.lane] for call in placed]
 
     def _follow_storages(self) -> None:
         """Drop the buffers and runs made over storage since replaced (the draft's grew,

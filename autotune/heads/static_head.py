@@ -124,8 +124,9 @@ class EagleStep(HeadStep):
 
     def forward(self, calls: list[HeadRows], projection: DraftProjection) -> list[Outputs] | None:
         """Per call, (predicted features [S, H], draft logits [S, V']) as the eager head
-        and ``projection`` give them, its keys and values appended to its cache; None
-        when the calls do not fit the step (``place``) or it could not be recorded."""
+        and ``projection`` give them (views of the step's buffers, valid until its next
+        run), its keys and values appended to its cache; None when the calls do not fit
+        the step (``place``) or it could not be recorded."""
         placed = self.place(calls) if self.failed is None else []
         if not placed:
             return None
@@ -138,10 +139,10 @@ class EagleStep(HeadStep):
             n = rows.positions.shape[0]
             rows.cache.lengths = [prefix + n] * len(rows.cache.lengths)
             first = lane * size
-            # copies: the next run overwrites the buffers, the drafter keeps its outputs
-            outputs.append(
-                (buffer.predicted[first : first + n].clone(), logits[first : first + n].clone())
-            )
+            # views, valid until the step's next run overwrites them: a drafter takes what
+            # it keeps from them (top-k, gathers, the next call's copy-in) before its next
+            # call, queued ahead of that run on the device; copies would be two launches more
+            outputs.append((buffer.predicted[first : first + n], logits[first : first + n]))
         return outputs
 
     def new_buffers(self, lanes: int, size: int) -> EagleBuffers:
