@@ -385,7 +385,7 @@ def _release() -> tuple[int, ...]:
 
 
 @pytest.mark.skipif(
-    int(__import__("transformers").__version__.split(".")[0]) < 5,
+    _release() < (5,),
     reason="the hf export is checked against transformers 5's generation config handling",
 )
 def test_hf_export_runs_in_transformers_and_equals_greedy(embedded_target, one_thread, monkeypatch):
