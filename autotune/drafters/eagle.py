@@ -11,7 +11,10 @@ the committed pairs and its own ancestors. Draft entries are dropped from the he
 cache at the next proposal.
 
 Drafting is written as a generator of head calls (``drafters.in_step``): sequences decoded
-together share each round's head forward and draft projection (``propose_all``).
+together share each round's head forward and draft projection (``propose_all``). Where
+the head runs as its fixed-shape step (on a GPU), a proposal is two calls: the commit,
+then the whole tree in one step of its own (``heads.tree_step``); the calls level by
+level below remain the eager path and the fallback.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
 import torch
@@ -31,6 +34,15 @@ from autotune.engine.staging import sent
 from autotune.engine.tree import ROOT, TreeShape, check_tree
 from autotune.heads.eagle import DraftProjection, EagleHead, HeadRows
 from autotune.heads.static_head import EagleStep
+from autotune.heads.tree_step import (
+    DynamicShape,
+    Grown,
+    Level,
+    Tree,
+    TreeCall,
+    TreeSteps,
+    rows_to_take,
+)
 
 T = TypeVar("T")
 
@@ -110,73 +122,25 @@ class _HeadOut:
     logits: torch.Tensor  # [projected, V']: the draft logits of the last rows
 
 
-# A drafting step: yields each head call it needs, is sent its output, returns T.
-_Drafting = Generator[_HeadCall, _HeadOut, T]
-
-
 @dataclass
-class _Nodes:
-    """A drafted tree, read back once it is grown: node i's token, parent (ROOT or an
-    earlier node), cumulative draft log-probability and depth."""
+class _TreeCall:
+    """A tree drafted in one step of the head (``heads.tree_step``), below
+    ``call.features`` and ``call.logits``: the commit call's output at the root."""
 
-    tokens: list[int]
-    parents: list[int]
-    scores: list[float]
-    depths: list[int]
+    call: TreeCall
+    steps: TreeSteps
+    tree: Tree
 
 
-@dataclass(frozen=True)
-class _Level:
-    """One depth of a static tree as drafting takes it, its parents being the previous
-    level's expanded nodes in order (the first level's: the root). ``picks``: per node,
-    its place among its parents' top tokens laid end to end (parent row x ``width`` +
-    rank); ``expanded``: the rows of the nodes with children, which the head runs next;
-    ``their_parents``: those nodes' parent rows; ``seen`` [e, before + e]: of the draft
-    rows in the head's cache (``before`` of earlier levels, then the e new ones), those
-    each expanded row attends to: its ancestors' and its own."""
-
-    depth: int
-    width: int
-    picks: list[int]
-    expanded: list[int]
-    their_parents: list[int]
-    seen: torch.Tensor
-
-    @staticmethod
-    def plan(choices: tuple[tuple[int, ...], ...]) -> list[_Level]:
-        """The levels of a tree in canonical order (parents before children)."""
-        has_children = {path[:-1] for path in choices}
-        row: dict[tuple[int, ...], int] = {(): 0}  # an expanded node's row at its level
-        column: dict[tuple[int, ...], int] = {}  # its draft row in the head's cache
-        levels, before = [], 0
-        for depth in range(1, max(len(path) for path in choices) + 1):
-            nodes = [path for path in choices if len(path) == depth]
-            width = 1 + max(path[-1] for path in nodes)
-            expanded = [i for i, path in enumerate(nodes) if path in has_children]
-            seen = torch.zeros(len(expanded), before + len(expanded), dtype=torch.bool)
-            for i, at in enumerate(expanded):
-                path = nodes[at]
-                row[path], column[path] = i, before + i
-                seen[i, [column[path[:d]] for d in range(1, depth + 1)]] = True
-            picks = [row[path[:-1]] * width + path[-1] for path in nodes]
-            their_parents = [row[nodes[at][:-1]] for at in expanded]
-            levels.append(_Level(depth, width, picks, expanded, their_parents, seen))
-            before += len(expanded)
-        return levels
-
-    def placed(self, runner) -> _Placed:
-        """The level as ``runner``'s drafts take it, made once: its rows on the device,
-        its mask where the head's call takes it (``Runner.input_device``)."""
-        return _Placed(
-            _rows(self.picks, runner.device),
-            _rows(self.expanded, runner.device),
-            _rows(self.their_parents, runner.device),
-            sent(self.seen, runner.input_device),
-        )
+# A drafting step: yields each call it needs and is sent its output (a _HeadCall's: a
+# _HeadOut; a _TreeCall's: the tree as drafted, or the root again where the step refused
+# it), returns T.
+_Drafting = Generator[_HeadCall | _TreeCall, Any, T]
 
 
 class _Placed(NamedTuple):
-    """A static level's rows to take (``_rows``) and its expanded rows' mask, made once."""
+    """A static level's rows to take (``rows_to_take``) and its expanded rows' mask, made
+    once."""
 
     picks: torch.Tensor | slice
     expanded: torch.Tensor | slice
@@ -184,10 +148,15 @@ class _Placed(NamedTuple):
     seen: torch.Tensor
 
 
-def _rows(index: list[int], device: torch.device) -> torch.Tensor | slice:
-    """``index`` as rows to take on ``device``: a slice (a view) where it takes the first
-    rows in order, else an index tensor, sent without waiting for the device."""
-    return slice(len(index)) if index == list(range(len(index))) else sent(index, device)
+def _placed(level: Level, runner) -> _Placed:
+    """``level`` as ``runner``'s drafts take it, made once: its rows on the device, its
+    mask where the head's call takes it (``Runner.input_device``)."""
+    return _Placed(
+        rows_to_take(level.picks, runner.device),
+        rows_to_take(level.expanded, runner.device),
+        rows_to_take(level.their_parents, runner.device),
+        sent(level.seen, runner.input_device),
+    )
 
 
 class EagleDrafter(InStepDrafter):
@@ -210,11 +179,12 @@ class EagleDrafter(InStepDrafter):
         self.head, self.tree, self.projection = head, tree, projection
         self.cache: KVCache | None = None
         self.step: EagleStep | None = None  # the head's fixed-shape step, where it runs
+        self.trees: TreeSteps | None = None  # the tree after the commit in one step, there
         self.committed = 0  # pairs in the head's cache that the target confirmed
         self.ranked_width = ranked_width
         if isinstance(tree, StaticTree):
             self._static_shape = TreeShape.from_choices(tree.choices)
-            self._levels = _Level.plan(tree.choices)
+            self._levels, self._choices = Level.plan(tree.choices), tree.choices
             self._placed: list[_Placed] = []  # the levels, made at the first draft
             self.max_draft_tokens = len(tree.choices)
             if ranked_width and not self._static_shape.is_chain:
@@ -223,7 +193,7 @@ class EagleDrafter(InStepDrafter):
             self.max_draft_tokens = tree.total_tokens - 1
 
     def reset(self) -> None:
-        self.cache, self.committed, self.step = None, 0, None
+        self.cache, self.committed, self.step, self.trees = None, 0, None, None
 
     @property
     def model(self) -> EagleHead:
@@ -236,10 +206,45 @@ class EagleDrafter(InStepDrafter):
 
     @staticmethod
     def run_together(
+        model: EagleHead, projection: DraftProjection, calls: list[_HeadCall | _TreeCall]
+    ) -> list[Any]:
+        """Several sequences' calls: their trees in one step of the head, first (they
+        copy their roots in before the head's step runs again), and their head calls as
+        one head forward and one projection."""
+        outputs: list[Any] = [None] * len(calls)
+        trees = [i for i, call in enumerate(calls) if isinstance(call, _TreeCall)]
+        if trees:
+            drafted = EagleDrafter._trees(projection, [calls[i] for i in trees])
+            for i, out in zip(trees, drafted):
+                outputs[i] = out
+        heads = [i for i, call in enumerate(calls) if isinstance(call, _HeadCall)]
+        if heads:
+            ran = EagleDrafter._head_calls(
+                model, projection, [cast(_HeadCall, calls[i]) for i in heads]
+            )
+            for i, out in zip(heads, ran):
+                outputs[i] = out
+        return outputs
+
+    @staticmethod
+    def _trees(projection: DraftProjection, calls: list) -> list[list[int] | Grown | _HeadOut]:
+        """Each tree as drafted, together in their step; where it refuses them (another
+        tree, a cache off the step, a refused recording), copies of their roots, from
+        which the drafter runs the tree a call at a time: a head call in the same round
+        may overwrite the step's outputs they are views of before the drafter reads them."""
+        first = calls[0]
+        if all(call.steps is first.steps and call.tree == first.tree for call in calls):
+            drafted = first.steps.draft([call.call for call in calls], first.tree, projection)
+            if drafted is not None:
+                return list(drafted)
+        return [_HeadOut(call.call.features.clone(), call.call.logits.clone()) for call in calls]
+
+    @staticmethod
+    def _head_calls(
         model: EagleHead, projection: DraftProjection, calls: list[_HeadCall]
     ) -> list[_HeadOut]:
-        """Several sequences' head calls as one head forward and one projection: in the
-        head's fixed-shape step where they fit it, else eagerly."""
+        """Head calls as one head forward and one projection: in the head's fixed-shape
+        step where they fit it, else eagerly."""
         fixed = EagleDrafter._in_step(projection, calls)
         if fixed is not None:
             return fixed
@@ -317,9 +322,10 @@ class EagleDrafter(InStepDrafter):
         """The head's cache: lent by the head's fixed-shape step where the target runs
         one of its own (``runner.static``: on a GPU), recorded the same way; else its own."""
         if runner.static is None:
-            self.step = None
+            self.step = self.trees = None
             return self.head.new_cache(capacity)
         self.step = EagleStep.of(self.head, runner.static.how)
+        self.trees = TreeSteps.of(self.step, runner.embed)
         return self.step.lend(capacity)
 
     def _expand(
@@ -349,7 +355,13 @@ class EagleDrafter(InStepDrafter):
         probabilities; every level's tokens picked on the device, read back at the end."""
         runner, project = context.runner, self.projection_for(context.runner)
         if not self._placed:
-            self._placed = [level.placed(runner) for level in self._levels]
+            self._placed = [_placed(level, runner) for level in self._levels]
+        if self.trees is not None and not self.ranked_width:
+            call = TreeCall(self._cache(), context.position, root.features, root.logits)
+            drafted = yield _TreeCall(call, self.trees, self._choices)
+            if not isinstance(drafted, _HeadOut):
+                return drafted, None
+            root = drafted  # refused: the levels one call each, below the root's copy
         logits, features = root.logits, root.features  # the first level's parent: the root
         found, ranked = [], []
         for level, (picks, expanded, their_parents, seen) in zip(self._levels, self._placed):
@@ -375,9 +387,15 @@ class EagleDrafter(InStepDrafter):
 
     def _dynamic(
         self, context: DraftContext, root: _HeadOut, tree: DynamicTree
-    ) -> _Drafting[_Nodes]:
+    ) -> _Drafting[Grown]:
         """Grow the tree on the device: each expansion's frontier, scores, parents and
         masks are taken there from the last one's top-k; the tree is read back once."""
+        if self.trees is not None:
+            call = TreeCall(self._cache(), context.position, root.features, root.logits)
+            drafted = yield _TreeCall(call, self.trees, DynamicShape(tree.depth, tree.top_k))
+            if not isinstance(drafted, _HeadOut):
+                return drafted
+            root = drafted  # refused: a call per expansion, below the root's copy
         project, k = self.projection_for(context.runner), tree.top_k
         device = root.logits.device
         scores, best = root.logits.float().log_softmax(-1)[0].topk(k)
@@ -402,16 +420,16 @@ class EagleDrafter(InStepDrafter):
         return self._read_back(grown)
 
     @staticmethod
-    def _read_back(grown: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> _Nodes:
+    def _read_back(grown: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> Grown:
         """The grown tree on the host: per expansion its nodes' tokens, scores and parents."""
         ids = torch.cat([tokens for tokens, _, _ in grown] + [p for _, _, p in grown]).tolist()
         scores = torch.cat([s for _, s, _ in grown]).tolist()
         count = len(scores)
         depths = [d + 1 for d, (tokens, _, _) in enumerate(grown) for _ in range(len(tokens))]
-        return _Nodes(ids[:count], ids[count:], scores, depths)
+        return Grown(ids[:count], ids[count:], scores, depths)
 
     @staticmethod
-    def _keep_best(nodes: _Nodes, count: int) -> tuple[list[int], None, TreeShape]:
+    def _keep_best(nodes: Grown, count: int) -> tuple[list[int], None, TreeShape]:
         """The ``count`` best nodes by cumulative log-probability, as a tree: a child never
         scores above its parent, and ties go to the shallower node, so every kept node's
         parent is kept. (Sorted in numpy: EAGLE-2's 60/5/10 ranks 510 nodes a draft.)"""

@@ -40,6 +40,32 @@ from autotune.heads.head_step import HeadBuffers, HeadStep
 Outputs = tuple[torch.Tensor, torch.Tensor]
 
 
+class HeadInputs(NamedTuple):
+    """One call's rows as a step holds them, [lanes, size, ...] each: the pairs' features
+    and token embeddings, their positions, and the columns of its lane each row sees."""
+
+    features: torch.Tensor
+    embeds: torch.Tensor
+    positions: torch.Tensor
+    seen: torch.Tensor
+
+
+def head_rows(
+    head: EagleHead, storage: LaneStorage, rows: HeadInputs, columns: torch.Tensor
+) -> torch.Tensor:
+    """The predicted features [lanes, size, H] of ``rows``: the eager head's arithmetic
+    (``EagleHead.pairs`` and ``decoder_layers``) with every shape fixed, the lanes as the
+    batch of attention, each row's keys and values written at its column (``columns``
+    [lanes, size]) of its lane of ``storage``. No value is read back to the host."""
+    hidden = head.pairs(rows.features, rows.embeds)
+    rotation = layers.Rotation(head.rotary(hidden, rows.positions))
+    mask = additive(rows.seen, hidden.dtype)
+    assert mask is not None  # a tensor in, a tensor out
+    writer = ColumnWriter(storage.keys, storage.values, columns)
+    segment = layers.AttentionSegment(hidden.shape[1], rotation, mask.unsqueeze(1), writer)
+    return head.decoder_layers(hidden, [segment])
+
+
 class Placed(NamedTuple):
     """A call that fits the step: its rows, its cache's lane, its cached entries before them."""
 
@@ -152,17 +178,11 @@ class EagleStep(HeadStep):
         return functools.partial(self.compute, buffer, linear, buffer.logits_for(linear))
 
     def compute(self, buffer: EagleBuffers, linear: nn.Linear, logits: torch.Tensor) -> None:
-        """The step itself, over the buffers and the storage: the eager head's arithmetic
-        (``EagleHead.pairs`` and ``decoder_layers``) with every shape fixed, the lanes as
-        the batch of attention, then the draft projection's product into ``logits``."""
-        head, lanes, size = self.head, buffer.lanes, buffer.size
-        hidden = head.pairs(buffer.features, buffer.embeds)  # [lanes, size, H]
-        rotation = layers.Rotation(head.rotary(hidden, buffer.positions))
-        mask = additive(buffer.seen, hidden.dtype)
-        assert mask is not None  # a tensor in, a tensor out
-        writer = ColumnWriter(self.storage.keys, self.storage.values, buffer.columns)
-        segment = layers.AttentionSegment(size, rotation, mask.unsqueeze(1), writer)
-        predicted = head.decoder_layers(hidden, [segment]).view(lanes * size, -1)
+        """The step itself, over the buffers and the storage (``head_rows``), then the
+        draft projection's product into ``logits``."""
+        rows = HeadInputs(buffer.features, buffer.embeds, buffer.positions, buffer.seen)
+        predicted = head_rows(self.head, self.storage, rows, buffer.columns)
+        predicted = predicted.view(buffer.lanes * buffer.size, -1)
         buffer.predicted.copy_(predicted)
         logits.copy_(layers.linear(predicted, linear))  # as ``DraftProjection`` multiplies
 
