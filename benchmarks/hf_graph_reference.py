@@ -104,7 +104,8 @@ def _synchronize(device) -> None:
 def rewind(cache, context: int) -> None:
     """Back to the context alone, so the next forward writes the same slots: a negative
     count removes that many tokens in every 5.x release that can crop; a static cache of
-    those that cannot (5.17) is set back by its write position."""
+    those that cannot is set back by its write position (5.17), or (4.x, which counts a
+    layer's written slots) has the slots past the context cleared."""
     extra = int(cache.get_seq_length()) - context
     if extra <= 0:
         return
@@ -112,7 +113,11 @@ def rewind(cache, context: int) -> None:
         cache.crop(-extra)
     except (AttributeError, NotImplementedError):
         for layer in cache.layers:
-            layer.cumulative_length.fill_(context)
+            if hasattr(layer, "cumulative_length"):
+                layer.cumulative_length.fill_(context)
+            else:
+                layer.keys[..., context:, :].zero_()
+                layer.values[..., context:, :].zero_()
 
 
 def time_forward(model, forward, cache, context: int, n: int, repeats: int, before=None):

@@ -40,7 +40,10 @@ def test_hf_rule_drafts_what_transformers_prompt_lookup_drafts(max_match, tokens
     from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
     generator = PromptLookupCandidateGenerator(
-        num_output_tokens=tokens, max_matching_ngram_size=max_match, max_length=10_000
+        eos_token_id=torch.tensor([-1]),  # none: 4.x tests the candidates for it unasked
+        num_output_tokens=tokens,
+        max_matching_ngram_size=max_match,
+        max_length=10_000,
     )
     config = EngineLookupConfig("hf", 1, max_match, tokens)
     compared = drafted = 0

@@ -6,6 +6,7 @@ transformers' own ``generate`` runs with the exported keys and gives plain greed
 
 from __future__ import annotations
 
+import copy
 import json
 import shlex
 
@@ -201,7 +202,6 @@ def test_hf_export_runs_in_transformers_and_equals_greedy(embedded_target, one_t
     the model's generation config), drafts by prompt lookup with exactly those settings,
     and its output is its own plain greedy output."""
     import torch
-    from transformers import GenerationConfig
     from transformers.generation import candidate_generator
 
     export = export_profile(ngram_profile(TREE), "hf")
@@ -226,7 +226,9 @@ def test_hf_export_runs_in_transformers_and_equals_greedy(embedded_target, one_t
     assert seen == [wanted]
     own = model.generation_config
     try:
-        model.generation_config = GenerationConfig.from_dict({**own.to_dict(), **settings})
+        merged_config = copy.deepcopy(own)  # as generation_config.json with the keys added
+        merged_config.update(**settings)
+        model.generation_config = merged_config
         merged = model.generate(ids, do_sample=False, max_new_tokens=new_tokens)
     finally:
         model.generation_config = own
