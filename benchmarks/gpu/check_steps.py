@@ -103,7 +103,11 @@ def commit() -> str | None:
 def test_files() -> list[str]:
     """The contract suite, and the fixed-shape steps' tests (which run on the GPU when
     there is one, the steps recorded as CUDA graphs) where the tree has them."""
-    files = ["tests/test_drafter_contract.py", "tests/test_static_step.py"]
+    files = [
+        "tests/test_drafter_contract.py",
+        "tests/test_static_step.py",
+        "tests/test_static_lanes.py",
+    ]
     files += ["tests/test_static_head.py", "tests/test_tree_step.py", "tests/test_static_glide.py"]
     return [name for name in files if (ROOT / name).is_file()]
 
