@@ -23,7 +23,7 @@ from autotune.engine.decoding import decode_plain, decode_speculative
 from autotune.engine.kvcache import KVCache
 from autotune.engine.runner import Runner
 from autotune.engine.static import StaticCache
-from autotune.heads.eagle import DraftProjection, HeadRows
+from autotune.heads.eagle import CommitRows, DraftProjection, HeadRows
 from autotune.heads.static_head import EagleStep
 
 pytestmark = pytest.mark.usefixtures("one_thread", "on_device")
@@ -59,6 +59,16 @@ class HeadTwin:
         positions = torch.arange(start, start + count)
         pair = features, self.runner.embed(tokens), positions
         return HeadRows(*pair, self.eager_cache, mask), HeadRows(*pair, self.fixed_cache, mask)
+
+    def commit_rows(self, start: int, count: int) -> tuple[HeadRows, CommitRows]:
+        """A commit's rows as the target leaves them (hidden states before its final norm,
+        tokens), for the step; and as the eager head takes them."""
+        hidden = 3 * torch.randn(count, self.step.head.hidden_size, generator=self.generator)
+        tokens = torch.randint(3, 120, (count,), generator=self.generator)
+        positions = torch.arange(start, start + count)
+        target = self.runner.norm, self.runner.embed
+        eager = CommitRows(hidden, tokens, positions, self.eager_cache, *target).pairs()
+        return eager, CommitRows(hidden, tokens, positions, self.fixed_cache, *target)
 
     def check(self, eager: HeadRows, fixed: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         expected = self.step.head.forward_rows([eager])
@@ -127,6 +137,25 @@ def test_head_step_equals_the_eager_head(twin):
 
 
 @torch.inference_mode()
+@pytest.mark.usefixtures("inputs_made")
+def test_a_commit_is_normed_and_embedded_inside_the_step(twin):
+    """The target's hidden states and tokens as its verify left them: the step applies the
+    target's final norm and embedding, giving what the eager head gives their pairs."""
+    for start, count in ((0, COMMITTED), (COMMITTED, 3), (COMMITTED + 3, 1)):
+        eager, commit = twin.commit_rows(start, count)
+        out = twin.step.forward([commit], twin.projection)
+        assert out is not None, "the commit should run in the step"
+        twin.check(eager, out)
+    variants = {variant for *_, variant in twin.step._runs}
+    assert {(v.norm, v.embed) for v in variants} == {(twin.runner.norm, twin.runner.embed)}
+    other = HeadTwin(twin.step, twin.runner, twin.projection)
+    other.call(0, 4)
+    _, commit = twin.commit_rows(COMMITTED + 4, 1)
+    _, rows = other.rows(4, 1)
+    assert twin.step.forward([commit, rows], twin.projection) is None  # kinds not mixed
+
+
+@torch.inference_mode()
 def test_padded_rows_write_only_the_scratch_column(twin):
     twin.call(0, 5)  # 5 rows of bucket 6
     for store in (*twin.step.storage.keys, *twin.step.storage.values):
@@ -186,7 +215,7 @@ def test_speculative_decoding_is_token_identical_with_both_steps(runners, head, 
                 # the same drafts as the eager head's, so as much accepted
                 assert (result.drafted, result.accepted) == (alone.drafted, alone.accepted)
             assert drafter.step is step and sum(step.calls.values()) > before + 10
-    assert {linear for *_, linear in step._runs} == {fixed.lm_head, vocabulary.linear}
+    assert {variant.linear for *_, variant in step._runs} == {fixed.lm_head, vocabulary.linear}
     drafter = EagleDrafter(head, tree)
     decode_speculative(eager, drafter, PROMPTS[0], 5)  # a target without a step: none
     assert drafter.step is None and not isinstance(drafter.cache, StaticCache)

@@ -32,7 +32,7 @@ from autotune.engine.kvcache import KVCache
 from autotune.engine.proposal import Draft, DraftContext
 from autotune.engine.staging import sent
 from autotune.engine.tree import ROOT, TreeShape, check_tree
-from autotune.heads.eagle import DraftProjection, EagleHead, HeadRows
+from autotune.heads.eagle import CommitRows, DraftProjection, EagleHead, HeadRows
 from autotune.heads.static_head import EagleStep
 from autotune.heads.tree_step import (
     DynamicShape,
@@ -107,11 +107,11 @@ class DynamicTree:
 
 @dataclass
 class _HeadCall:
-    """Rows a drafting step needs the head to run, the last ``projected`` of them also
-    through the draft projection; ``step``: the head's fixed-shape step that lent the
-    rows' cache (None: the head runs eagerly)."""
+    """Rows a drafting step needs the head to run (a commit's as the target left them),
+    the last ``projected`` of them also through the draft projection; ``step``: the
+    head's fixed-shape step that lent the rows' cache (None: the head runs eagerly)."""
 
-    rows: HeadRows
+    rows: HeadRows | CommitRows
     projected: int
     step: EagleStep | None = None
 
@@ -146,6 +146,11 @@ class _Placed(NamedTuple):
     expanded: torch.Tensor | slice
     their_parents: torch.Tensor | slice
     seen: torch.Tensor
+
+
+def pairs_of(rows: HeadRows | CommitRows) -> HeadRows:
+    """The rows as the eager head takes them."""
+    return rows.pairs() if isinstance(rows, CommitRows) else rows
 
 
 def _placed(level: Level, runner) -> _Placed:
@@ -248,7 +253,7 @@ class EagleDrafter(InStepDrafter):
         fixed = EagleDrafter._in_step(projection, calls)
         if fixed is not None:
             return fixed
-        features = model.forward_rows([call.rows for call in calls])
+        features = model.forward_rows([pairs_of(call.rows) for call in calls])
         sizes = [call.rows.positions.shape[0] for call in calls]
         ends = list(itertools.accumulate(sizes))
         rows = [row for call, end in zip(calls, ends) for row in range(end - call.projected, end)]
@@ -311,9 +316,9 @@ class EagleDrafter(InStepDrafter):
                 f"head cache out of step: {self.committed} pairs + {count} new "
                 f"!= position {context.position}"
             )
-        next_tokens = sent([*tokens[1:], context.last_token], runner.device)
+        next_tokens = torch.tensor([*tokens[1:], context.last_token])  # sent by the call
         positions = torch.arange(self.committed, context.position, device=runner.input_device)
-        rows = HeadRows(runner.norm(hidden), runner.embed(next_tokens), positions, cache)
+        rows = CommitRows(hidden, next_tokens, positions, cache, runner.norm, runner.embed)
         out = yield _HeadCall(rows, projected=1, step=self.step)
         self.committed = context.position
         return _HeadOut(out.features[-1:], out.logits)

@@ -26,6 +26,7 @@ from torch import nn
 from autotune.engine import layers
 from autotune.engine.kvcache import KVCache
 from autotune.engine.runner import visibility
+from autotune.engine.staging import sent
 from autotune.files import write_atomic
 from autotune.heads.cache import loading_heads
 from autotune.heads.medusa import HeadsError, read_weights, write_heads_folder
@@ -137,6 +138,29 @@ class HeadRows:
     positions: torch.Tensor
     cache: KVCache
     mask: torch.Tensor | None = None
+
+
+@dataclass
+class CommitRows:
+    """The pairs the target confirmed since the last proposal, as its forward left them:
+    its hidden states before its final norm [S, H] and the token after each [S] (on the
+    host or the device), at ``positions`` [S], appended to ``cache``. The target's final
+    ``norm`` and ``embed`` make them the head's pairs (``pairs``): eagerly here, inside
+    the head's fixed-shape step there (``heads.static_head``), where those few dozen
+    launches a proposal are not paid around the step."""
+
+    hidden: torch.Tensor
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    cache: KVCache
+    norm: nn.Module
+    embed: nn.Module
+    mask: None = None  # a commit is causal
+
+    def pairs(self) -> HeadRows:
+        """The rows as the eager head takes them."""
+        tokens = sent(self.tokens, self.hidden.device)
+        return HeadRows(self.norm(self.hidden), self.embed(tokens), self.positions, self.cache)
 
 
 def head_config(target_config):

@@ -6,6 +6,7 @@ one step per shape and draft projection."""
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,8 @@ class HeadBuffers:
     lane. ``columns``: the column each row writes in its lane of the head's storage;
     ``seen`` [lanes, size, columns]: the columns of its lane each row sees (True = may
     attend), loaded from the call's mask, which may span the cached prefix; ``logits``:
-    per draft projection (its weight's module), ``logit_rows`` rows of draft logits.
+    per variant of the step (a draft projection, with what else the step varies by),
+    ``logit_rows`` rows of draft logits.
     These inputs, and a subclass's (``fields``), are written on the host and sent in one
     copy (``engine.staging``); a subclass adds the head's other inputs and outputs."""
 
@@ -53,20 +55,22 @@ class HeadBuffers:
             views["columns"],
             views["seen"],
         )
-        self.logits: dict[nn.Linear, torch.Tensor] = {}
+        self.logits: dict[Hashable, torch.Tensor] = {}  # variant -> its draft logits
 
     def tensors(self) -> list[torch.Tensor]:
         own = [v for v in vars(self).values() if isinstance(v, torch.Tensor)]
         return own + list(self.logits.values())
 
-    def drop(self, linear: nn.Linear) -> None:
-        self.logits.pop(linear, None)
+    def drop(self, variant: Hashable) -> None:
+        self.logits.pop(variant, None)
 
-    def logits_for(self, linear: nn.Linear) -> torch.Tensor:
-        if linear not in self.logits:
+    def logits_for(self, variant: Hashable, linear: nn.Linear) -> torch.Tensor:
+        """The draft logits ``variant``'s runs write, by ``linear``'s product: a buffer
+        per variant, as each variant's runs are dropped on their own."""
+        if variant not in self.logits:
             weight = linear.weight
-            self.logits[linear] = weight.new_zeros(self.logit_rows, weight.shape[0])
-        return self.logits[linear]
+            self.logits[variant] = weight.new_zeros(self.logit_rows, weight.shape[0])
+        return self.logits[variant]
 
     def load_idle(self, scratch: int) -> None:
         """Every row padding (the warm-up and capture runs, while sequences' entries sit
@@ -102,18 +106,19 @@ class HeadBuffers:
 
 class HeadStep(RecordedSteps):
     """A head's steps and storage (``engine.recorded``), its variants the draft
-    projections (a study tries several draft vocabularies)."""
+    projections (a study tries several draft vocabularies) and what else a head's step
+    varies by."""
 
     title = "a drafting head"
 
-    def replay(self, placed: list[Any], linear: nn.Linear) -> Any:
+    def replay(self, placed: list[Any], variant: Hashable) -> Any:
         """Run the step over calls that fit it (each with its ``rows`` and ``lane``): the
         shape that holds them, its buffers loaded. Returns the buffers, or None where
         the recording was refused (the head runs eagerly)."""
         size = buckets.bucket_for(max(call.rows.positions.shape[0] for call in placed))
         assert size is not None  # placing checked each count against the largest bucket
         lanes = buckets.lanes_for(max(call.lane for call in placed))
-        run = self.run_for(lanes, size, linear)
+        run = self.run_for(lanes, size, variant)
         if run is None:
             return None
         buffer = self.buffers[lanes, size]

@@ -222,7 +222,9 @@ class GlideStep(HeadStep):
     def step(self, buffer: GlideBuffers, linear: nn.Linear) -> functools.partial:
         target = self.target
         assert target is not None  # place() found it
-        return functools.partial(self.compute, buffer, target, linear, buffer.logits_for(linear))
+        return functools.partial(
+            self.compute, buffer, target, linear, buffer.logits_for(linear, linear)
+        )
 
     def compute(
         self, buffer: GlideBuffers, target: StaticStep, linear: nn.Linear, logits: torch.Tensor

@@ -33,7 +33,7 @@ from autotune.engine import buckets, layers
 from autotune.engine.runner import additive
 from autotune.engine.static import ColumnWriter
 from autotune.engine.static_cache import LaneStorage, StaticCache
-from autotune.heads.eagle import DraftProjection, EagleHead, HeadRows
+from autotune.heads.eagle import CommitRows, DraftProjection, EagleHead, HeadRows
 from autotune.heads.head_step import HeadBuffers, HeadStep
 
 # One call's outputs per sequence: predicted features [S, H], their draft logits [S, V']
@@ -69,18 +69,46 @@ def head_rows(
 class Placed(NamedTuple):
     """A call that fits the step: its rows, its cache's lane, its cached entries before them."""
 
-    rows: HeadRows
+    rows: HeadRows | CommitRows
     lane: int
     prefix: int
 
 
+class Variant(NamedTuple):
+    """What a run of the step is recorded for: the draft projection (its weight's module)
+    and, for commits (``CommitRows``), the target's final norm and embedding, which the
+    step applies to the hidden states and tokens it is given."""
+
+    linear: nn.Linear
+    norm: nn.Module | None = None
+    embed: nn.Module | None = None
+
+    @staticmethod
+    def of(calls: list[HeadRows | CommitRows], linear: nn.Linear) -> Variant | None:
+        """The calls' variant, or None where they mix kinds or targets."""
+        first = calls[0]
+        if all(isinstance(call, HeadRows) for call in calls):
+            return Variant(linear)
+        if isinstance(first, CommitRows) and all(
+            isinstance(call, CommitRows) and (call.norm, call.embed) == (first.norm, first.embed)
+            for call in calls
+        ):
+            return Variant(linear, first.norm, first.embed)
+        return None
+
+
 class EagleBuffers(HeadBuffers):
-    """One shape's buffers (``HeadBuffers``) with the pairs' features and embeddings in,
-    and the predicted features and every row's draft logits out."""
+    """One shape's buffers (``HeadBuffers``) with the pairs' features and embeddings in
+    (a commit's: the target's hidden states in ``features`` and its tokens in ``tokens``,
+    a host input), and the predicted features and every row's draft logits out."""
 
     def __init__(self, lanes: int, size: int, columns: int, head: EagleHead):
         weight = head.fc.weight
-        super().__init__(lanes, size, columns, weight, logit_rows=lanes * size)
+        fields: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
+            "tokens": ((lanes, size), torch.long)
+        }
+        super().__init__(lanes, size, columns, weight, logit_rows=lanes * size, fields=fields)
+        self.tokens = self.inputs.device["tokens"]
         shape = (lanes, size, head.hidden_size)
         self.features = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
         self.embeds = torch.zeros_like(self.features)
@@ -91,8 +119,12 @@ class EagleBuffers(HeadBuffers):
         self.idle(scratch)
         for rows, lane, prefix in calls:
             n = rows.positions.shape[0]
-            self.features[lane, :n].copy_(rows.features)
-            self.embeds[lane, :n].copy_(rows.embeds)
+            if isinstance(rows, CommitRows):
+                self.features[lane, :n].copy_(rows.hidden)
+                self.inputs.put("tokens", (lane, slice(n)), rows.tokens)
+            else:
+                self.features[lane, :n].copy_(rows.features)
+                self.embeds[lane, :n].copy_(rows.embeds)
             self.load_rows(lane, rows.positions, prefix, rows.mask)
         self.inputs.send()
 
@@ -126,7 +158,7 @@ class EagleStep(HeadStep):
         self.follow(self.storage.version)
         return cache
 
-    def place(self, calls: list[HeadRows]) -> list[Placed]:
+    def place(self, calls: list[HeadRows | CommitRows]) -> list[Placed]:
         """The calls placed in the storage, or [] when they do not fit the step: each in
         its own lane of this storage, every layer at one length, a bucket for its rows,
         room before the scratch column, and a mask over its new rows or over the prefix
@@ -148,19 +180,23 @@ class EagleStep(HeadStep):
             placed.append(Placed(rows, cache.lane, prefix))
         return placed
 
-    def forward(self, calls: list[HeadRows], projection: DraftProjection) -> list[Outputs] | None:
+    def forward(
+        self, calls: list[HeadRows | CommitRows], projection: DraftProjection
+    ) -> list[Outputs] | None:
         """Per call, (predicted features [S, H], draft logits [S, V']) as the eager head
         and ``projection`` give them (views of the step's buffers, valid until its next
         run), its keys and values appended to its cache; None when the calls do not fit
-        the step (``place``) or it could not be recorded."""
-        placed = self.place(calls) if self.failed is None else []
+        the step (``place``: commits and other rows are not run together) or it could
+        not be recorded."""
+        variant = Variant.of(calls, projection.linear)
+        placed = self.place(calls) if self.failed is None and variant is not None else []
         if not placed:
             return None
-        buffer = self.replay(placed, projection.linear)
+        buffer = self.replay(placed, variant)
         if buffer is None:  # the recording failed: said once, and the head runs eagerly
             return None
         size = buffer.size
-        logits, outputs = buffer.logits[projection.linear], []
+        logits, outputs = buffer.logits[variant], []
         for rows, lane, prefix in placed:
             n = rows.positions.shape[0]
             rows.cache.lengths = [prefix + n] * len(rows.cache.lengths)
@@ -174,21 +210,32 @@ class EagleStep(HeadStep):
     def new_buffers(self, lanes: int, size: int) -> EagleBuffers:
         return EagleBuffers(lanes, size, self.storage.columns, self.head)
 
-    def step(self, buffer: EagleBuffers, linear: nn.Linear) -> functools.partial:
-        return functools.partial(self.compute, buffer, linear, buffer.logits_for(linear))
+    def step(self, buffer: EagleBuffers, variant: Variant) -> functools.partial:
+        logits = buffer.logits_for(variant, variant.linear)
+        return functools.partial(self.compute, buffer, variant, logits)
 
-    def compute(self, buffer: EagleBuffers, linear: nn.Linear, logits: torch.Tensor) -> None:
+    def compute(self, buffer: EagleBuffers, variant: Variant, logits: torch.Tensor) -> None:
         """The step itself, over the buffers and the storage (``head_rows``), then the
-        draft projection's product into ``logits``."""
-        rows = HeadInputs(buffer.features, buffer.embeds, buffer.positions, buffer.seen)
+        draft projection's product into ``logits``. A commit's pairs are made here: the
+        target's final norm over its hidden states, its embedding of the tokens."""
+        features, embeds = buffer.features, buffer.embeds
+        if variant.norm is not None and variant.embed is not None:
+            features, embeds = variant.norm(features), variant.embed(buffer.tokens)
+        rows = HeadInputs(features, embeds, buffer.positions, buffer.seen)
         predicted = head_rows(self.head, self.storage, rows, buffer.columns)
         predicted = predicted.view(buffer.lanes * buffer.size, -1)
         buffer.predicted.copy_(predicted)
-        logits.copy_(layers.linear(predicted, linear))  # as ``DraftProjection`` multiplies
+        logits.copy_(layers.linear(predicted, variant.linear))  # as ``DraftProjection`` does
 
-    def statics(self, buffer: EagleBuffers, linear: nn.Linear) -> list[torch.Tensor]:
+    def statics(self, buffer: EagleBuffers, variant: Variant) -> list[torch.Tensor]:
         """Every tensor the step reads or writes besides the head's parameters: the
-        storage, the buffers, and the projection's weight (the target's lm_head, or a
-        draft vocabulary's rows of it: not the head's)."""
+        storage, the buffers, the projection's weight (the target's lm_head, or a draft
+        vocabulary's rows of it: not the head's), and a commit's norm and embedding."""
         storage = [*self.storage.keys, *self.storage.values]
-        return [*storage, *buffer.tensors(), linear.weight]
+        target = [
+            weight
+            for module in (variant.norm, variant.embed)
+            if module is not None
+            for weight in module.parameters()
+        ]
+        return [*storage, *buffer.tensors(), variant.linear.weight, *target]
