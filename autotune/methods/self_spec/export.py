@@ -109,12 +109,14 @@ def _hf_notes(exit_layer: int) -> list[str]:
         f"the draft's own generate() inherits it and nests early-exit drafting (exact, "
         f"slower); to avoid that, leave it out of generation_config.json and pass "
         f"assistant_early_exit={exit_layer} to generate()",
-        # seen on 2026-11-27: 5.16.1 and 5.17.0 (the GPU image's) fail, 5.18.0 and later
-        # decode exactly; with a threshold of 0 every release decodes
-        "before transformers 5.18 (seen in 5.16 and 5.17), generate() fails with a "
-        "TypeError in ConfidenceCriteria when the model's generation config holds both "
-        "assistant_early_exit and an assistant_confidence_threshold above 0: there, pass "
-        "assistant_early_exit to generate() as above, or upgrade transformers",
+        # seen on 2026-11-27: 4.56.2, 5.16.1 and 5.17.0 (the GPU image's) fail with a
+        # threshold above 0 and decode exactly with 0; 4.57.6 fails with either; 5.18.0 and
+        # later decode exactly; the exit layer passed to generate() decodes in every one
+        "before transformers 5.18, generate() can fail when the model's generation config "
+        "holds assistant_early_exit: a TypeError in ConfidenceCriteria with an "
+        "assistant_confidence_threshold above 0 (seen in 4.56, 5.16 and 5.17), a "
+        "ValueError about MinLengthLogitsProcessor with any threshold (seen in 4.57): "
+        "there, pass assistant_early_exit to generate() as above, or upgrade transformers",
         "num_assistant_tokens_schedule is constant: the draft length is a fixed cap; "
         "the confidence threshold ends each draft early",
         "transformers keeps the draft token whose confidence fell below the threshold "
