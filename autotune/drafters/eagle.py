@@ -22,12 +22,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import torch
 
-from autotune.drafters.in_step import InStepDrafter
+from autotune.drafters.in_step import InStepDrafter, run_by_kind
 from autotune.engine.kvcache import KVCache
 from autotune.engine.proposal import Draft, DraftContext
 from autotune.engine.staging import sent
@@ -216,20 +216,13 @@ class EagleDrafter(InStepDrafter):
         """Several sequences' calls: their trees in one step of the head, first (they
         copy their roots in before the head's step runs again), and their head calls as
         one head forward and one projection."""
-        outputs: list[Any] = [None] * len(calls)
-        trees = [i for i, call in enumerate(calls) if isinstance(call, _TreeCall)]
-        if trees:
-            drafted = EagleDrafter._trees(projection, [calls[i] for i in trees])
-            for i, out in zip(trees, drafted):
-                outputs[i] = out
-        heads = [i for i, call in enumerate(calls) if isinstance(call, _HeadCall)]
-        if heads:
-            ran = EagleDrafter._head_calls(
-                model, projection, [cast(_HeadCall, calls[i]) for i in heads]
-            )
-            for i, out in zip(heads, ran):
-                outputs[i] = out
-        return outputs
+        return run_by_kind(
+            calls,
+            [
+                (_TreeCall, lambda trees: EagleDrafter._trees(projection, trees)),
+                (_HeadCall, lambda heads: EagleDrafter._head_calls(model, projection, heads)),
+            ],
+        )
 
     @staticmethod
     def _trees(projection: DraftProjection, calls: list) -> list[list[int] | Grown | _HeadOut]:

@@ -17,17 +17,20 @@ Drafting is written as a generator of draft-model calls (``drafters.in_step``): 
 decoded together share each step's draft forward and projection (``propose_all``). Where
 the target runs a fixed-shape step (``runner.static``: on a GPU), those forwards run in
 the draft's own (``heads.static_glide``), its cache lent in its target cache's lane; the
-exit rule reads each step's confidence on the host, between steps.
+exit rule reads each step's confidence on the host, between steps, and a greedy chain no
+exit cuts short is one step after the commit (``heads.glide_chain``).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from autotune.drafters.in_step import InStepDrafter
+from autotune.drafters.in_step import InStepDrafter, run_by_kind
 from autotune.drafters.self_spec import DraftExitPolicy, ExitThreshold
 from autotune.engine.kvcache import KVCache
 from autotune.engine.proposal import Draft, DraftContext, VerifyResult
@@ -36,7 +39,18 @@ from autotune.engine.staging import sent
 from autotune.engine.static_cache import StaticCache
 from autotune.heads.eagle import DraftProjection
 from autotune.heads.glide import GlideDraft, GlideRows, stale_visibility
+from autotune.heads.glide_chain import ChainCall, ChainSteps
 from autotune.heads.static_glide import GlideStep, kept
+
+
+@dataclass
+class _ChainCall:
+    """A greedy chain of ``length`` tokens drafted in one step (``heads.glide_chain``),
+    from ``call.logits``: the commit call's draft logits."""
+
+    call: ChainCall
+    steps: ChainSteps
+    length: int
 
 
 class GlideDrafter(InStepDrafter):
@@ -59,6 +73,7 @@ class GlideDrafter(InStepDrafter):
     def reset(self) -> None:
         self.cache: KVCache | None = None
         self.step: GlideStep | None = None  # the draft's fixed-shape step, where it runs
+        self.chains: ChainSteps | None = None  # a greedy chain in one step, there
         self.committed = 0  # positions in the draft's cache that the target confirmed
         self.exit = ExitThreshold(self.policy)
         self._hit_max = False
@@ -74,6 +89,34 @@ class GlideDrafter(InStepDrafter):
 
     @staticmethod
     def run_together(
+        model: GlideDraft, projection: DraftProjection, calls: list[GlideRows | _ChainCall]
+    ) -> list:
+        """Several sequences' calls: their chains in one step, first (they copy their first
+        logits in before the draft's step runs again), and their rows as one draft
+        forward."""
+        return run_by_kind(
+            calls,
+            [
+                (_ChainCall, lambda chains: GlideDrafter._chains(projection, chains)),
+                (GlideRows, lambda rows: GlideDrafter._rows(model, projection, rows)),
+            ],
+        )
+
+    @staticmethod
+    def _chains(projection: DraftProjection, calls: list[_ChainCall]) -> list:
+        """Each chain's tokens and distributions, drafted together in their step; where it
+        refuses them (another length, a cache off the step, a refused recording), copies
+        of their first logits, from which the drafter runs the chain a call a step: a
+        call in the same round may overwrite the step's output they are views of."""
+        first = calls[0]
+        if all(call.steps is first.steps and call.length == first.length for call in calls):
+            drafted = first.steps.draft([c.call for c in calls], first.length, projection)
+            if drafted is not None:
+                return drafted
+        return [call.call.logits.clone() for call in calls]
+
+    @staticmethod
+    def _rows(
         model: GlideDraft, projection: DraftProjection, calls: list[GlideRows]
     ) -> list[torch.Tensor]:
         """Several sequences' rows as one draft forward; the draft logits of each one's
@@ -88,7 +131,7 @@ class GlideDrafter(InStepDrafter):
         ends = list(itertools.accumulate(call.positions.shape[0] for call in calls))
         return list(projection(hidden[[end - 1 for end in ends]]))
 
-    def drafting(self, context: DraftContext) -> Generator[GlideRows, torch.Tensor, Draft]:
+    def drafting(self, context: DraftContext) -> Generator[GlideRows | _ChainCall, Any, Draft]:
         """Yields the rows of each draft forward, is sent the draft logits of their last
         row, returns the chain."""
         runner = context.runner
@@ -110,15 +153,24 @@ class GlideDrafter(InStepDrafter):
             tokens.append(token)
             dists.append(probs)
         self._hit_max = len(tokens) == limit
-        return self._draft(tokens, dists, context)
+        return self._draft(tokens, torch.stack(dists), context)
 
     def _to_the_limit(
         self, context: DraftContext, embed, target_kv, logits: torch.Tensor, limit: int
-    ) -> Generator[GlideRows, torch.Tensor, Draft]:
+    ) -> Generator[GlideRows | _ChainCall, Any, Draft]:
         """A greedy chain no exit can cut short, from the first step's draft ``logits``:
         each step's token goes to the next on the device, and the chain is read back once,
-        when it is complete."""
+        when it is complete. Where the draft runs in its step, the chain is one step more
+        (``heads.glide_chain``)."""
         assert self.projection is not None
+        self._hit_max = True
+        if self.chains is not None and self.cache is not None and limit > 1:
+            call = ChainCall(self.cache, context.cache, context.position, context.position, logits)
+            drafted = yield _ChainCall(call, self.chains, limit)
+            if isinstance(drafted, tuple):
+                tokens, probs = drafted
+                return self._draft(tokens, probs, context)
+            logits = drafted  # refused: a call a step, from the first logits' copy
         picked: list[torch.Tensor] = []
         dists: list[torch.Tensor] = []
         for step in range(limit):
@@ -127,8 +179,7 @@ class GlideDrafter(InStepDrafter):
             probs = logits.float().softmax(-1)
             picked.append(self.projection.tokens(probs.argmax(-1, keepdim=True)))
             dists.append(probs)
-        self._hit_max = True
-        return self._draft(torch.cat(picked).tolist(), dists, context)
+        return self._draft(torch.cat(picked).tolist(), torch.stack(dists), context)
 
     def _step_rows(self, context: DraftContext, embeds: torch.Tensor, target_kv, step: int):
         """The row of draft step ``step`` > 0: the previous token's embedding, one position
@@ -162,10 +213,12 @@ class GlideDrafter(InStepDrafter):
         target's cache, where the target's step lent that cache (``runner.static``: on a
         GPU); else its own."""
         static, target = context.runner.static, context.cache
-        self.step = None
+        self.step = self.chains = None
         if static is not None and isinstance(target, StaticCache) and static.storage.holds(target):
             self.step = GlideStep.of(self.draft, static)
             if self.step is not None:
+                embed, _ = self.draft.vocabulary(context.runner)
+                self.chains = ChainSteps.of(self.step, embed)
                 return self.step.lend(capacity, target.lane)
         return self.draft.new_cache(capacity)
 
@@ -184,9 +237,10 @@ class GlideDrafter(InStepDrafter):
             confidence = float(probs.max())
         return self.projection.token_of(index), probs, confidence
 
-    def _draft(self, tokens: list[int], dists: list[torch.Tensor], context: DraftContext) -> Draft:
+    def _draft(self, tokens: list[int], stacked: torch.Tensor, context: DraftContext) -> Draft:
+        """The draft of ``tokens``, with their distributions over the draft vocabulary
+        ``stacked`` [k, V'] where sampling or CAPE needs them."""
         assert self.projection is not None
-        stacked = torch.stack(dists)
         draft = Draft(tokens=tokens)
         if not context.sampling.greedy:
             draft.draft_probs = self._full_vocabulary(stacked, context)

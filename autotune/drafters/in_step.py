@@ -55,6 +55,19 @@ def run_in_step(
     return [results[i] for i in range(len(steps))]
 
 
+def run_by_kind(calls: list, runs: list[tuple[type, Callable[[list], list]]]) -> list:
+    """Each call's output: the calls of each kind (a class) run together by its run, kind
+    after kind in the order given (a drafter whose one-step drafts copy the outputs of
+    its head's step puts them first, before that step runs again)."""
+    outputs: list = [None] * len(calls)
+    for kind, run in runs:
+        indices = [i for i, call in enumerate(calls) if isinstance(call, kind)]
+        if indices:
+            for i, out in zip(indices, run([calls[i] for i in indices])):
+                outputs[i] = out
+    return outputs
+
+
 class InStepDrafter(ChainDrafter):
     """A drafter whose proposal is a generator of calls to its draft model (``drafting``),
     each call's output projected to draft logits: proposals of several sequences run in

@@ -42,6 +42,41 @@ from autotune.heads.glide import CrossSegment, GlideDraft, GlideRows
 from autotune.heads.head_step import HeadBuffers, HeadStep
 
 
+class DraftInputs(NamedTuple):
+    """One call's rows as a step holds them, [lanes, size, ...] each: their input
+    embeddings and positions, the columns of their lane of the draft's storage each row
+    sees, and the columns of the target's lane each row's cross-attention reads."""
+
+    embeds: torch.Tensor
+    positions: torch.Tensor
+    seen: torch.Tensor
+    cross_seen: torch.Tensor
+
+
+def draft_rows(
+    draft: GlideDraft, storage: LaneStorage, target: StaticStep, rows: DraftInputs, columns
+) -> torch.Tensor:
+    """The final-normed outputs [lanes, size, H] of ``rows``: the eager draft's arithmetic
+    (``GlideDraft.decoder_layers``) with every shape fixed, the lanes as the batch of both
+    attentions, each row's keys and values written at its column (``columns`` [lanes,
+    size]) of its lane of ``storage``, each cross-attention reading its target layer's
+    lanes of ``target``'s storage as they lie. No value is read back to the host."""
+    hidden, lanes, size = rows.embeds, rows.embeds.shape[0], rows.embeds.shape[1]
+    own_mask = additive(rows.seen, hidden.dtype)
+    cross_mask = additive(rows.cross_seen, hidden.dtype)
+    assert own_mask is not None and cross_mask is not None  # tensors in, tensors out
+    writer = ColumnWriter(storage.keys, storage.values, columns)
+    rope = draft.rotary(hidden, rows.positions)
+    own = [layers.AttentionSegment(size, rope, own_mask.unsqueeze(1), writer)]
+    cross_rope = draft.cross_rotary(hidden, rows.positions)
+    stored, seen = target.storage, cross_mask.unsqueeze(1)
+    cross = [  # per draft layer, its target layer's lanes as they lie (views)
+        [CrossSegment(size, cross_rope, stored.keys[t][:lanes], stored.values[t][:lanes], seen)]
+        for t in draft.target_layers
+    ]
+    return draft.decoder_layers(hidden, own, cross)
+
+
 class Placed(NamedTuple):
     """A call that fits the step: its rows, its lane (the draft's and the target's), its
     draft cache's entries before them, and the target entries it reads (T)."""
@@ -229,26 +264,12 @@ class GlideStep(HeadStep):
     def compute(
         self, buffer: GlideBuffers, target: StaticStep, linear: nn.Linear, logits: torch.Tensor
     ) -> None:
-        """The step itself, over the buffers and both storages: the eager draft's
-        arithmetic (``GlideDraft.decoder_layers``) with every shape fixed, the lanes as
-        the batch of both attentions, then each lane's last row through the projection's
-        product into ``logits``."""
-        draft, lanes, size = self.draft, buffer.lanes, buffer.size
-        hidden = buffer.embeds
-        own_mask = additive(buffer.seen, hidden.dtype)
+        """The step itself, over the buffers and both storages (``draft_rows``), then
+        each lane's last row through the projection's product into ``logits``."""
+        lanes = buffer.lanes
         below = buffer.target_columns.view(1, 1, -1) < buffer.cross_prefix.view(lanes, 1, 1)
-        cross_mask = additive(buffer.cross_seen & below, hidden.dtype)
-        assert own_mask is not None and cross_mask is not None  # tensors in, tensors out
-        writer = ColumnWriter(self.storage.keys, self.storage.values, buffer.columns)
-        rope = draft.rotary(hidden, buffer.positions)
-        own = [layers.AttentionSegment(size, rope, own_mask.unsqueeze(1), writer)]
-        cross_rope = draft.cross_rotary(hidden, buffer.positions)
-        stored, seen = target.storage, cross_mask.unsqueeze(1)
-        cross = [  # per draft layer, its target layer's lanes as they lie (views)
-            [CrossSegment(size, cross_rope, stored.keys[t][:lanes], stored.values[t][:lanes], seen)]
-            for t in draft.target_layers
-        ]
-        normed = draft.decoder_layers(hidden, own, cross)  # [lanes, size, H]
+        rows = DraftInputs(buffer.embeds, buffer.positions, buffer.seen, buffer.cross_seen & below)
+        normed = draft_rows(self.draft, self.storage, target, rows, buffer.columns)
         last = normed[buffer.lane_numbers, buffer.last]  # [lanes, H]: indices on the device
         logits.copy_(layers.linear(last, linear))  # as ``DraftProjection`` multiplies
 

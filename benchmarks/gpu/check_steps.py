@@ -109,6 +109,7 @@ def test_files() -> list[str]:
         "tests/test_static_lanes.py",
     ]
     files += ["tests/test_static_head.py", "tests/test_tree_step.py", "tests/test_static_glide.py"]
+    files += ["tests/test_glide_chain.py"]
     return [name for name in files if (ROOT / name).is_file()]
 
 
