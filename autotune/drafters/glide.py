@@ -133,7 +133,7 @@ class GlideDrafter(InStepDrafter):
 
     def drafting(self, context: DraftContext) -> Generator[GlideRows | _ChainCall, Any, Draft]:
         """Yields the rows of each draft forward, is sent the draft logits of their last
-        row, returns the chain."""
+        row (or yields a chain in one step, ``_to_the_limit``), returns the chain."""
         runner = context.runner
         embed, _ = self.draft.vocabulary(runner)
         limit = max(1, min(self.policy.max_tokens, context.max_tokens - 1))
