@@ -11,14 +11,12 @@ positions and masks laid out on the host and sent in one copy, the first step's 
 copied in, every step run inside (its token picked there), and the chain's tokens read
 back once; its distributions stay on the device for what the drafter keeps of them.
 
-A step is made per chain length, count of lanes, draft projection and embedding, the
-few most recent kept; it runs in the GLIDE step's storages, lane by lane, with its
-arithmetic per row (``draft_rows``).
+It runs in the GLIDE step's storages, lane by lane, with its arithmetic per row
+(``draft_rows``); what it keeps is ``heads.draft_steps``'.
 """
 
 from __future__ import annotations
 
-import collections
 import functools
 from typing import NamedTuple
 
@@ -26,16 +24,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from autotune.engine import buckets, layers
-from autotune.engine.capture import Recorder, Run
+from autotune.engine import layers
 from autotune.engine.kvcache import KVCache
 from autotune.engine.staging import HostInputs
 from autotune.engine.static_cache import StaticCache
+from autotune.heads.draft_steps import DraftSteps, Placed
 from autotune.heads.eagle import DraftProjection
 from autotune.heads.static_glide import DraftInputs, GlideStep, draft_rows
-
-# chains whose steps are kept: a decoding drafts one length, a search tries a few
-KEPT_CHAINS = 4
 
 
 class ChainCall(NamedTuple):
@@ -111,31 +106,24 @@ class ChainBuffers:
         self.inputs.send()
 
 
-class ChainSteps:
+class ChainSteps(DraftSteps[int]):
     """The greedy chains' steps over a GLIDE step's storages (see the module's
     docstring), recorded as that step records (``engine.capture``)."""
 
     title = "the GLIDE draft's chain"
+    kept_as = "_autotune_chains"
 
     def __init__(self, step: GlideStep, embed: nn.Embedding):
-        self.step, self.embed = step, embed
-        self.recorder = Recorder(step.storage.device, step.how)
-        self._steps: collections.OrderedDict[tuple, tuple[ChainBuffers, Run]] = (
-            collections.OrderedDict()
-        )
-        self._versions: tuple | None = None
-        self.calls = 0  # chains drafted here (the tests read it)
-        self.batched: collections.Counter[int] = collections.Counter()  # sequences > 1
+        super().__init__(step.storage.device, step.how, embed)
+        self.step = step
 
-    @classmethod
-    def of(cls, step: GlideStep, embed: nn.Embedding) -> ChainSteps:
-        """The chains' steps over ``step``'s storages, tokens embedded by ``embed`` (the
-        draft's vocabulary's), made once and kept on the GLIDE step."""
-        found = getattr(step, "_autotune_chains", None)
-        if not isinstance(found, cls) or found.embed is not embed:
-            found = cls(step, embed)
-            step._autotune_chains = found  # type: ignore[attr-defined]
-        return found
+    @property
+    def scratch(self) -> int:
+        return self.step.scratch
+
+    def versions(self) -> tuple[int, int | None]:
+        target = self.step.target
+        return self.step.storage.version, None if target is None else target.storage.version
 
     def draft(
         self, calls: list[ChainCall], length: int, projection: DraftProjection
@@ -145,89 +133,45 @@ class ChainSteps:
         after the committed tokens; None where the calls do not fit (``fits``) or the step
         could not be recorded (the drafter runs the chain a call a step)."""
         placed = self.fits(calls, length - 1)
-        if placed is None or self.recorder.failed is not None:
+        buffer = None if placed is None else self.run(calls, placed, length, projection)
+        if placed is None or buffer is None:
             return None
-        lanes = buckets.lanes_for(max(cache.lane for cache, _ in placed))
-        made = self._step_for(lanes, length, projection)
-        if made is None:
-            return None
-        buffer, run = made
-        buffer.load(
-            [(call, cache.lane, prefix) for call, (cache, prefix) in zip(calls, placed)],
-            self.step.scratch,
-        )
-        run()
         for cache, prefix in placed:
             cache.lengths = [prefix + length - 1] * len(cache.lengths)
-        self.calls += 1
-        if len(calls) > 1:
-            self.batched[len(calls)] += 1
         tokens = buffer.tokens.tolist()  # the one read of the chain
         return [(tokens[cache.lane], buffer.probs[cache.lane]) for cache, _ in placed]
 
-    def fits(self, calls: list[ChainCall], rows: int) -> list[tuple[StaticCache, int]] | None:
+    def fits(self, calls: list[ChainCall], rows: int) -> Placed | None:
         """Each call's draft cache and its length, or None unless every draft cache is the
         live borrower of its lane of the step's storage and its target cache of the same
         lane of the target's, at one length in every layer, with the committed target
         entries written and room for the chain's ``rows`` before the scratch column."""
         target = self.step.target
-        if target is None:
+        placed = self.placed([call.cache for call in calls], self.step.storage, rows)
+        if target is None or placed is None:
             return None
-        placed: list[tuple[StaticCache, int]] = []
-        for call in calls:
-            cache, read = call.cache, call.target
-            if not isinstance(cache, StaticCache) or not self.step.storage.holds(cache):
-                return None
+        for call, (cache, _) in zip(calls, placed):
+            read = call.target
             if not isinstance(read, StaticCache) or not target.storage.holds(read):
                 return None
-            if read.lane != cache.lane or any(cache.lane == other.lane for other, _ in placed):
-                return None
             layers_read = [read.lengths[t] for t in self.step.draft.target_layers]
-            if not 1 <= call.committed <= min(layers_read):
+            if read.lane != cache.lane or not 1 <= call.committed <= min(layers_read):
                 return None
-            if len(set(cache.lengths)) != 1 or cache.lengths[0] + rows > self.step.scratch:
-                return None
-            placed.append((cache, cache.lengths[0]))
         return placed
 
-    def _step_for(
+    def make(
         self, lanes: int, length: int, projection: DraftProjection
-    ) -> tuple[ChainBuffers, Run] | None:
-        """The chain's step over ``lanes`` lanes with ``projection``, made (on CUDA:
-        recorded) at its first call; the least recently used past ``KEPT_CHAINS`` go."""
+    ) -> tuple[ChainBuffers, functools.partial, list[torch.Tensor], str]:
         target = self.step.target
         assert target is not None  # fits() found it
-        versions = (self.step.storage.version, target.storage.version)
-        if self._versions != versions:  # a storage was replaced
-            self._versions = versions
-            self._steps.clear()
-            self.recorder.forget()
-        key = (lanes, length, projection.linear)
-        if key in self._steps:
-            self._steps.move_to_end(key)
-            return self._steps[key]
         width = projection.linear.weight.shape[0]
-        like = self.step.draft.norm.weight
         columns = (self.step.storage.columns, target.storage.columns)
-        buffer = ChainBuffers(lanes, length, columns, width, like)
+        buffer = ChainBuffers(lanes, length, columns, width, self.step.draft.norm.weight)
         step = functools.partial(self.compute, buffer, projection.linear, projection.ids)
-        buffer.load_idle(self.step.scratch)  # recording writes the scratch columns only
         statics = [*self.step.storage.keys, *self.step.storage.values, *buffer.tensors()]
         statics += [target.storage.keys[t] for t in self.step.draft.target_layers]
         statics += [target.storage.values[t] for t in self.step.draft.target_layers]
-        statics += [projection.linear.weight, self.embed.weight]
-        if projection.ids is not None:
-            statics.append(projection.ids)
-        what = f"{self.title}'s {length}-token step" + (
-            f" over {lanes} sequences" if lanes > 1 else ""
-        )
-        run = self.recorder.make(step, statics, what)
-        if run is None:
-            return None
-        self._steps[key] = (buffer, run)
-        while len(self._steps) > KEPT_CHAINS:
-            self._steps.popitem(last=False)
-        return buffer, run
+        return buffer, step, statics, f"{length}-token"
 
     def compute(self, buffer: ChainBuffers, linear: nn.Linear, ids: torch.Tensor | None) -> None:
         """The step itself: per step, the distribution of its draft logits and its most

@@ -16,13 +16,11 @@ and logits copied in, every level run inside the step (top-k, picks, gathers, an
 dynamic tree's masks over its ancestors), and the tree read back once.
 
 The step runs in the EAGLE head's storage, lane by lane as that step does, with its
-arithmetic per call (``head_rows``); a step is made per tree, count of lanes and draft
-projection, the few most recent kept.
+arithmetic per call (``head_rows``); what it keeps is ``heads.draft_steps``'.
 """
 
 from __future__ import annotations
 
-import collections
 import functools
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -32,16 +30,12 @@ import torch
 from torch import nn
 
 from autotune.engine import buckets, layers
-from autotune.engine.capture import Recorder, Run
 from autotune.engine.kvcache import KVCache
 from autotune.engine.staging import HostInputs, sent
-from autotune.engine.static_cache import StaticCache
 from autotune.engine.tree import ROOT
+from autotune.heads.draft_steps import DraftSteps, Placed
 from autotune.heads.eagle import DraftProjection, EagleHead
 from autotune.heads.static_head import EagleStep, HeadInputs, head_rows
-
-# trees whose steps are kept: a decoding drafts one tree, a search tries a new one a trial
-KEPT_TREES = 4
 
 
 @dataclass(frozen=True)
@@ -252,33 +246,23 @@ class DynamicBuffers(TreeBuffers):
         return [1] * k + [d for d in range(2, depth + 2) for _ in range(k * k)]
 
 
-class TreeSteps:
+class TreeSteps(DraftSteps[Tree]):
     """The trees' steps over an EAGLE head's storage (see the module's docstring),
     recorded as the head's step records (``engine.capture``)."""
 
     title = "the EAGLE head's tree"
+    kept_as = "_autotune_trees"
 
     def __init__(self, step: EagleStep, embed: nn.Embedding):
-        self.head, self.storage, self.embed = step.head, step.storage, embed
-        self.recorder = Recorder(self.head.fc.weight.device, step.how)
-        self._steps: collections.OrderedDict[tuple, tuple[Any, Run]] = collections.OrderedDict()
-        self._version = self.storage.version
-        self.calls = 0  # trees drafted here (the tests read it)
-        self.batched: collections.Counter[int] = collections.Counter()  # sequences > 1
-
-    @classmethod
-    def of(cls, step: EagleStep, embed: nn.Embedding) -> TreeSteps:
-        """The trees' steps in ``step``'s storage, the tokens embedded by ``embed`` (the
-        target's), made once and kept on the head's step, as it is kept on the head."""
-        found = getattr(step, "_autotune_trees", None)
-        if not isinstance(found, cls) or found.embed is not embed:
-            found = cls(step, embed)
-            step._autotune_trees = found  # type: ignore[attr-defined]
-        return found
+        super().__init__(step.head.fc.weight.device, step.how, embed)
+        self.head, self.storage = step.head, step.storage
 
     @property
     def scratch(self) -> int:
         return self.storage.columns - buckets.SCRATCH_COLUMNS
+
+    def versions(self) -> int:
+        return self.storage.version
 
     def draft(
         self, calls: list[TreeCall], tree: Tree, projection: DraftProjection
@@ -292,65 +276,31 @@ class TreeSteps:
         else:
             drafted = len({path[:-1] for path in tree if len(path) > 1})  # expanded nodes
         placed = self.fits(calls, drafted)
-        if placed is None or self.recorder.failed is not None:
+        buffer = None if placed is None else self.run(calls, placed, tree, projection)
+        if placed is None or buffer is None:
             return None
-        lanes = buckets.lanes_for(max(cache.lane for cache, _ in placed))
-        made = self._step_for(lanes, tree, projection)
-        if made is None:
-            return None
-        buffer, run = made
-        buffer.load(
-            [(call, cache.lane, prefix) for call, (cache, prefix) in zip(calls, placed)],
-            self.scratch,
-        )
-        run()
         for cache, prefix in placed:
             cache.lengths = [prefix + drafted] * len(cache.lengths)
-        self.calls += 1
-        if len(calls) > 1:
-            self.batched[len(calls)] += 1
-        lanes_of = [cache.lane for cache, _ in placed]
+        lanes = [cache.lane for cache, _ in placed]
         if isinstance(buffer, StaticBuffers):
             tokens = buffer.tokens.tolist()  # the one read of the draft
-            return [tokens[lane] for lane in lanes_of]
+            return [tokens[lane] for lane in lanes]
         ids, scores = buffer.ids.tolist(), buffer.scores.tolist()  # its two reads
         nodes, depths = len(scores[0]), buffer.depths()
-        return [
-            Grown(ids[lane][:nodes], ids[lane][nodes:], scores[lane], depths) for lane in lanes_of
-        ]
+        return [Grown(ids[lane][:nodes], ids[lane][nodes:], scores[lane], depths) for lane in lanes]
 
-    def fits(self, calls: list[TreeCall], drafted: int) -> list[tuple[StaticCache, int]] | None:
+    def fits(self, calls: list[TreeCall], drafted: int) -> Placed | None:
         """Each call's cache and its committed pairs, or None unless every cache is the
         live borrower of its own lane here, at one length in every layer, with room for
         the tree's ``drafted`` rows before the scratch column."""
-        placed: list[tuple[StaticCache, int]] = []
-        for call in calls:
-            cache = call.cache
-            if not isinstance(cache, StaticCache) or not self.storage.holds(cache):
-                return None
-            if any(cache.lane == other.lane for other, _ in placed):
-                return None
-            if len(set(cache.lengths)) != 1 or cache.lengths[0] + drafted > self.scratch:
-                return None
-            placed.append((cache, cache.lengths[0]))
-        return placed
+        return self.placed([call.cache for call in calls], self.storage, drafted)
 
-    def _step_for(
+    def make(
         self, lanes: int, tree: Tree, projection: DraftProjection
-    ) -> tuple[Any, Run] | None:
-        """The tree's step over ``lanes`` lanes with ``projection``, made (on CUDA:
-        recorded) at its first call; the least recently used past ``KEPT_TREES`` go."""
-        if self._version != self.storage.version:  # the storage was replaced
-            self._version = self.storage.version
-            self._steps.clear()
-            self.recorder.forget()
-        key = (lanes, tree, projection.linear)
-        if key in self._steps:
-            self._steps.move_to_end(key)
-            return self._steps[key]
+    ) -> tuple[TreeBuffers, functools.partial, list[torch.Tensor], str]:
         width, columns = projection.linear.weight.shape[0], self.storage.columns
-        buffer: TreeBuffers
         linear, vocabulary = projection.linear, projection.ids
+        buffer: TreeBuffers
         if isinstance(tree, DynamicShape):
             buffer = DynamicBuffers(lanes, tree, columns, self.head, width)
             step = functools.partial(self.compute_dynamic, buffer, linear, vocabulary)
@@ -359,19 +309,8 @@ class TreeSteps:
             buffer = StaticBuffers(lanes, Level.plan(tree), columns, self.head, width)
             step = functools.partial(self.compute_static, buffer, linear, vocabulary)
             what = f"{max(map(len, tree))}-level static"
-        buffer.load_idle(self.scratch)  # recording writes the scratch columns only
         statics = [*self.storage.keys, *self.storage.values, *buffer.tensors()]
-        statics += [projection.linear.weight, self.embed.weight]
-        if projection.ids is not None:
-            statics.append(projection.ids)
-        what = f"{self.title}'s {what} step" + (f" over {lanes} sequences" if lanes > 1 else "")
-        run = self.recorder.make(step, statics, what)
-        if run is None:
-            return None
-        self._steps[key] = (buffer, run)
-        while len(self._steps) > KEPT_TREES:
-            self._steps.popitem(last=False)
-        return buffer, run
+        return buffer, step, statics, what
 
     def compute_static(
         self, buffer: StaticBuffers, linear: nn.Linear, ids: torch.Tensor | None
