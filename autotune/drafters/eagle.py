@@ -189,7 +189,7 @@ class EagleDrafter(InStepDrafter):
         self.ranked_width = ranked_width
         if isinstance(tree, StaticTree):
             self._static_shape = TreeShape.from_choices(tree.choices)
-            self._levels, self._choices = Level.plan(tree.choices), tree.choices
+            self._levels = Level.plan(tree.choices)
             self._placed: list[_Placed] = []  # the levels, made at the first draft
             self.max_draft_tokens = len(tree.choices)
             if ranked_width and not self._static_shape.is_chain:
@@ -278,7 +278,7 @@ class EagleDrafter(InStepDrafter):
         tree = self.tree
         root = yield from self._commit(context)
         if isinstance(tree, StaticTree):
-            tokens, ranked = yield from self._static(context, root)
+            tokens, ranked = yield from self._static(context, root, tree)
             draft = Draft(tokens, tree=self._static_shape)
             if ranked is not None and self._static_shape.is_chain:
                 draft.ranked_tokens, draft.ranked_probs = ranked
@@ -346,20 +346,29 @@ class EagleDrafter(InStepDrafter):
         rows = HeadRows(features, runner.embed(tokens), positions, cache, mask)
         return (yield _HeadCall(rows, projected=count, step=self.step))
 
+    def _in_one_step(
+        self, context: DraftContext, root: _HeadOut, tree: Tree
+    ) -> _Drafting[tuple[Any, _HeadOut]]:
+        """The tree drafted in one step of the head (``heads.tree_step``): (the draft, the
+        root), or (None, a copy of the root) where the step refused it, to draft the tree
+        from a call at a time."""
+        assert self.trees is not None  # where the head runs as its step
+        call = TreeCall(self._cache(), context.position, root.features, root.logits)
+        drafted = yield _TreeCall(call, self.trees, tree)
+        return (None, drafted) if isinstance(drafted, _HeadOut) else (drafted, root)
+
     # --- static trees ------------------------------------------------------------------
 
-    def _static(self, context: DraftContext, root: _HeadOut) -> _Drafting[tuple]:
+    def _static(self, context: DraftContext, root: _HeadOut, tree: StaticTree) -> _Drafting[tuple]:
         """The tree's tokens, and (with ``ranked_width``) each level's top tokens and
         probabilities; every level's tokens picked on the device, read back at the end."""
+        if self.trees is not None and not self.ranked_width:
+            drafted, root = yield from self._in_one_step(context, root, tree.choices)
+            if drafted is not None:
+                return drafted, None
         runner, project = context.runner, self.projection_for(context.runner)
         if not self._placed:
             self._placed = [_placed(level, runner) for level in self._levels]
-        if self.trees is not None and not self.ranked_width:
-            call = TreeCall(self._cache(), context.position, root.features, root.logits)
-            drafted = yield _TreeCall(call, self.trees, self._choices)
-            if not isinstance(drafted, _HeadOut):
-                return drafted, None
-            root = drafted  # refused: the levels one call each, below the root's copy
         logits, features = root.logits, root.features  # the first level's parent: the root
         found, ranked = [], []
         for level, (picks, expanded, their_parents, seen) in zip(self._levels, self._placed):
@@ -389,11 +398,10 @@ class EagleDrafter(InStepDrafter):
         """Grow the tree on the device: each expansion's frontier, scores, parents and
         masks are taken there from the last one's top-k; the tree is read back once."""
         if self.trees is not None:
-            call = TreeCall(self._cache(), context.position, root.features, root.logits)
-            drafted = yield _TreeCall(call, self.trees, DynamicShape(tree.depth, tree.top_k))
-            if not isinstance(drafted, _HeadOut):
+            shape = DynamicShape(tree.depth, tree.top_k)
+            drafted, root = yield from self._in_one_step(context, root, shape)
+            if drafted is not None:
                 return drafted
-            root = drafted  # refused: a call per expansion, below the root's copy
         project, k = self.projection_for(context.runner), tree.top_k
         device = root.logits.device
         scores, best = root.logits.float().log_softmax(-1)[0].topk(k)
