@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_static_glide import PROMPTS, draft, runners  # noqa: F401
 from test_static_step import DEVICE, NoHostReads, on_device  # noqa: F401
-from test_tree_step import refuse_tolist
+from test_tree_step import drafts_of, refuse_tolist
 
 from autotune.drafters import glide as glide_drafting
 from autotune.drafters.glide import GlideDrafter
@@ -29,21 +29,10 @@ pytestmark = pytest.mark.usefixtures("one_thread", "on_device")
 CHAIN = DraftExitPolicy(4, 0.0, None)  # no exit: every chain runs to its length
 
 
-def drafts_of(monkeypatch) -> list:
-    """Every draft proposed from now on: its tokens, and its ranked tokens and
-    probabilities where it carries them."""
-    seen: list = []
-    propose_all = GlideDrafter.propose_all.__func__  # type: ignore[attr-defined]
-
-    def spied(cls, drafters, contexts):
-        drafts = propose_all(cls, drafters, contexts)
-        for d in drafts:
-            ranked = None if d.ranked_tokens is None else (d.ranked_tokens, d.ranked_probs)
-            seen.append((list(d.tokens), ranked))
-        return drafts
-
-    monkeypatch.setattr(GlideDrafter, "propose_all", classmethod(spied))
-    return seen
+def tokens_and_ranked(draft) -> tuple:
+    """A draft's tokens, and its ranked tokens and probabilities where it carries them."""
+    ranked = None if draft.ranked_tokens is None else (draft.ranked_tokens, draft.ranked_probs)
+    return list(draft.tokens), ranked
 
 
 def assert_same_drafts(got: list, want: list) -> None:
@@ -67,7 +56,7 @@ def chains_of(draft, runner) -> ChainSteps:
 def test_a_chain_is_one_step_with_the_eager_drafters_drafts(runners, draft, ranked, monkeypatch):
     eager, fixed = runners
     vocabulary = DraftProjection(fixed.lm_head, list(range(3, 128, 2)))
-    seen, proposals = drafts_of(monkeypatch), 0
+    seen, proposals = drafts_of(monkeypatch, GlideDrafter, tokens_and_ranked), 0
     for projection in (None, vocabulary):
         for prompt in PROMPTS:
             seen.clear()

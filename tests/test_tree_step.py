@@ -33,17 +33,18 @@ def refuse_tolist(self, *args, **kwargs):
     raise AssertionError("tolist reads a tensor's values on the host")
 
 
-def drafts_of(monkeypatch) -> list:
-    """Every draft proposed from now on, in order."""
+def drafts_of(monkeypatch, kind=EagleDrafter, keep=lambda d: (list(d.tokens), d.tree)) -> list:
+    """What ``keep`` takes of every draft a drafter of ``kind`` proposes from now on, in
+    order (by default its tokens and tree)."""
     seen: list = []
-    propose_all = EagleDrafter.propose_all.__func__  # type: ignore[attr-defined]
+    propose_all = kind.propose_all.__func__
 
     def spied(cls, drafters, contexts):
         drafts = propose_all(cls, drafters, contexts)
-        seen.extend((list(d.tokens), d.tree) for d in drafts)
+        seen.extend(keep(d) for d in drafts)
         return drafts
 
-    monkeypatch.setattr(EagleDrafter, "propose_all", classmethod(spied))
+    monkeypatch.setattr(kind, "propose_all", classmethod(spied))
     return seen
 
 
