@@ -37,7 +37,7 @@ from autotune.methods.ngram.settings import (
     block_of,
     config_of,
 )
-from autotune.methods.ngram.side_by_side import category_verdicts, with_default
+from autotune.methods.ngram.side_by_side import category_verdicts, entrants, with_default
 from autotune.methods.ngram.space import PerCategory
 from autotune.methods.ngram.trials import config_from_params, params_from_config
 
@@ -321,6 +321,22 @@ def test_the_default_is_a_candidate_unless_a_winner_is_it():
     assert "default" not in with_default(space, {"ngram": default, "suffix": suffix()})
 
 
+def test_the_side_by_side_takes_what_its_least_prompts_can_decode_in_the_time_left():
+    required = {"ngram": lookup(), "suffix": suffix()}
+    rules = {"vllm rule": lookup(), "hf rule": lookup()}
+    own = {"copy": suffix()}
+    whole = entrants(required, rules, own, prompt_s=1.0, left=None)
+    assert whole is not None and whole.left_out == []
+    assert set(whole.candidates) == {"ngram", "suffix", "vllm rule", "hf rule"}
+    assert whole.by_category == own
+    # two prompts of greedy + three decoders at 0.9 of greedy's time: 7.4 s
+    cut = entrants(required, rules, own, prompt_s=1.0, left=7.5)
+    assert cut is not None and set(cut.candidates) == {"ngram", "suffix", "vllm rule"}
+    assert cut.by_category == {} and cut.left_out == ["hf rule", "per-category settings"]
+    assert entrants(required, rules, own, prompt_s=1.0, left=5.5) is None  # 5.6 s for two
+    assert entrants(required, rules, own, prompt_s=1.0, left=0.0) is None
+
+
 def test_spread_takes_categories_in_turn():
     prompts = [EncodedPrompt(str(i), [i], c) for i, c in enumerate("aaabbc")]
     assert [p.id for p in categories_in_turn(prompts, 4)] == ["0", "3", "5", "1"]
@@ -408,6 +424,12 @@ def test_tune_on_a_tiny_llama_chooses_on_search_prompts(tmp_path, tiny_llama_dir
         served = method.for_engine(settings, engine).config()
         assert isinstance(served, EngineLookupConfig) and served.engine == engine
         assert variant.selection is not None and variant.selection.lossless
+    # no time left: no side by side; the proxy's better kind, unmeasured, for the
+    # held-back measurement to judge
+    late = TuneContext(ws, method.space(overlay), Budget(0.0), Workers())
+    hurried = method.tune(late)
+    assert hurried.selection is None and hurried.config() in candidates.values()
+    assert any("no time was left for the n-gram side by side" in n for n in late.notes)
     # --engine llamacpp: the search keeps to llama.cpp's rule from the probe on
     ctx = TuneContext(ws, method.space(overlay), Budget(None), Workers(), engines=("llamacpp",))
     probed = method.probe(ctx)
@@ -416,3 +438,8 @@ def test_tune_on_a_tiny_llama_chooses_on_search_prompts(tmp_path, tiny_llama_dir
     assert only.config() == method.for_engine(only, "llamacpp").config()
     assert only.config().engine == "llamacpp" and set(only.engines) == {"llamacpp"}
     assert only.selection is not None and only.selection.lossless
+    # and with no time left, its proxy's best, unmeasured
+    late = TuneContext(ws, method.space(overlay), Budget(0.0), Workers(), engines=("llamacpp",))
+    hurried = method.tune(late)
+    assert hurried.config().engine == "llamacpp" and hurried.selection is None
+    assert any("no time was left for the n-gram side by side" in n for n in late.notes)

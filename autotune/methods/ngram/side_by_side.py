@@ -7,6 +7,7 @@ a category keeps its own only where, on its prompts, it beat that setting clearl
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from autotune.drafters.ngram import NgramDrafter
@@ -84,6 +85,52 @@ def side_by_side(
     # the chosen setting's figures: the profile's selection when no other method is left
     # to compare it with
     return Race(chosen, selection, verdicts, Figures(**measured[chosen].summary(False)), measured)
+
+
+@dataclass(frozen=True)
+class Entrants:
+    """What a side by side decodes, cut to the time it has."""
+
+    candidates: dict[str, Config]  # the settings racing for the choice
+    by_category: dict[str, Config]  # each category's own (empty: none is judged)
+    left_out: list[str]  # what no time was left to measure, by name
+
+
+def entrants(
+    required: Mapping[str, Config],
+    optional: Mapping[str, Config],
+    by_category: Mapping[str, Config],
+    prompt_s: float,
+    left: float | None,
+) -> Entrants | None:
+    """What the side by side can decode on its least prompts (``MIN_PROMPTS``) in the
+    ``left`` seconds (None: no limit), one greedy prompt taking about ``prompt_s``: every
+    one of ``required``, then as many of ``optional`` as fit, in their order, then the
+    per-category setting (one more decoding of each prompt) if it fits; None where not
+    even ``required`` fits. Its least prompts are decoded whatever the budget says (a
+    setting needs a measurement to be chosen by), so on a busy machine, where a forward
+    can take four times as long, what they cost is what decides how far past its share
+    the tuning runs."""
+    from autotune.plan import DRAFT_FREE_COST
+
+    def fits(decoders: int) -> bool:
+        needed = MIN_PROMPTS * prompt_s * (1 + DRAFT_FREE_COST * decoders)  # 1: greedy's
+        return left is None or needed <= left
+
+    if not fits(len(required)):
+        return None
+    kept, left_out = dict(required), []
+    for name, config in optional.items():
+        if name in kept:
+            continue
+        if fits(len(kept) + 1):
+            kept[name] = config
+        else:
+            left_out.append(name)
+    judged = dict(by_category) if by_category and fits(len(kept) + 1) else {}
+    if by_category and not judged:
+        left_out.append("per-category settings")
+    return Entrants(kept, judged, left_out)
 
 
 def drafting_variants(settings: dict[str, Config]) -> dict[str, Variant]:

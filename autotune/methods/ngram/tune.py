@@ -38,9 +38,11 @@ from autotune.methods.ngram.proxy import Proxy, cached_engine_search, cached_pro
 from autotune.methods.ngram.replay import Replayer
 from autotune.methods.ngram.settings import Config, NgramSettings, block_of, describe
 from autotune.methods.ngram.side_by_side import (
+    Entrants,
     Race,
     category_verdicts,
     drafting_variants,
+    entrants,
     measure_in_step,
     side_by_side,
     with_default,
@@ -144,12 +146,17 @@ def tune(ctx: TuneContext) -> NgramSettings:
     # its figures are what the export to that engine carries, and it may win outright
     found = rule_search(ctx, replayer, [*winners.values(), *proxy.best.values()])
     rules = {f"{engine} rule": f.best for engine, f in found.items()}
-    if not trials and ctx.budget.spent():
-        race = proxy_choice(ctx, proxy)
+    # the side by side's least prompts are decoded whatever the time: it takes only what
+    # they can be decoded for in the time left
+    prompt_s = space.trials.tokens * calibration.curve(1)
+    entered = entrants(candidates, rules, proxy.by_category, prompt_s, ctx.budget.left())
+    if entered is None:
+        race = quick_choice(ctx, proxy, trials)
     else:
-        candidates = {**candidates, **rules}
+        note_left_out(ctx, entered)
+        candidates = entered.candidates
         timed = timed_prompts(space, calibration.confirm, study)
-        race = side_by_side(ctx, candidates, proxy.by_category, timed)
+        race = side_by_side(ctx, candidates, entered.by_category, timed)
     note_outsider(ctx, race.chosen, rules)
     measured = {candidates[n]: m for n, m in race.measured.items() if n in candidates}
     return NgramSettings(
@@ -200,15 +207,25 @@ def timed_prompts(
     return unseen if len(unseen) >= MIN_UNSEEN else confirm
 
 
-def proxy_choice(ctx: TuneContext, proxy: Proxy) -> Race:
-    """No time left (a busy machine): nothing optional; the proxy's better kind, which the
-    held-back measurement will judge."""
-    chosen = max(KINDS, key=lambda k: proxy.predicted[k])
-    ctx.note(
-        "no time was left for the n-gram study or its side by side: the proxy's best "
-        f"({chosen}) is the setting"
-    )
+def quick_choice(ctx: TuneContext, proxy: Proxy, trials: list[dict]) -> Race:
+    """No time left for the side by side (a busy machine): the study's fastest trial's
+    kind, or where it finished none, the proxy's better kind; the held-back measurement
+    will judge it."""
+    if trials:
+        chosen, why = trials[0]["kind"], "the study's fastest kind"
+    else:
+        chosen, why = max(KINDS, key=lambda k: proxy.predicted[k]), "the proxy's better kind"
+    ctx.note(f"no time was left for the n-gram side by side: {why} ({chosen}) is the setting")
     return Race(chosen)
+
+
+def note_left_out(ctx: TuneContext, entered: Entrants) -> None:
+    if entered.left_out:
+        ctx.note(
+            "the n-gram side by side had no time to measure "
+            + ", ".join(entered.left_out)
+            + " (an engine's rule left out carries the proxy's prediction)"
+        )
 
 
 def note_outsider(ctx: TuneContext, chosen: str, rules: Collection[str]) -> None:
@@ -236,7 +253,20 @@ def tune_for_engines(
     candidates: dict[str, Config] = {
         describe(config): config for f in found.values() for config, _ in f.ranked[:finalists]
     }
-    race = side_by_side(ctx, candidates, {}, calibration.confirm)
+    # the proxy's best of them first, the others where the time left allows
+    best = max((f.ranked[0] for f in found.values()), key=lambda ranked: ranked[1])[0]
+    prompt_s = space.trials.tokens * calibration.curve(1)
+    entered = entrants({describe(best): best}, candidates, {}, prompt_s, ctx.budget.left())
+    if entered is None:
+        ctx.note(
+            "no time was left for the n-gram side by side: the proxy's best engine rule "
+            f"({describe(best)}) is the setting"
+        )
+        race = Race(describe(best))
+    else:
+        note_left_out(ctx, entered)
+        candidates = entered.candidates
+        race = side_by_side(ctx, candidates, {}, calibration.confirm)
     return NgramSettings(
         selection=race.figures,
         draft=block_of(candidates[race.chosen]),
