@@ -1,0 +1,130 @@
+"""Every recorded step replayed as a CUDA graph replays it, on a CPU.
+
+A CUDA graph replays the kernels its recording launched, over the same memory: whatever
+the step's Python read while it was recorded (an int, a list, a cache's length, a tensor
+made from host values) is frozen into the replay, and only what lives in the step's
+buffers changes between replays. Off CUDA the recorder runs each step afresh
+(``engine.capture``), which hides that whole class of fault; the GPU check finds it only
+where a GPU is lent.
+
+Here each step is traced once when it is recorded (``make_fx`` over the tensors it
+names, in torch's own kernels: the engine's C++ product is opaque to a trace) and every
+later run replays the trace, with its Python values frozen as a graph's are. Then every
+method's greedy decoding, one request and several at once, with and without CAPE, must
+still equal plain greedy decoding by the eager layers, token for token."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from autotune.engine import capture, native, runner, static
+from autotune.engine.batched import decode_batch
+from autotune.engine.decoding import decode_plain, decode_speculative
+from autotune.engine.runner import Runner
+from autotune.methods import registry
+from autotune.methods.base import DraftEnv
+from autotune.models.ref import TargetRef
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PROMPTS = [[1, 5, 9, 33, 70], [1, 100, 3, 3, 3, 100, 3], [1, 40, 41, 42, 43, 44]]
+TOKENS = 20
+
+
+class Replays:
+    """How many steps were traced, and how many runs replayed a trace."""
+
+    def __init__(self):
+        self.traced = 0
+        self.replayed = 0
+
+    def make(self, step: functools.partial, statics: list[torch.Tensor]):
+        """``Recorder.make`` off CUDA: the step traced over ``statics`` (each tensor once;
+        its idle buffers as the recorder leaves them), the trace as the run."""
+        tensors = list({id(t): t for t in statics}.values())
+        traced = make_fx(lambda *_: step(), tracing_mode="real")(*tensors)
+        self.traced += 1
+
+        def run() -> None:
+            self.replayed += 1
+            traced(*tensors)
+
+        return run
+
+
+@pytest.fixture
+def replays(monkeypatch) -> Replays:
+    """Every runner and head with its fixed-shape steps, each step's runs replayed from
+    its trace; torch's kernels throughout."""
+    counts = Replays()
+    monkeypatch.setattr(static, "enabled_by_default", lambda device: True)
+    monkeypatch.setattr(runner, "enabled_by_default", lambda device: True)
+    monkeypatch.setattr(native, "available", lambda build=True: False)
+    monkeypatch.setattr(
+        capture.Recorder, "make", lambda recorder, step, statics, what: counts.make(step, statics)
+    )
+    return counts
+
+
+def test_a_replay_keeps_the_python_values_of_its_recording(replays):
+    """What the replays stand for: a value the step read on the host stays as it was
+    when recorded; a value in its buffers is read afresh at every run."""
+    held = {"host": 1.0}
+    device_value, out = torch.ones(1), torch.zeros(2)
+
+    def step() -> None:
+        out[0] = held["host"]
+        out[1] = device_value[0]
+
+    run = capture.Recorder(torch.device("cpu")).make(
+        functools.partial(step), [device_value, out], "a test step"
+    )
+    assert run is not None and replays.traced == 1
+    held["host"], device_value[0] = 5.0, 7.0
+    run()
+    assert out.tolist() == [1.0, 7.0]
+
+
+def cases() -> list:
+    out = []
+    for name, method in registry.methods().items():
+        out.append(pytest.param(name, False, id=name))
+        if method.chain:
+            out.append(pytest.param(name, True, id=f"{name}+cape"))
+    return out
+
+
+@pytest.mark.parametrize("name,cape", cases())
+def test_every_method_decodes_plain_greedy_output_from_replayed_steps(
+    replays, tiny_llama_dir, tmp_path, name, cape
+):
+    from test_drafter_contract import CAPE
+
+    ref = TargetRef.for_user(str(tiny_llama_dir))
+    model = ref.load().model
+    eager = Runner(model, native=False, static=False)
+    replayed = Runner(model, native=False)
+    assert replayed.static is not None
+    for each in (eager, replayed):
+        each.eos_token_ids = frozenset()
+    plain = [decode_plain(eager, p, TOKENS).tokens for p in PROMPTS]
+    env = DraftEnv(ref, replayed)
+    method = registry.get(name)
+    for label, settings in method.examples(model, tmp_path).items():
+        if cape:
+            settings = settings.model_copy(
+                update={"cape": CAPE.model_copy(update={"chain_depth": 3})}
+            )
+        make = method.deployed_drafter(settings, env)
+        drafter = make()
+        for prompt, expected in zip(PROMPTS, plain):
+            out = decode_speculative(replayed, drafter, prompt, TOKENS).tokens
+            assert out == expected, (label, prompt)
+        run = decode_batch(replayed, PROMPTS, TOKENS, 2, make)
+        assert [r.tokens for r in run.results] == plain, label
+    # the steps were recorded, and most runs were replays of a recording
+    assert replays.traced and replays.replayed > 2 * replays.traced
