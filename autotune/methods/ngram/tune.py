@@ -18,7 +18,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from autotune import plan
 from autotune.measure.timing import EncodedPrompt
@@ -146,17 +146,7 @@ def tune(ctx: TuneContext) -> NgramSettings:
     # its figures are what the export to that engine carries, and it may win outright
     found = rule_search(ctx, replayer, [*winners.values(), *proxy.best.values()])
     rules = {f"{engine} rule": f.best for engine, f in found.items()}
-    # the side by side's least prompts are decoded whatever the time: it takes only what
-    # they can be decoded for in the time left
-    prompt_s = space.trials.tokens * calibration.curve(1)
-    entered = entrants(candidates, rules, proxy.by_category, prompt_s, ctx.budget.left())
-    if entered is None:
-        race = quick_choice(ctx, proxy, trials)
-    else:
-        note_left_out(ctx, entered)
-        candidates = entered.candidates
-        timed = timed_prompts(space, calibration.confirm, study)
-        race = side_by_side(ctx, candidates, entered.by_category, timed)
+    race, candidates = race_in_time(ctx, calibration, proxy, candidates, rules, study, trials)
     note_outsider(ctx, race.chosen, rules)
     measured = {candidates[n]: m for n, m in race.measured.items() if n in candidates}
     return NgramSettings(
@@ -179,6 +169,29 @@ def tune(ctx: TuneContext) -> NgramSettings:
             **calibration.record(ctx),
         },
     )
+
+
+def race_in_time(
+    ctx: TuneContext,
+    calibration: Calibration,
+    proxy: Proxy,
+    candidates: dict[str, Config],
+    rules: Mapping[str, Config],
+    study: str | None,
+    trials: list[dict],
+) -> tuple[Race, dict[str, Config]]:
+    """The side by side of the ``candidates``, the engines' ``rules`` and the categories'
+    own settings, and the candidates it ran. Its least prompts are decoded whatever the
+    time, so it takes only what they can be decoded for in the time left (``entrants``);
+    with no time for the candidates themselves, the quick choice."""
+    space: NgramSpace = ctx.space
+    prompt_s = space.trials.tokens * calibration.curve(1)
+    entered = entrants(candidates, rules, proxy.by_category, prompt_s, ctx.budget.left())
+    if entered is None:
+        return quick_choice(ctx, proxy, trials), candidates
+    note_left_out(ctx, entered)
+    timed = timed_prompts(space, calibration.confirm, study)
+    return side_by_side(ctx, entered.candidates, entered.by_category, timed), entered.candidates
 
 
 def rule_search(
