@@ -10,8 +10,9 @@ where a GPU is lent.
 Here each step is traced once when it is recorded (``make_fx`` over the tensors it
 names, in torch's own kernels: the engine's C++ product is opaque to a trace) and every
 later run replays the trace, with its Python values frozen as a graph's are. Then every
-method's greedy decoding, one request and several at once, with and without CAPE, must
-still equal plain greedy decoding by the eager layers, token for token."""
+method, with and without CAPE, must draft what its drafter drafts beside the eager layers,
+proposal for proposal, and its greedy decoding, one request and several at once, must
+equal plain greedy decoding by the eager layers, token for token."""
 
 from __future__ import annotations
 
@@ -99,31 +100,38 @@ def cases() -> list:
 
 
 @pytest.mark.parametrize("name,cape", cases())
-def test_every_method_decodes_plain_greedy_output_from_replayed_steps(
+def test_every_method_drafts_and_decodes_as_the_eager_layers_from_replayed_steps(
     replays, tiny_llama_dir, tmp_path, name, cape
 ):
-    from test_drafter_contract import CAPE
+    """The same drafts as the drafter beside eager layers, proposal for proposal (a
+    drafter's stale step would only lower its acceptance: the output stays lossless),
+    and plain greedy output, alone and batched."""
+    from test_drafter_contract import CAPE, Recorder
 
     ref = TargetRef.for_user(str(tiny_llama_dir))
     model = ref.load().model
     eager = Runner(model, native=False, static=False)
     replayed = Runner(model, native=False)
-    assert replayed.static is not None
+    assert replayed.static is not None and eager.static is None
     for each in (eager, replayed):
         each.eos_token_ids = frozenset()
     plain = [decode_plain(eager, p, TOKENS).tokens for p in PROMPTS]
-    env = DraftEnv(ref, replayed)
     method = registry.get(name)
     for label, settings in method.examples(model, tmp_path).items():
         if cape:
             settings = settings.model_copy(
                 update={"cape": CAPE.model_copy(update={"chain_depth": 3})}
             )
-        make = method.deployed_drafter(settings, env)
-        drafter = make()
-        for prompt, expected in zip(PROMPTS, plain):
-            out = decode_speculative(replayed, drafter, prompt, TOKENS).tokens
-            assert out == expected, (label, prompt)
+        drafts = {}
+        for each in (eager, replayed):
+            make = method.deployed_drafter(settings, DraftEnv(ref, each))
+            drafter = Recorder(make())
+            for prompt, expected in zip(PROMPTS, plain):
+                out = decode_speculative(each, drafter, prompt, TOKENS).tokens
+                assert out == expected, (label, prompt)
+            drafts[each] = [(d.tokens, d.shape.parents) for d in drafter.drafts]
+        assert drafts[replayed] == drafts[eager], label
+        make = method.deployed_drafter(settings, DraftEnv(ref, replayed))
         run = decode_batch(replayed, PROMPTS, TOKENS, 2, make)
         assert [r.tokens for r in run.results] == plain, label
     # the steps were recorded, and most runs were replays of a recording
