@@ -7,12 +7,13 @@ buffers changes between replays. Off CUDA the recorder runs each step afresh
 (``engine.capture``), which hides that whole class of fault; the GPU check finds it only
 where a GPU is lent.
 
-Here each step is traced once when it is recorded (``make_fx`` over the tensors it
-names, in torch's own kernels: the engine's C++ product is opaque to a trace) and every
-later run replays the trace, with its Python values frozen as a graph's are. Then every
-method, with and without CAPE, must draft what its drafter drafts beside the eager layers,
-proposal for proposal, and its greedy decoding, one request and several at once, must
-equal plain greedy decoding by the eager layers, token for token."""
+Here each step is traced once when it is recorded (``replay_site.sitecustomize.traced``:
+``make_fx`` over the tensors it names, in torch's own kernels, the engine's C++ product
+being opaque to a trace) and every later run replays the trace, with its Python values
+frozen as a graph's are (that folder does the same for a whole run, Ray's workers
+included). Then every method, with and without CAPE, must draft what its drafter drafts
+beside the eager layers, proposal for proposal, and its greedy decoding, one request and
+several at once, must equal plain greedy decoding by the eager layers, token for token."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import functools
 
 import pytest
 import torch
-from torch.fx.experimental.proxy_tensor import make_fx
+from replay_site.sitecustomize import traced
 
 from autotune.engine import capture, native, runner, static
 from autotune.engine.batched import decode_batch
@@ -44,17 +45,16 @@ class Replays:
         self.replayed = 0
 
     def make(self, step: functools.partial, statics: list[torch.Tensor]):
-        """``Recorder.make`` off CUDA: the step traced over ``statics`` (each tensor once;
-        its idle buffers as the recorder leaves them), the trace as the run."""
-        tensors = list({id(t): t for t in statics}.values())
-        traced = make_fx(lambda *_: step(), tracing_mode="real")(*tensors)
+        """``Recorder.make`` off CUDA: the step traced over ``statics`` (its idle buffers
+        as the recorder leaves them), the trace as the run."""
+        run = traced(step, statics)
         self.traced += 1
 
-        def run() -> None:
+        def counted() -> None:
             self.replayed += 1
-            traced(*tensors)
+            run()
 
-        return run
+        return counted
 
 
 @pytest.fixture
