@@ -22,6 +22,7 @@ import functools
 import pytest
 import torch
 from replay_site.sitecustomize import traced
+from test_drafter_contract import CAPE, Recorder, cases
 
 from autotune.engine import capture, native, runner, static
 from autotune.engine.batched import decode_batch
@@ -90,15 +91,6 @@ def test_a_replay_keeps_the_python_values_of_its_recording(replays):
     assert out.tolist() == [1.0, 7.0]
 
 
-def cases() -> list:
-    out = []
-    for name, method in registry.methods().items():
-        out.append(pytest.param(name, False, id=name))
-        if method.chain:
-            out.append(pytest.param(name, True, id=f"{name}+cape"))
-    return out
-
-
 @pytest.mark.parametrize("name,cape", cases())
 def test_every_method_drafts_and_decodes_as_the_eager_layers_from_replayed_steps(
     replays, tiny_llama_dir, tmp_path, name, cape
@@ -106,8 +98,6 @@ def test_every_method_drafts_and_decodes_as_the_eager_layers_from_replayed_steps
     """The same drafts as the drafter beside eager layers, proposal for proposal (a
     drafter's stale step would only lower its acceptance: the output stays lossless),
     and plain greedy output, alone and batched."""
-    from test_drafter_contract import CAPE, Recorder
-
     ref = TargetRef.for_user(str(tiny_llama_dir))
     model = ref.load().model
     eager = Runner(model, native=False, static=False)
