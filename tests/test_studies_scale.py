@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import signal
 import socket
@@ -20,82 +19,18 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
 import pytest
+import study_objectives
 from optuna.distributions import FloatDistribution, IntDistribution
 from optuna.trial import TrialState
+from study_objectives import Slow, TinyTarget, faulty, value_of
 
 POSTGRES = "AUTOTUNE_TEST_POSTGRES"
 SPACE = {"x": IntDistribution(0, 6), "y": FloatDistribution(0.0, 1.0)}
 OPTIMUM = {"x": 3, "y": 0.5}
-
-
-def value_of(params: dict) -> float:
-    return -((params["x"] - 3) ** 2) - (params["y"] - 0.5) ** 2
-
-
-# Objectives run in Ray workers: module-level and shipped by value (see `cluster`).
-
-
-@dataclass
-class Slow:
-    """A cheap objective that takes its time; ``marks`` gets one file per trial start,
-    named by the Ray node it runs on."""
-
-    seconds: float
-    marks: str | None = None
-
-    def __call__(self, config: dict) -> dict:
-        if self.marks:
-            import ray
-
-            node = ray.get_runtime_context().get_node_id()
-            Path(self.marks, f"{node}-{os.getpid()}-{time.time_ns()}").touch()
-        start = time.time()
-        time.sleep(self.seconds)
-        return {"objective": value_of(config), "start": start, "end": time.time()}
-
-
-@dataclass
-class TinyTarget:
-    """A trial that needs the target: the tiny LLaMA, loaded once per worker. Each trial
-    marks its start in ``marks`` and ends only once a trial of another worker has started
-    (or after 60 s): two workers running side by side overlap, one alone does not."""
-
-    ref: object  # autotune.models.ref.TargetRef
-    marks: str
-
-    def __call__(self, config: dict) -> dict:
-        import torch
-
-        model = self.ref.load().model
-        start = time.time()
-        Path(self.marks, f"{os.getpid()}-{time.time_ns()}").touch()
-        with torch.no_grad():
-            logits = model(torch.tensor([[1, 5, 9, 3 + config["x"]]])).logits
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if any(not p.name.startswith(f"{os.getpid()}-") for p in Path(self.marks).iterdir()):
-                break
-            time.sleep(0.05)  # polling, with a deadline
-        assert torch.isfinite(logits).all()
-        return {"objective": value_of(config), "start": start, "end": time.time()}
-
-
-def faulty(config: dict) -> dict:
-    x = config["x"]
-    if x == 1:
-        return {"objective": math.nan}
-    if x == 2:
-        raise RuntimeError("boom at x=2")
-    if x == 3:
-        raise MemoryError("cannot allocate 64 GiB")
-    if x == 4:
-        os._exit(3)  # the worker process dies under the trial
-    return {"objective": float(x)}
 
 
 # --- fixtures -------------------------------------------------------------------------
@@ -124,11 +59,14 @@ def cluster(tmp_path_factory):
         },
     )
     init_ray(cluster.address)
-    # the workers cannot import this test module: ship its objectives by value
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    # the workers cannot import the tests' modules: ship this one's and the objectives by value
+    shipped = (sys.modules[__name__], study_objectives)
+    for module in shipped:
+        cloudpickle.register_pickle_by_value(module)
     cluster.results = results
     yield cluster
-    cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    for module in shipped:
+        cloudpickle.unregister_pickle_by_value(module)
     ray.shutdown()
     cluster.shutdown()
     if before is None:
@@ -217,95 +155,6 @@ def check_no_password_on_disk(url: str, cluster) -> None:
     for folder in folders:
         assert not files_containing(folder, password.encode()), folder
     assert any(Path(cluster.results).rglob("tuner.pkl"))  # Ray did write its state there
-
-
-# --- rules, no Ray -----------------------------------------------------------------
-
-
-def test_trial_resources_rule():
-    from autotune.studies.workers import Workers, trial_resources
-
-    machine = [{"CPU": 8.0}]
-    # a timed CPU trial has a machine to itself: one at a time per machine
-    assert trial_resources(Workers(), True, machine) == ({"cpu": 8.0}, 1)
-    assert trial_resources(Workers(count=2), True, machine) == ({"cpu": 8.0}, 1)
-    assert trial_resources(Workers(count=2), True, machine * 2) == ({"cpu": 8.0}, 2)
-    # a proxy trial gets an equal share of the cores
-    assert trial_resources(Workers(count=4), False, machine) == ({"cpu": 2.0}, 4)
-    assert trial_resources(Workers(count=16), False, machine) == ({"cpu": 1.0}, 8)
-    # cores given by hand; never more than the largest machine has
-    assert trial_resources(Workers(count=3, cpus_per_trial=1), True, machine) == ({"cpu": 1}, 3)
-    assert trial_resources(Workers(cpus_per_trial=32), True, machine) == ({"cpu": 8.0}, 1)
-    # with GPUs: a GPU set and one core each, side by side
-    gpus = [{"CPU": 16.0, "GPU": 2.0}]
-    assert trial_resources(Workers(count=4, gpus_per_trial=1), True, gpus) == (
-        {"cpu": 1.0, "gpu": 1},
-        2,
-    )
-
-
-def running_trial(user_attrs: dict, started=None):
-    from datetime import datetime
-
-    return optuna.trial.FrozenTrial(
-        number=0,
-        state=TrialState.RUNNING,
-        value=None,
-        datetime_start=started or datetime.now(),
-        datetime_complete=None,
-        params={},
-        distributions={},
-        user_attrs=user_attrs,
-        system_attrs={},
-        intermediate_values={},
-        trial_id=0,
-    )
-
-
-def test_stale_reason_rules():
-    import psutil
-
-    from autotune.studies.trials import GRACE_S, stale_reason, this_process
-
-    # unknown owner: the storage's heartbeat alone decides
-    assert stale_reason(running_trial({})) is None
-    assert "no heartbeat" in stale_reason(running_trial({}), late=True)
-    me = this_process()
-    assert stale_reason(running_trial({"owner": me}), late=True) is None
-    parent = psutil.Process(os.getppid())
-    alive = dict(me, pid=parent.pid, started=round(parent.create_time(), 2))
-    assert stale_reason(running_trial({"owner": alive}), late=True) is None
-    gone = dict(alive, started=alive["started"] - 1000.0)  # that pid, but another process
-    assert "is gone" in stale_reason(running_trial({"owner": gone}))
-    # another pid namespace (a container) on this machine: judged by its heartbeat alone
-    assert stale_reason(running_trial({"owner": dict(gone, pidns=-1)})) is None
-    # another machine, whatever its host name: judged by its heartbeat alone
-    elsewhere = dict(gone, boot="another-boot")
-    assert stale_reason(running_trial({"owner": elsewhere})) is None
-    late = stale_reason(running_trial({"owner": elsewhere}), late=True, grace=GRACE_S)
-    assert f"no heartbeat from {me['host']} for over {GRACE_S} s" in late
-
-
-def test_storage_pickles_without_password():
-    """Ray pickles the searcher, and so the storage, into its experiment folder."""
-    import pickle
-
-    from autotune.studies.rdb import RDBStorage, redact
-
-    url = "postgresql://autotune:Pa55-not-pickled@127.0.0.1:5432/autotune"
-    storage = RDBStorage.__new__(RDBStorage)  # its state, without a server to connect to
-    storage.__dict__.update(
-        url=url, engine_kwargs={}, scoped_session=None, engine=None, _version_manager=None
-    )
-    state = storage.__getstate__()
-    assert state["url"] == redact(url) == "postgresql://autotune:***@127.0.0.1:5432/autotune"
-    assert b"Pa55-not-pickled" not in pickle.dumps(state)
-    restored = RDBStorage.__new__(RDBStorage)
-    # unpickled in this process, it gets its password back (and then fails to connect:
-    # no server listens there, whichever driver error that raises)
-    with pytest.raises(Exception):  # noqa: B017
-        restored.__setstate__(state)
-    assert restored.url == url
 
 
 # --- (a) PostgreSQL, two workers side by side, the target loaded once per worker ------
