@@ -184,13 +184,10 @@ def race_in_time(
     own settings, and the candidates it ran. Its least prompts are decoded whatever the
     time, so it takes only what they can be decoded for in the time left (``entrants``);
     with no time for the candidates themselves, the quick choice."""
-    space: NgramSpace = ctx.space
-    prompt_s = space.trials.tokens * calibration.curve(1)
-    entered = entrants(candidates, rules, proxy.by_category, prompt_s, ctx.budget.left())
+    entered = entrants_in_time(ctx, calibration, candidates, rules, proxy.by_category)
     if entered is None:
         return quick_choice(ctx, proxy, trials), candidates
-    note_left_out(ctx, entered)
-    timed = timed_prompts(space, calibration.confirm, study)
+    timed = timed_prompts(ctx.space, calibration.confirm, study)
     return side_by_side(ctx, entered.candidates, entered.by_category, timed), entered.candidates
 
 
@@ -232,13 +229,25 @@ def quick_choice(ctx: TuneContext, proxy: Proxy, trials: list[dict]) -> Race:
     return Race(chosen)
 
 
-def note_left_out(ctx: TuneContext, entered: Entrants) -> None:
-    if entered.left_out:
+def entrants_in_time(
+    ctx: TuneContext,
+    calibration: Calibration,
+    required: Mapping[str, Config],
+    optional: Mapping[str, Config],
+    by_category: Mapping[str, Config],
+) -> Entrants | None:
+    """``entrants`` in the time the tuning has left, a greedy prompt as long as a trial's
+    on this device's curve; what it leaves out is said in one note."""
+    space: NgramSpace = ctx.space
+    prompt_s = space.trials.tokens * calibration.curve(1)
+    entered = entrants(required, optional, by_category, prompt_s, ctx.budget.left())
+    if entered is not None and entered.left_out:
         ctx.note(
             "the n-gram side by side had no time to measure "
             + ", ".join(entered.left_out)
             + " (an engine's rule left out carries the proxy's prediction)"
         )
+    return entered
 
 
 def note_outsider(ctx: TuneContext, chosen: str, rules: Collection[str]) -> None:
@@ -268,8 +277,7 @@ def tune_for_engines(
     }
     # the proxy's best of them first, the others where the time left allows
     best = max((f.ranked[0] for f in found.values()), key=lambda ranked: ranked[1])[0]
-    prompt_s = space.trials.tokens * calibration.curve(1)
-    entered = entrants({describe(best): best}, candidates, {}, prompt_s, ctx.budget.left())
+    entered = entrants_in_time(ctx, calibration, {describe(best): best}, candidates, {})
     if entered is None:
         ctx.note(
             "no time was left for the n-gram side by side: the proxy's best engine rule "
@@ -277,7 +285,6 @@ def tune_for_engines(
         )
         race = Race(describe(best))
     else:
-        note_left_out(ctx, entered)
         candidates = entered.candidates
         race = side_by_side(ctx, candidates, {}, calibration.confirm)
     return NgramSettings(
