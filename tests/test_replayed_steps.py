@@ -24,7 +24,7 @@ import torch
 from replay_site.sitecustomize import traced
 from test_drafter_contract import CAPE, Recorder, cases
 
-from autotune.engine import capture, native, runner, static
+from autotune.engine import capture, native
 from autotune.engine.batched import decode_batch
 from autotune.engine.decoding import decode_plain, decode_speculative
 from autotune.engine.runner import Runner
@@ -60,11 +60,8 @@ class Replays:
 
 @pytest.fixture
 def replays(monkeypatch) -> Replays:
-    """Every runner and head with its fixed-shape steps, each step's runs replayed from
-    its trace; torch's kernels throughout."""
+    """Each recorded step's runs replayed from its trace; torch's kernels throughout."""
     counts = Replays()
-    monkeypatch.setattr(static, "enabled_by_default", lambda device: True)
-    monkeypatch.setattr(runner, "enabled_by_default", lambda device: True)
     monkeypatch.setattr(native, "available", lambda build=True: False)
     monkeypatch.setattr(
         capture.Recorder, "make", lambda recorder, step, statics, what: counts.make(step, statics)
@@ -101,7 +98,7 @@ def test_every_method_drafts_and_decodes_as_the_eager_layers_from_replayed_steps
     ref = TargetRef.for_user(str(tiny_llama_dir))
     model = ref.load().model
     eager = Runner(model, native=False, static=False)
-    replayed = Runner(model, native=False)
+    replayed = Runner(model, native=False, static=True)  # its heads' steps follow its own
     assert replayed.static is not None and eager.static is None
     for each in (eager, replayed):
         each.eos_token_ids = frozenset()
