@@ -15,6 +15,7 @@ are trained and tuned, the leader's study taking the time the others left.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -65,6 +66,10 @@ TRIAL_START_S = 1.5
 # However long generation took, training gets at least this long (a profile's probe
 # trains heads for ~30 s on answers already decoded: a longer floor overran it 2x).
 LEAST_TRAINING_S = 20.0
+# Head kinds, the likeliest to pay first: where the time left trains one of two kinds that
+# need as long, the later one goes (EAGLE's heads lead Medusa's on Spec-Bench's published
+# leaderboard, Vicuna-7B on one RTX 3090), not whichever a set happens to yield first.
+HEADS_PRIOR = ("eagle", "medusa", "glide")
 
 # --- shares of the time ------------------------------------------------------------------
 # Decoding with a method costs about this much of greedy's time (for the plan only;
@@ -533,12 +538,29 @@ def cannot_train(
     short = [k for k in kinds if planned.get(k, 0.0) < least.get(k, 0.0)]
     if not short:
         return None
-    kind = max(short, key=lambda k: least.get(k, 0.0))
+    kind = max(short, key=lambda k: (least.get(k, 0.0), _prior_rank(k), k))
     return {kind}, (
         f"the budget leaves {clock(planned.get(kind, 0.0))} (m:s) to train {kind} heads, "
         f"under the {clock(least.get(kind, 0.0))} they need to be worth measuring; give "
         "more --budget, or"
     )
+
+
+def untrainable(facts: Facts, evidence: Evidence, seconds: float) -> dict[str, str]:
+    """Head kind -> why it is dropped: each kind ``cannot_train`` names, the plan made
+    again without it (its time goes to the kinds left), until every kind left can train."""
+    dropped: dict[str, str] = {}
+    while found := cannot_train(facts, training_planned(facts, evidence, seconds), evidence):
+        kinds, why = found
+        dropped.update(dict.fromkeys(kinds, why))
+        methods = {m: why for m, kind in facts.train.items() if kind in kinds}
+        evidence = dataclasses.replace(evidence, skipped={**methods, **evidence.skipped})
+    return dropped
+
+
+def _prior_rank(kind: str) -> int:
+    """Where ``kind`` stands in ``HEADS_PRIOR`` (one it does not name after them all)."""
+    return HEADS_PRIOR.index(kind) if kind in HEADS_PRIOR else len(HEADS_PRIOR)
 
 
 def training_planned(facts: Facts, evidence: Evidence, seconds: float) -> dict[str, float]:

@@ -178,6 +178,29 @@ def test_a_kind_without_the_time_it_needs_is_dropped_first():
     assert kinds == {"medusa", "eagle"} and "2.0B" in why
 
 
+def test_untrainable_drops_kinds_one_at_a_time_and_gives_their_time_to_the_rest():
+    f = facts(
+        train={"medusa": "medusa", "glide": "glide"},
+        min_training={"medusa": 45.0, "glide": 300.0},
+        methods=("ngram", "medusa", "glide"),
+    )
+    dropped = plan.untrainable(f, Evidence(), 1200.0)
+    assert list(dropped) == ["glide"] and "train glide heads" in dropped["glide"]
+    # too little for either: the one needing the most goes first, then the other
+    dropped = plan.untrainable(f, Evidence(), 90.0)
+    assert list(dropped) == ["glide", "medusa"]
+    assert "train medusa heads" in dropped["medusa"]
+    assert plan.untrainable(facts(methods=("ngram",), train={}), Evidence(), 60.0) == {}
+
+
+def test_of_two_kinds_needing_as_long_the_prior_keeps_eagle_whatever_the_order():
+    """Time for one of two kinds of the same least training: EAGLE's is kept, in either
+    order of the methods (a set's order decided it, from one process to the next)."""
+    for order in (("medusa", "eagle"), ("eagle", "medusa")):
+        f = facts(methods=("ngram", *order), train={k: k for k in order})
+        assert list(plan.untrainable(f, Evidence(), 400.0)) == ["medusa"]
+
+
 def test_the_levels_under_load_keep_a_tenth_of_the_budget_after_the_verdict():
     without = plan.phases(facts(budget_s=1200.0), Evidence(), 1200.0)
     assert without[-1].name == "held-back measurement"

@@ -163,18 +163,13 @@ def refuse_small_budget(run: RunState) -> None:
 def drop_untrainable(run: RunState) -> RunState:
     """Head kinds that cannot be trained here, or not in the time the plan gives them,
     are dropped (with the command that trains them), and the plan made without them."""
-    while True:
-        planned_s = plan.training_planned(run.facts, run.evidence, seconds_left(run))
-        untrainable = plan.cannot_train(run.facts, planned_s, run.evidence)
-        if untrainable is None:
-            return run
-        kinds, why_not = untrainable
-        for name, kind in run.facts.train.items():
-            if kind in kinds and name not in run.evidence.skipped:
-                run = skip(
-                    run,
-                    name,
-                    f"{why_not}: train {kind} heads with `autotune heads train --kind "
-                    f"{kind} --model {run.ws.ref.spec}` (profile finds them in its heads "
-                    "cache)",
-                )
+    dropped = plan.untrainable(run.facts, run.evidence, seconds_left(run))
+    for name, kind in run.facts.train.items():
+        if kind in dropped and name not in run.evidence.skipped:
+            run = skip(
+                run,
+                name,
+                f"{dropped[kind]}: train {kind} heads with `autotune heads train --kind "
+                f"{kind} --model {run.ws.ref.spec}` (profile finds them in its heads cache)",
+            )
+    return run
