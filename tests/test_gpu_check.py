@@ -257,6 +257,48 @@ def test_the_against_defaults_step_measures_the_profile_the_check_wrote(gpu, tmp
     assert float(options["--time-limit"]) < gpu.check_steps.GPU_LIMITS["against_defaults"]
 
 
+def test_the_profile_keeps_the_time_of_the_step_that_measures_it(gpu, tmp_path):
+    def budget(time_left: float, *flags: str) -> float:
+        args = gpu.check.parse_args(["--state", str(tmp_path), "--device", "cuda", *flags])
+        ctx = gpu.check_steps.Context(args, tmp_path, None, True, time_left=lambda: time_left)
+        return gpu.check_steps.profile_budget(ctx)
+
+    slack, after = gpu.check_steps.PROFILE_SLACK_S, gpu.check_steps.GPU_LIMITS["against_defaults"]
+    assert budget(1000.0) == gpu.check_steps.PROFILE_BUDGET_S
+    assert budget(300.0) == 300.0 - slack - after
+    assert budget(300.0, "--skip", "against_defaults") == 300.0 - slack
+    assert budget(300.0, "--profile-budget", "100") == 100.0
+
+
+def test_the_default_profile_budget_trains_heads_on_a_gpu(gpu):
+    """The plan the profile makes (``plan.untrainable``), at a graph-captured SmolLM2-135M
+    forward of 600 tokens/s, keeps a head kind to train within the check's default
+    budget (less a set-up's half minute); the old 150 s dropped them all."""
+    from autotune import plan
+    from autotune.training.kinds import KINDS
+
+    train = {"medusa": "medusa", "eagle": "eagle", "glide": "glide"}
+    facts = plan.Facts(
+        forward_s=1 / 600,
+        verify_relative=tuple(1.0 + 0.004 * n for n in range(plan.PROBE_CURVE_TOKENS)),
+        methods=("ngram", "self_spec", "medusa", "eagle", "glide"),
+        draft_free=("ngram",),
+        train=train,
+        min_training={kind: KINDS[kind].min_training_s for kind in train.values()},
+        answer_prompts=60,
+        extra_answer_prompts=200,
+        params=135_000_000,
+        cpu=False,
+    )
+
+    def trained(budget: float) -> set[str]:
+        seconds = budget - 30.0 - plan.CLOSING_S
+        return set(train.values()) - set(plan.untrainable(facts, plan.Evidence(), seconds))
+
+    assert trained(150.0) == set()
+    assert "eagle" in trained(gpu.check_steps.PROFILE_BUDGET_S)
+
+
 def test_the_table_names_the_card_and_says_what_did_not_run(gpu):
     results = made_up_results(x_floor_1=1.25, graph_ms_1=9.8, greedy=650.0)
     results["profile"] = {"status": "skipped", "why": "no model yet"}

@@ -44,7 +44,16 @@ from pathlib import Path
 
 import check_stage
 import check_summary
-from check_steps import ROOT, STEPS, Context, Step, json_file, step_env, step_limit
+from check_steps import (
+    PROFILE_BUDGET_S,
+    ROOT,
+    STEPS,
+    Context,
+    Step,
+    json_file,
+    step_env,
+    step_limit,
+)
 
 LOG_TAIL = 400_000  # characters of each stream of a step kept in check.log (16 MiB come back)
 
@@ -276,7 +285,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="SECONDS",
         help="start nothing that would end after this",
     )
-    parser.add_argument("--profile-budget", type=float, default=150, metavar="SECONDS")
+    parser.add_argument(
+        "--profile-budget",
+        type=float,
+        default=PROFILE_BUDGET_S,
+        metavar="SECONDS",
+        help="the profile's --budget, at most (less where the call has less left)",
+    )
     parser.add_argument("--skip", default="", help="steps to leave out, comma-separated")
     parser.add_argument("--again", action="store_true", help="run the steps measured earlier again")
     parser.add_argument("--commit", help="the commit measured, where the copy has no git folder")
