@@ -139,13 +139,13 @@ def engine_build_cut_short(world: World) -> None:
     world.monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(world.cache / "ext"))
     native._folder().mkdir(parents=True)
     native._built_file().write_bytes(b"\x7fELF\x02")
-    world.monkeypatch.setattr(native, "_build", lambda folder: None)
+    world.monkeypatch.setattr("torch.utils.cpp_extension.load", lambda **options: None)
 
 
 def engine_build(world: World) -> CacheEntry:
     from autotune.engine import native
 
-    return CacheEntry(native._folder(), "build", folder=True)
+    return CacheEntry(native._built_file(), "build")
 
 
 def heads_train_args(world: World) -> list:

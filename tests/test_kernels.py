@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -195,13 +198,45 @@ def test_the_kernel_is_built_under_torch_extensions_dir(monkeypatch, tmp_path):
     assert native._folder().parent == tmp_path
 
 
-def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_fresh_one_kept(tmp_path):
-    stale, fresh = tmp_path / "stale", tmp_path / "fresh"
-    stale.touch()
-    fresh.touch()
-    old = time.time() - native.STALE_LOCK_S - 60
-    os.utime(stale, (old, old))
-    native._drop_stale_lock(stale)
-    native._drop_stale_lock(fresh)
-    native._drop_stale_lock(tmp_path / "absent")
-    assert not stale.exists() and fresh.exists()
+def hold_the_build(folder: Path) -> subprocess.Popen:
+    """Another process building in ``folder``: it holds the build's hold until killed."""
+    script = (
+        "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
+        "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script, str(folder / "build.flock")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_build_lock_a_killed_build_left_is_removed_and_a_live_builders_kept(
+    monkeypatch, tmp_path
+):
+    """torch waits forever on a ``lock`` file that a build killed midway left (a check
+    step's time limit did so, and every later process of the same checkout hung). Under
+    the kernel's hold, which a killed process gives up, such a file is a leftover."""
+    folder = tmp_path / "build"
+    folder.mkdir()
+    built = []
+
+    def load(**options):
+        built.append((folder / "lock").exists())
+        return "module"
+
+    monkeypatch.setattr("torch.utils.cpp_extension.load", load)
+    monkeypatch.setattr(native, "BUILD_WAIT_S", 0.5)
+    (folder / "lock").touch()
+    holder = hold_the_build(folder)
+    try:  # a live builder: its lock is kept, and the wait ends (torch's kernels)
+        started = time.monotonic()
+        assert native._build(folder) is None and built == []
+        assert (folder / "lock").exists() and time.monotonic() - started < 5
+    finally:
+        holder.kill()
+        holder.wait()
+    # killed while building: its lock is a leftover, removed before the build
+    assert native._build(folder) == "module" and built == [False]

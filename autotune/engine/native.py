@@ -8,9 +8,10 @@ reads each weight once per call for up to 64 rows (8 rows: 26 ms on that machine
 row's result does not depend on how many rows share the call. The decoder layers run
 between those products without the per-operation overhead of ~35 torch calls a layer.
 
-It is compiled once per machine with the C++ compiler torch's extensions use (about 20 s),
-into torch's extension folder (``$TORCH_EXTENSIONS_DIR``, by default
-``~/.cache/torch_extensions``), which every autotune process and trial worker shares. With
+It is compiled once per machine and checkout with the C++ compiler torch's extensions use
+(about 20 s), into torch's extension folder (``$TORCH_EXTENSIONS_DIR``, by default
+``~/.cache/torch_extensions``), which every autotune process and trial worker shares, one
+process building at a time (``_building``). With
 no compiler, or ``AUTOTUNE_NATIVE=0``, the engine keeps torch's kernels and its Python
 layers.
 """
@@ -80,10 +81,11 @@ def decoder_stack(
 
 @functools.cache
 def _name() -> str:
-    """One build per source, compiler target and torch: ``-march=native`` code runs only
-    on the CPU it was built for."""
+    """One build per source, compiler target, torch and checkout: ``-march=native`` code
+    runs only on the CPU it was built for, and ninja's build file names the sources by
+    their paths (two checkouts sharing a folder rebuilt it in turn, each over the other's)."""
     code = "".join(path.read_text() for path in (*SOURCES, *HEADERS))
-    key = {**machine_key(), "threads": None, "source": code}
+    key = {**machine_key(), "threads": None, "source": code, "where": str(_HERE)}
     return "autotune_native_" + hashlib.sha256(repr(sorted(key.items())).encode()).hexdigest()[:12]
 
 
@@ -100,23 +102,12 @@ def _built_file() -> Path:
 
 
 def _load() -> Any:
-    from autotune.progress import say
-
     folder = _folder()
     # torch finds ninja on PATH: pip's ninja sits beside this interpreter, which a
     # virtual environment run without activation does not put on PATH
     here = str(Path(sys.executable).parent)
     if shutil.which("ninja") is None and here not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
-    if _built_file().is_file() and _cut_short(_built_file()):
-        # ninja sees the cut-short file newer than the sources and never builds it again
-        from autotune.cache_entry import CacheEntry
-
-        CacheEntry(folder, "the engine's C++ build", folder=True).discard(
-            f"{_built_file().name} is cut short", "building it again"
-        )
-    if not _built_file().is_file():
-        say("[dim]building the engine's C++ code for this CPU (once, about 20 s)[/dim]")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -127,23 +118,43 @@ def _load() -> Any:
 
 def _build(folder: Path) -> Any:
     """The module, built in ``folder`` unless built there already; None when it cannot be
-    (no compiler, a failed build): torch's kernels, which are correct, only slower."""
+    (no compiler, a failed build, another process's build for too long): torch's
+    kernels, which are correct, only slower."""
     from torch.utils.cpp_extension import load
 
+    from autotune.progress import say
+
     try:
-        _drop_stale_lock(folder / "lock")
-        # the compiler's own output is not the user's business
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            return load(
-                name=_name(),
-                sources=[str(path) for path in SOURCES],
-                extra_cflags=["-O3", "-march=native", "-fopenmp", f"-I{_HERE}"],
-                extra_ldflags=["-fopenmp"],
-                build_directory=str(folder),
-                verbose=False,
-            )
-    except Exception:  # no compiler, a failed build, an unwritable folder
+        with _building(folder):
+            _set_aside_if_cut_short(_built_file())
+            if not _built_file().is_file():
+                say("[dim]building the engine's C++ code for this CPU (once, about 20 s)[/dim]")
+            # the compiler's own output is not the user's business
+            with (
+                contextlib.redirect_stdout(io.StringIO()),
+                contextlib.redirect_stderr(io.StringIO()),
+            ):
+                return load(
+                    name=_name(),
+                    sources=[str(path) for path in SOURCES],
+                    extra_cflags=["-O3", "-march=native", "-fopenmp", f"-I{_HERE}"],
+                    extra_ldflags=["-fopenmp"],
+                    build_directory=str(folder),
+                    verbose=False,
+                )
+    except Exception:  # no compiler, a failed build, an unwritable folder, a long wait
         return None
+
+
+def _set_aside_if_cut_short(library: Path) -> None:
+    """A library a build killed while linking left cut short is moved aside: ninja sees
+    it newer than the sources and would never build it again."""
+    if library.is_file() and _cut_short(library):
+        from autotune.cache_entry import CacheEntry
+
+        CacheEntry(library, "the engine's C++ build").discard(
+            f"{library.name} is cut short", "building it again"
+        )
 
 
 def _say_unusable(folder: Path, exc: OSError) -> None:
@@ -179,12 +190,32 @@ def _cut_short(library: Path) -> bool:
     return section_headers + entry_size * count > size
 
 
-STALE_LOCK_S = 600.0  # a build takes about 20 s, several minutes on a busy machine
+# another process's build takes about 20 s, several minutes on a busy machine
+BUILD_WAIT_S = 300.0
 
 
-def _drop_stale_lock(lock: Path) -> None:
-    """torch's build lock is a file that a killed build leaves behind, and every later
-    process waits on it forever; one older than any build is removed."""
-    with contextlib.suppress(OSError):
-        if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
-            lock.unlink()
+@contextlib.contextmanager
+def _building(folder: Path):
+    """Held while this process builds or loads the module in ``folder``, one process at a
+    time. torch's own build lock is a file, which a build killed midway (a time limit,
+    Ctrl-C) leaves behind, and every later process then waits on it forever. This hold is
+    the kernel's (``flock``), released when its process ends however it ends; every
+    builder takes it first, so a ``lock`` file found while holding it is a killed build's,
+    and is removed. Raises TimeoutError after ``BUILD_WAIT_S`` of another's build."""
+    import fcntl
+
+    with (folder / "build.flock").open("a") as handle:
+        deadline = time.monotonic() + BUILD_WAIT_S
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"another process builds in {folder}") from None
+                time.sleep(0.2)
+        try:
+            (folder / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
