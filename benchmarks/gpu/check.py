@@ -285,13 +285,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="SECONDS",
         help="start nothing that would end after this",
     )
-    parser.add_argument(
-        "--profile-budget",
-        type=float,
-        default=PROFILE_BUDGET_S,
-        metavar="SECONDS",
-        help="the profile's --budget, at most (less where the call has less left)",
-    )
+    parser.add_argument("--profile-budget", type=float, default=PROFILE_BUDGET_S, metavar="SECONDS")
     parser.add_argument("--skip", default="", help="steps to leave out, comma-separated")
     parser.add_argument("--again", action="store_true", help="run the steps measured earlier again")
     parser.add_argument("--commit", help="the commit measured, where the copy has no git folder")
