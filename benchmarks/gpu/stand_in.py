@@ -8,7 +8,7 @@ which the check installs from the bundle's wheels. A fault that only that stack 
 otherwise cost device time to find. This makes (once, kept under
 ``$AUTOTUNE_CACHE/gpu-stand-in``) a virtual environment of a Python 3.12 with the image's
 packages that autotune reaches (``image_packages.txt``, at the versions the device notes
-give), torch from PyPI (its CUDA build, CUDA libraries included: about 3 GB, used only here,
+give), torch from PyPI (its CUDA build, CUDA libraries included: 6.4 GB on disk, used only here,
 on the CPU). At each run it removes what the bundle carries, then makes the device tool's calls
 as they arrive there: a copy of the tracked files without ``.git``, one carry of
 ``.gpu-bundle`` each (run ``bundle.py`` first), ``python3`` the stand-in's, one staging
