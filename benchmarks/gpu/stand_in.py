@@ -98,7 +98,7 @@ def make_stand_in(home: Path, python: str) -> Path:
     return venv / "bin" / "python"
 
 
-def lacking_what_the_image_lacks(python: Path, manifest: dict) -> None:
+def remove_what_the_bundle_carries(python: Path, manifest: dict) -> None:
     """Removes what the bundle carries (an earlier rehearsal installed it): the image
     lacks it. What the packages above need besides is kept (the newest python-dateutil
     needs tzdata, which the image's older one does not)."""
@@ -171,7 +171,7 @@ def main() -> None:
     home = cache / "gpu-stand-in"
     python = make_stand_in(home, find_python(args.python))
     manifest = json.loads((carries()[0] / MANIFEST).read_text())
-    lacking_what_the_image_lacks(python, manifest)
+    remove_what_the_bundle_carries(python, manifest)
     rehearse_calls(home, python)
     if args.suite:
         # autotune's command beside the interpreter (the tests run it), and the embedded
