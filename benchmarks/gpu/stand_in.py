@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import shutil
 import subprocess
@@ -30,7 +29,7 @@ from importlib import metadata
 from pathlib import Path
 
 from bundle import applies, image_packages  # benchmarks/gpu/ is on sys.path as a script
-from check_stage import MANIFEST, autotune_requirements
+from check_stage import MANIFEST, CheckError, autotune_requirements, read_manifest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
@@ -169,8 +168,11 @@ def main() -> None:
     args = parser.parse_args()
     cache = Path(os.environ.get("AUTOTUNE_CACHE", Path.home() / ".cache" / "autotune"))
     home = cache / "gpu-stand-in"
+    try:  # the check's own reading, before 6 GB are installed: a bad carry is one line
+        manifest = read_manifest(carries()[0] / MANIFEST)
+    except CheckError as e:
+        sys.exit(f"error: {e}")
     python = make_stand_in(home, find_python(args.python))
-    manifest = json.loads((carries()[0] / MANIFEST).read_text())
     remove_what_the_bundle_carries(python, manifest)
     rehearse_calls(home, python)
     if args.suite:
