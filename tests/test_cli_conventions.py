@@ -20,7 +20,8 @@ import autotune.commands.profile
 import autotune.measure.device_latency
 import autotune.verify
 from autotune.cli import app
-from autotune.cli.options import DTYPES
+from autotune.cli import options as app_module
+from autotune.cli.options import DTYPES, device_option, dtype_option
 from autotune.cli.remeasure import VERIFIED_ENGINES
 from autotune.commands.profile import NOTHING_TO_EXPORT, next_steps
 from autotune.export.engines import ENGINES
@@ -272,3 +273,40 @@ def test_an_engine_deployed_to_that_refuses_says_why_in_the_next_line(tmp_path):
     lines = next_steps(profile, tmp_path / "p.yaml", ("hf",))
     assert len(lines) == 1 and lines[0].startswith("next: no hf export: ")
     assert "medusa" in lines[0]  # the export's own refusal, naming the method
+
+
+def _options_named_by_metavar() -> list[str]:
+    """Parameters of the commands' functions whose default is a call holding their name
+    upper-cased (a metavar) but not their flag."""
+    import ast
+
+    unnamed = []
+    for path in sorted(Path(app_module.__file__).parent.glob("*.py")):
+        for function in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(function, ast.FunctionDef):
+                continue
+            arguments = function.args.args + function.args.kwonlyargs
+            defaults = [None] * (len(function.args.args) - len(function.args.defaults))
+            defaults += [*function.args.defaults, *function.args.kw_defaults]
+            for argument, default in zip(arguments, defaults, strict=True):
+                if getattr(getattr(default, "func", None), "attr", None) == "Argument":
+                    continue  # positional: no flag
+                strings = [
+                    node.value
+                    for node in ast.walk(default or ast.Constant(None))
+                    if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                ]
+                flag = "--" + argument.arg.replace("_", "-")
+                if argument.arg.upper() in strings and flag not in strings:
+                    unnamed.append(f"{path.name}: {argument.arg}")
+    return unnamed
+
+
+def test_an_option_whose_metavar_is_its_name_names_its_flag_too():
+    """typer 0.27 (the GPU machines' image has it) names an option whose metavar is its
+    parameter's name upper-cased by that metavar: `--dtype` became `--DTYPE`, and the GPU
+    check's `autotune latency --dtype float16` was "No such option". Such an option says
+    its flag itself, whatever the typer version."""
+    assert _options_named_by_metavar() == []
+    assert "--device" in device_option().param_decls  # the helpers' metavars: DEVICE, DTYPE
+    assert "--dtype" in dtype_option().param_decls

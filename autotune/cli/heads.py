@@ -26,6 +26,7 @@ from autotune.training.report import accuracy_table
 def train(
     kind: str = typer.Option(
         ...,
+        "--kind",
         metavar="KIND",
         help=f"Head kind: {choices(kinds.KINDS)} (Medusa-1 heads, an EAGLE-1/2 one-layer "
         "draft head, a GLIDE small-decoder draft).",
@@ -48,6 +49,7 @@ def train(
     ),
     time_budget: str | None = typer.Option(
         None,
+        "--time-budget",
         metavar="DURATION",
         help=f"Time for generation and training together ({DURATION_HELP}; default: "
         "medusa 780s, eagle 870s, glide 600s): training ends early to keep it; the "

@@ -50,6 +50,7 @@ def device_option(auto: str = "a GPU if any", rich_help_panel: str | None = None
     """``--device``: free text, as cuda:N is no fixed choice; checked when resolved."""
     return typer.Option(
         "auto",
+        "--device",
         metavar="DEVICE",
         help=f"{choices(DEVICES)} (auto: {auto}).",
         rich_help_panel=rich_help_panel,
@@ -63,6 +64,7 @@ def dtype_option(
     checked when resolved."""
     return typer.Option(
         "auto",
+        "--dtype",
         metavar="DTYPE",
         help=f"{choices(DTYPES)} (auto: {auto}).",
         rich_help_panel=rich_help_panel,
@@ -71,7 +73,7 @@ def dtype_option(
 
 def concurrency_option(help: str) -> Any:
     """``--concurrency``: load levels, comma-separated; parsed where they are used."""
-    return typer.Option(None, metavar="LEVELS", help=help)
+    return typer.Option(None, "--concurrency", metavar="LEVELS", help=help)
 
 
 def rounds_option() -> Any:

@@ -49,19 +49,23 @@ def workers_option(default: Any, metavar: str, help: str, **limits: Any) -> Any:
 @user_errors
 def profile(
     model: str = typer.Option(
-        "smollm2-135m", metavar="MODEL", help="Alias, repo id, model folder or .gguf file."
+        "smollm2-135m",
+        "--model",
+        metavar="MODEL",
+        help="Alias, repo id, model folder or .gguf file.",
     ),
-    prompts: str | None = typer.Option(None, metavar="FILE", help=PROMPTS_HELP),
+    prompts: str | None = typer.Option(None, "--prompts", metavar="FILE", help=PROMPTS_HELP),
     out: Path | None = typer.Option(
-        None, metavar="FILE", help="Profile path (default profiles/<model>.yaml)."
+        None, "--out", metavar="FILE", help="Profile path (default profiles/<model>.yaml)."
     ),
     budget: str = typer.Option(
         f"{plan.BUDGET_S / 60:.0f}m",
+        "--budget",
         metavar="DURATION",
         help="Run time: 18m, 1h, 900s.",
     ),
     methods: str | None = typer.Option(
-        None, metavar="LIST", help="Comma-separated (default: all that apply)."
+        None, "--methods", metavar="LIST", help="Comma-separated (default: all that apply)."
     ),
     engine: list[str] | None = typer.Option(
         None,

@@ -40,7 +40,9 @@ def validate(
 @user_errors
 def export(
     profile_path: Path = typer.Argument(..., metavar="PROFILE"),
-    engine: str = typer.Option(..., metavar="ENGINE", help=engine_help("The engine to export to")),
+    engine: str = typer.Option(
+        ..., "--engine", metavar="ENGINE", help=engine_help("The engine to export to")
+    ),
     method: str | None = typer.Option(
         None, help="The method to export (default: the profile's recommended method)."
     ),

@@ -53,6 +53,7 @@ def bench(
     rounds: int = rounds_option(),
     engine: str | None = typer.Option(
         None,
+        "--engine",
         metavar="ENGINE",
         help=engine_help(
             "With --concurrency: measure the setting this engine's export serves (its own "
@@ -136,6 +137,7 @@ def verify(
     profile_path: Path = typer.Argument(..., metavar="PROFILE"),
     engine: str = typer.Option(
         ...,
+        "--engine",
         metavar="ENGINE",
         help=f"The engine to measure the export in: {choices(VERIFIED_ENGINES)}.",
     ),
@@ -156,6 +158,7 @@ def verify(
     ),
     tune: str | None = typer.Option(
         None,
+        "--tune",
         metavar="DURATION",
         help="llama.cpp, n-gram: first tune ngram-simple's options in llama-server itself on "
         f"the search prompts for at most this long ({DURATION_HELP}), and verify that "
