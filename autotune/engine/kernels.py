@@ -130,7 +130,7 @@ class KernelTable:
         choices = []
         with torch.inference_mode():
             for rows in ROWS:
-                x = torch.randn(rows, in_features, dtype=weight.dtype)
+                x = torch.randn(rows, in_features, dtype=weight.dtype, device=weight.device)
                 seconds = {
                     name: self._timer(name, rows, functools.partial(_each, product, x, pool))
                     for name, product in products.items()

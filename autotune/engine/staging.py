@@ -34,7 +34,9 @@ class HostInputs:
         total = sum(math.prod(shape) * dtype.itemsize for shape, dtype in fields.values())
         pinned = device.type == "cuda"
         self._sent = torch.zeros(total, dtype=torch.uint8, device=device)
-        self._staged = torch.zeros(total, dtype=torch.uint8, pin_memory=pinned)
+        # the twin's device said outright: a caller's torch.set_default_device must not
+        # move it (nor pinning it fail)
+        self._staged = torch.zeros(total, dtype=torch.uint8, device="cpu", pin_memory=pinned)
         staged_bytes = self._staged.numpy()
         self.device: dict[str, torch.Tensor] = {}
         self.host: dict[str, np.ndarray] = {}

@@ -48,7 +48,8 @@ class Medusa(Method):
 
         config = model.config
         heads = MedusaHeads(config.hidden_size, config.vocab_size, num_heads=3)
-        generator = torch.Generator().manual_seed(0)
+        # on the heads' device, wherever torch's default device put them
+        generator = torch.Generator(next(heads.parameters()).device).manual_seed(0)
         with torch.no_grad():
             for k in range(heads.num_heads):
                 for block in heads.blocks(k):
