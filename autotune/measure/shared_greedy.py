@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from autotune.engine.decoding import DecodeResult, decode_plain, decode_speculative
 from autotune.engine.proposal import Drafter
 from autotune.engine.runner import Runner
+from autotune.measure.ties import Divergence, judge
 from autotune.measure.timing import WARMUP_TOKENS, EncodedPrompt, PromptMeasurement
 
 # A prompt's greedy timing serves trials for this long before it is timed again: often
@@ -108,9 +109,9 @@ class SharedGreedy:
             greedy.timed_at = self.clock()
         else:
             method, method_s = self._method(runner, drafter, prompt)
-        _check_lossless(prompt, method.tokens, greedy.tokens)
+        divergence = _check_lossless(runner, prompt, method.tokens, greedy.tokens)
         baseline = (len(greedy.tokens), greedy.seconds)
-        return PromptMeasurement.of(prompt, baseline, method, method_s, lossless=True)
+        return PromptMeasurement.of(prompt, baseline, method, method_s, True, divergence)
 
     def timings(self, prompt: EncodedPrompt) -> int:
         """How often this process timed the prompt's greedy decoding."""
@@ -131,17 +132,17 @@ def for_process(key: Hashable, max_new_tokens: int) -> SharedGreedy:
     return cached(("shared_greedy", key, max_new_tokens), lambda: SharedGreedy(max_new_tokens))
 
 
-def _check_lossless(prompt: EncodedPrompt, method: list[int], greedy: list[int]) -> None:
-    if method == greedy:
-        return
-    at = next((i for i, (m, g) in enumerate(zip(method, greedy, strict=False)) if m != g), None)
-    where = (
-        f"token {at} is {method[at]}, plain greedy's {greedy[at]}"
-        if at is not None
-        else f"{len(method)} tokens against plain greedy's {len(greedy)}"
-    )
+def _check_lossless(
+    runner: Runner, prompt: EncodedPrompt, method: list[int], greedy: list[int]
+) -> Divergence | None:
+    """None where the outputs are the same, the divergence where they part at a numeric
+    tie (``ties``); else ``LossyDecoding``."""
+    divergence = judge(runner, prompt.ids, method, greedy)
+    if divergence is None or divergence.tie:
+        return divergence
     raise LossyDecoding(
-        f"prompt {prompt.id}: the method's output differs from plain greedy output ({where})"
+        f"prompt {prompt.id}: the method's output differs from plain greedy output "
+        f"({divergence.describe()})"
     )
 
 

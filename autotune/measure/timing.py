@@ -25,6 +25,8 @@ from autotune.engine.proposal import Drafter
 from autotune.engine.runner import Runner
 from autotune.engine.sampling import GREEDY, SamplingConfig
 from autotune.measure.stats import CONFIDENCE, Interval, Pairs, bootstrap_interval, look_confidence
+from autotune.measure.ties import Divergence, judge
+from autotune.progress import say
 
 WARMUP_TOKENS = 8
 # A measurement cut short by its time limit still pairs this many prompts.
@@ -77,6 +79,8 @@ class PromptMeasurement:
     accepted: int
     lossless: bool | None  # None when sampling: outputs are not expected to match
     category: str | None = None
+    # where a greedy output parted from plain greedy output (lossless if a numeric tie)
+    divergence: Divergence | None = None
 
     @classmethod
     def of(
@@ -86,6 +90,7 @@ class PromptMeasurement:
         method: DecodeResult,
         method_seconds: float,
         lossless: bool | None,
+        divergence: Divergence | None = None,
     ) -> PromptMeasurement:
         """``prompt``'s row: the method's decoding (``method`` in ``method_seconds``)
         against the baseline's (its tokens and seconds)."""
@@ -100,6 +105,7 @@ class PromptMeasurement:
             accepted=method.accepted,
             lossless=lossless,
             category=prompt.category,
+            divergence=divergence,
         )
 
 
@@ -137,6 +143,14 @@ class Measurement:
     def lossless(self) -> bool | None:
         flags = [p.lossless for p in self.prompts if p.lossless is not None]
         return all(flags) if flags else None
+
+    def first_loss(self) -> str | None:
+        """The first prompt whose output changed, and where (None if none did)."""
+        for p in self.prompts:
+            if p.lossless is False:
+                where = f": {p.divergence.describe()}" if p.divergence else ""
+                return f"prompt {p.prompt_id}{where}"
+        return None
 
     def pairs(self) -> Pairs:
         return Pairs.of(
@@ -283,6 +297,7 @@ class SideBySide:
         self._measured = 0
         self._warm = False
         self._slowest_s = 0.0  # the longest one prompt's decodings have taken
+        self._told: set[str] = set()  # variants whose numeric tie was said
 
     def drop(self, name: str) -> None:
         """``name`` decodes no more; what it measured stays."""
@@ -369,10 +384,15 @@ class SideBySide:
         plain, plain_s = runs[None]
         for name in self.variants:
             method, method_s = runs[name]
-            lossless = (method.tokens == plain.tokens) if self.sampling.greedy else None
-            row = PromptMeasurement.of(
-                prompt, (len(plain.tokens), plain_s), method, method_s, lossless
-            )
+            lossless, divergence = None, None
+            if self.sampling.greedy:
+                divergence = judge(self.runner, prompt.ids, method.tokens, plain.tokens)
+                lossless = divergence is None or divergence.tie
+                if divergence is not None and divergence.tie and name not in self._told:
+                    self._told.add(name)  # once a variant: a GPU may part at many prompts
+                    say(f"[dim]{name}, prompt {prompt.id}: {divergence.describe()}[/dim]")
+            baseline = (len(plain.tokens), plain_s)
+            row = PromptMeasurement.of(prompt, baseline, method, method_s, lossless, divergence)
             self.measurements[name].prompts.append(row)
             if on_prompt:
                 on_prompt(row)

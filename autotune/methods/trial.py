@@ -21,5 +21,7 @@ def measure_lossless(
     differed (a bug: speculation is exact) fails the trial, ``name`` saying whose."""
     measured = measure_side_by_side(target.runner(), make_drafter, prompts, max_new_tokens)
     if measured.lossless is False:
-        raise RuntimeError(f"{name} output differed from plain greedy output")
+        raise RuntimeError(
+            f"{name} output differed from plain greedy output ({measured.first_loss()})"
+        )
     return measured

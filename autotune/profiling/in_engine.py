@@ -20,6 +20,7 @@ from pathlib import Path
 
 from autotune.budget import Budget
 from autotune.errors import AutotuneError
+from autotune.measure import ties
 from autotune.measure.timing import EncodedPrompt, Measurement, interval_text
 from autotune.profile.blocks import EngineFigures, EngineVerdict, HardwareInfo, MethodSettings
 from autotune.profiling import state
@@ -173,12 +174,8 @@ def measure(
 def first_difference(greedy: list[int], tokens: list[int]) -> int | None:
     """The first new token (counted from 1) where ``tokens`` leave ``greedy``; None where
     they are equal."""
-    for index, (a, b) in enumerate(zip(greedy, tokens, strict=False)):
-        if a != b:
-            return index + 1
-    if len(greedy) != len(tokens):
-        return min(len(greedy), len(tokens)) + 1
-    return None
+    at = ties.first_difference(tokens, greedy)
+    return None if at is None else at + 1
 
 
 def figures_of(measurement: Measurement, flags: str, first: str | None) -> EngineFigures:

@@ -66,10 +66,12 @@ def side_by_side(
         )
     label = "n-gram: the candidates and per-category settings side by side (search prompts)"
     measured = measure_in_step(ctx, label, variants, prompts, space.trials.tokens)
-    if any(m.lossless is False for m in measured.values()):
+    lost = {name: m.first_loss() for name, m in measured.items() if m.lossless is False}
+    if lost:
+        name, where = next(iter(lost.items()))
         raise AutotuneError(
-            "n-gram drafting changed the greedy output, which it must never do: please "
-            "report this as a bug (with the model and prompts)"
+            f"n-gram drafting ({name}) changed the greedy output ({where}), which it must "
+            "never do: please report this as a bug (with the model and prompts)"
         )
     selection = {k: round(measured[k].speedup, 4) for k in candidates}
     chosen = max(candidates, key=lambda k: selection[k])  # a tie keeps the earlier

@@ -1,0 +1,107 @@
+"""Whether a method's greedy output that differs from plain greedy output is a numeric
+tie or a loss.
+
+Greedy speculative decoding emits the target's own argmax at every token, so its output
+is plain greedy output exactly where the target's logits do not depend on how many tokens
+a forward computes. On the CPU autotune's outputs have always matched token for token. On
+a GPU a forward over n tokens may run other kernels (other tilings of the same sums) than
+a one-token step, and round differently: on an H200 (2026-11-28), a float32 matrix
+product's first row differed by up to 5e-6 between 1 and 16 rows. Where the two best
+tokens' logits are closer than that rounding, two decodings can take different ones, and
+differ from there on.
+
+Such a difference is judged here, at the first token where the outputs part: the
+target's logits for that position are computed twice with the same runner, once by a
+forward over the whole prefix and once by a forward over all but its last token and a
+one-token step (the two ways the decodings computed them). Their largest difference is
+this engine's own rounding at that position. The two tokens' logits closer than twice
+that are a tie: either token is the argmax within the engine's rounding, and the method
+lost nothing. Further apart, the method changed the output; on the CPU, where the two
+computations agree, every difference is one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from autotune.engine.runner import Runner
+
+# a tie: the two tokens' logits closer than this many times the engine's own disagreement
+# with itself at that position (the verify step's kernels are a third computation, whose
+# rounding is of the same size, not the same values)
+TIE_NOISE_FACTOR = 2.0
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where a method's greedy output parts from plain greedy output, and by how much."""
+
+    at: int  # the index of the first token that differs
+    method_token: int
+    greedy_token: int
+    gap: float  # |logit(greedy token) - logit(method token)| there, by a whole-prefix forward
+    noise: float  # the largest logit difference between that forward and a one-token step
+
+    @property
+    def tie(self) -> bool:
+        return self.gap <= TIE_NOISE_FACTOR * self.noise
+
+    def describe(self) -> str:
+        verdict = "a numeric tie" if self.tie else "not a tie"
+        return (
+            f"token {self.at} is {self.method_token}, plain greedy's {self.greedy_token}: their "
+            f"logits differ by {self.gap:.3g}, the engine's own rounding there {self.noise:.3g} "
+            f"({verdict})"
+        )
+
+
+def first_difference(method: list[int], greedy: list[int]) -> int | None:
+    """The index of the first token that differs; None if the outputs are the same.
+    Outputs of different lengths that agree where both have tokens part at the shorter's
+    end (only the token limit can end them apart: an end token is kept in the output)."""
+    at = next((i for i, (m, g) in enumerate(zip(method, greedy, strict=False)) if m != g), None)
+    if at is None and len(method) != len(greedy):
+        return min(len(method), len(greedy))
+    return at
+
+
+def judge(
+    runner: Runner, prompt: list[int], method: list[int], greedy: list[int]
+) -> Divergence | None:
+    """None if ``method`` equals ``greedy`` (the outputs after ``prompt``), else where and
+    by how much they part (``Divergence.tie`` says whether it is a numeric tie)."""
+    at = first_difference(method, greedy)
+    if at is None:
+        return None
+    if at >= min(len(method), len(greedy)):  # no token to compare: a loss
+        last = greedy[-1] if len(greedy) > len(method) else method[-1]
+        return Divergence(at, -1, last, float("inf"), 0.0)
+    prefix = [*prompt, *greedy[:at]]
+    whole = _last_logits(runner, prefix, split=False)
+    stepped = _last_logits(runner, prefix, split=True)
+    noise = float((whole - stepped).abs().max())
+    gap = float((whole[greedy[at]] - whole[method[at]]).abs())
+    return Divergence(at, method[at], greedy[at], gap, noise)
+
+
+@torch.inference_mode()
+def _last_logits(runner: Runner, prefix: list[int], split: bool) -> torch.Tensor:
+    """The logits after ``prefix`` in float32: from one forward over it, or (``split``)
+    from a forward over all but its last token and then a one-token step."""
+    device = runner.input_device
+    cache = runner.new_cache(capacity=len(prefix) + 64)
+    cut = len(prefix) - 1 if split and len(prefix) > 1 else len(prefix)
+    out = runner.forward(
+        torch.tensor(prefix[:cut], device=device),
+        torch.arange(cut, device=device),
+        cache,
+        last_only=True,
+    )
+    if cut < len(prefix):
+        out = runner.forward(
+            torch.tensor(prefix[cut:], device=device),
+            torch.tensor([cut], device=device),
+            cache,
+        )
+    return out.logits[-1].float()
