@@ -14,9 +14,10 @@ Such a difference is judged here, at the first token where the outputs part: the
 target's logits for that position are computed twice with the same runner, once by a
 forward over the whole prefix and once by a forward over all but its last token and a
 one-token step (the two ways the decodings computed them). Their largest difference is
-this engine's own rounding at that position. The two tokens' logits closer than twice
-that are a tie: either token is the argmax within the engine's rounding, and the method
-lost nothing. Further apart, the method changed the output; on the CPU, where the two
+this engine's own rounding at that position (unless it is a twentieth of the logits'
+spread or more: then one of the computations is wrong). The two tokens' logits closer
+than twice that are a tie: either token is the argmax within the engine's rounding, and
+the method lost nothing. Further apart, the method changed the output; on the CPU, where the two
 computations agree, every difference is one."""
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ from autotune.engine.runner import Runner
 # with itself at that position (the verify step's kernels are a third computation, whose
 # rounding is of the same size, not the same values)
 TIE_NOISE_FACTOR = 2.0
+# ...as long as that disagreement looks like rounding: a step that computes something else
+# (stale inputs, a wrong cache column) disagrees by about the logits' whole spread, and
+# would make every difference a "tie"; past this share of the spread it is a fault
+NOISE_SPREAD_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -42,13 +47,21 @@ class Divergence:
     greedy_token: int
     gap: float  # |logit(greedy token) - logit(method token)| there, by a whole-prefix forward
     noise: float  # the largest logit difference between that forward and a one-token step
+    spread: float = float("inf")  # max - min of that forward's logits
+
+    @property
+    def rounding(self) -> bool:
+        """Whether the engine's disagreement with itself is of rounding's size."""
+        return self.noise <= NOISE_SPREAD_SHARE * self.spread
 
     @property
     def tie(self) -> bool:
-        return self.gap <= TIE_NOISE_FACTOR * self.noise
+        return self.rounding and self.gap <= TIE_NOISE_FACTOR * self.noise
 
     def describe(self) -> str:
         verdict = "a numeric tie" if self.tie else "not a tie"
+        if not self.rounding:
+            verdict += ": the engine's two computations differ by more than rounding would"
         return (
             f"token {self.at} is {self.method_token}, plain greedy's {self.greedy_token}: their "
             f"logits differ by {self.gap:.3g}, the engine's own rounding there {self.noise:.3g} "
@@ -82,7 +95,8 @@ def judge(
     stepped = _last_logits(runner, prefix, split=True)
     noise = float((whole - stepped).abs().max())
     gap = float((whole[greedy[at]] - whole[method[at]]).abs())
-    return Divergence(at, method[at], greedy[at], gap, noise)
+    spread = float(whole.max() - whole.min())
+    return Divergence(at, method[at], greedy[at], gap, noise, spread)
 
 
 @torch.inference_mode()
