@@ -344,3 +344,23 @@ def test_profile_facts_and_pytest_counts_read_what_the_bars_need(gpu):
         "....\n55 passed, 1 failed, 1 error, 2 skipped in 40.1s\n"
     )
     assert counts == {"passed": 55, "failed": 1, "errors": 1, "skipped": 2}
+
+
+def test_the_tests_step_names_each_failing_test_even_when_stopped(gpu, tmp_path):
+    """One line a test (pytest -v): a run stopped at its limit, with no closing counts,
+    still says which tests failed."""
+    args = gpu.check.parse_args(["--state", str(tmp_path), "--device", "cuda"])
+    ctx = gpu.check_steps.Context(args, tmp_path, None, True, time_left=lambda: 500.0)
+    step = {s.name: s for s in gpu.check_steps.STEPS}["tests"]
+    assert "-v" in step.command(ctx)
+    output = (
+        "tests/test_static_step.py::test_greedy PASSED  [  1%]\n"
+        "tests/test_static_step.py::test_equal[on the device] FAILED  [  2%]\n"
+        "tests/test_static_glide.py::test_draft[as made] ERROR  [  3%]\n"
+    )
+    done = gpu.check_steps.subprocess.CompletedProcess([], -15, output, "")
+    data = step.parse(ctx, done)
+    assert data["failing"] == [
+        "tests/test_static_step.py::test_equal[on the device]",
+        "tests/test_static_glide.py::test_draft[as made]",
+    ]

@@ -34,8 +34,10 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 ROOT = Path(__file__).resolve().parents[2]
-# Versions the device notes read on the image (KINDS.md's pip list, 2026-11); the image's
-# typer asks for no pydantic, which the newest does. The rest: the newest.
+# Versions the device notes read on the image (KINDS.md's pip list, 2026-11), and typer and
+# click as `pip show` read them there (H200, 2026-11-28: typer 0.27 names an option whose
+# metavar is its name by that metavar, which the stand-in's earlier typer 0.20 did not).
+# The rest: the newest.
 IMAGE_PINS = {
     "torch": "2.11.0",
     "transformers": "5.17.0",
@@ -44,7 +46,8 @@ IMAGE_PINS = {
     "safetensors": "0.8.0",
     "tokenizers": "0.23.2",
     "accelerate": "1.15.0",
-    "typer": "0.20.0",
+    "typer": "0.27.2",
+    "click": "8.5.0",
 }
 
 
