@@ -41,3 +41,24 @@ def test_the_fused_forward_gives_the_unfused_logits(tiny_llama):
     runner.fused = [(None, None)] * runner.num_layers
     separate = runner.forward(tokens, torch.arange(4), runner.new_cache()).logits
     torch.testing.assert_close(fused, separate)
+
+
+def test_the_norm_takes_the_fused_kernel_in_float32_and_in_half_precision_off_the_cpu():
+    assert layers.fused_norm_applies(torch.zeros(2, device="meta"))
+    assert layers.fused_norm_applies(torch.zeros(2, dtype=torch.bfloat16, device="meta"))
+    assert not layers.fused_norm_applies(torch.zeros(2, dtype=torch.bfloat16))  # the module
+
+
+def test_the_fused_norm_in_half_precision_is_the_modules_within_its_rounding(tiny_llama):
+    """The fused kernel rounds once where the module rounds twice: in bfloat16 their
+    values are a rounding apart at most (this runs the kernel on the CPU, its formula the
+    same there)."""
+    norm = tiny_llama.model.layers[0].input_layernorm.to(torch.bfloat16)
+    norm.weight.data = torch.randn_like(norm.weight).abs() + 0.5
+    x = torch.randn(3, 7, tiny_llama.config.hidden_size, dtype=torch.bfloat16) * 4
+    fused = torch.nn.functional.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
+    module = norm(x)
+    assert fused.dtype == module.dtype == torch.bfloat16
+    eps = torch.finfo(torch.bfloat16).eps
+    assert ((fused.float() - module.float()).abs() <= 2 * eps * module.float().abs()).all()
+    assert layers.rms_norm(norm, x).equal(module)  # on the CPU: the module's values

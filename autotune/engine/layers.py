@@ -56,13 +56,25 @@ def linear(x: torch.Tensor, module: torch.nn.Linear) -> torch.Tensor:
 
 
 def rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
-    """``norm(x)`` for a LLaMA RMSNorm module, by torch's fused kernel in float32 (the
-    same values as the module's seven operations, measured bit for bit, at a fraction of
-    their per-operation overhead); other norms and dtypes call the module."""
+    """``norm(x)`` for a LLaMA RMSNorm module, by torch's fused kernel where that is the
+    faster: in float32 (the same values as the module's operations, measured bit for bit,
+    at a fraction of their per-operation overhead), and in half precision on a GPU. There
+    the module dispatches six operations (pow, mean, add, rsqrt, two products), 12 of the
+    27.6 a decoding step's layer makes in bfloat16 (``benchmarks/step_operations.py``),
+    each a few microseconds of a graph's replay; the fused kernel is one. Its values may
+    differ from the module's in the last bit (it rounds once, the module twice); plain and
+    speculative decoding both come here, so their outputs stay comparable. Other norms,
+    and half precision on the CPU (where the module keeps transformers' values), call the
+    module."""
     eps = getattr(norm, "variance_epsilon", None)
-    if eps is None or x.dtype != torch.float32 or norm.weight.dtype != torch.float32:
+    if eps is None or norm.weight.dtype != x.dtype or not fused_norm_applies(x):
         return norm(x)
     return F.rms_norm(x, (x.shape[-1],), norm.weight, eps)
+
+
+def fused_norm_applies(x: torch.Tensor) -> bool:
+    """Whether ``rms_norm`` takes torch's fused kernel for ``x`` (see there)."""
+    return x.dtype == torch.float32 or (x.dtype in _HALF and x.device.type != "cpu")
 
 
 class Rotation:

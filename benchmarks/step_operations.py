@@ -1,0 +1,86 @@
+"""The torch operations inside one decoding step of the target, per layer (issue 40).
+
+A recorded step replays its operations as kernels, one after another; on the embedded
+model (30 layers of small products) a kernel's few microseconds of launch and tail, not
+its arithmetic, set the step's time: on an H200 (2026-11-28) the recorded one-token step
+of SmolLM2-135M replayed in 2.17 ms, about 72 us a layer. So the count of operations a
+layer dispatches is what a change to the layers' arithmetic can be judged by on a CPU,
+before a GPU times it. This counts them on the tiny random LLaMA with the embedded
+model's 30 layers, one token after a 4-token prefill, eagerly (a CPU dispatches the
+operations a GPU would record); views are not counted, as they launch nothing.
+
+    python benchmarks/step_operations.py [--dtype bfloat16] [--layers 30]
+
+It prints the count as the CPU runs it and as a GPU would (``layers.fused_norm_applies``
+as it answers off the CPU), and the operations of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from autotune.engine import layers
+from autotune.engine.runner import Runner
+from autotune.models import tiny
+
+
+class Operations(TorchDispatchMode):
+    """Counts every operation dispatched that is not a view."""
+
+    def __init__(self):
+        super().__init__()
+        self.count: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view:
+            self.count[func.__name__.removesuffix(".default")] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def step_operations(dtype: torch.dtype, n_layers: int, as_on_gpu: bool) -> collections.Counter:
+    """The operations of one one-token forward after a prefill."""
+    applies = layers.fused_norm_applies
+    if as_on_gpu:
+        layers.fused_norm_applies = lambda x: x.dtype == torch.float32 or x.dtype in layers._HALF  # type: ignore[assignment]
+    try:
+        model = tiny.tiny_llama(layers=n_layers).to(dtype)
+        runner = Runner(model)
+        cache = runner.new_cache(capacity=64)
+        with torch.inference_mode():
+            runner.forward(torch.tensor([1, 5, 9, 33]), torch.arange(4), cache, last_only=True)
+            mode = Operations()
+            with mode:
+                runner.forward(torch.tensor([7]), torch.tensor([4]), cache)
+        return mode.count
+    finally:
+        layers.fused_norm_applies = applies  # type: ignore[assignment]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    # half precision: in float32 the CPU runs its own C++ decoder, not these layers
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    parser.add_argument("--layers", type=int, default=30)
+    args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
+    counts = {
+        "as the CPU runs it": step_operations(dtype, args.layers, as_on_gpu=False),
+        "as a GPU runs it": step_operations(dtype, args.layers, as_on_gpu=True),
+    }
+    base = sum(counts["as the CPU runs it"].values())
+    for label, count in counts.items():
+        total = sum(count.values())
+        print(
+            f"{args.dtype}, {label}: {total} operations a step, {total / args.layers:.1f} a "
+            f"layer ({total / base:.2f}x the CPU's)"
+        )
+        print("   ", ", ".join(f"{name} {n}" for name, n in count.most_common()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
