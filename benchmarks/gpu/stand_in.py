@@ -85,17 +85,24 @@ def run(command: list[str], **kwargs) -> subprocess.CompletedProcess:
 
 
 def make_stand_in(home: Path, python: str) -> Path:
-    """The stand-in's interpreter, the virtual environment made at its first use."""
+    """The stand-in's interpreter: the virtual environment made at its first use, and
+    brought to the pins where they changed since (typer's, read on the image later)."""
     venv, made = home / "venv", home / "venv" / ".made"
+    names = reached()
+    wanted = [f"{n}=={IMAGE_PINS[n]}" if n in IMAGE_PINS else n for n in names]
+    wanted += [f"{n}=={v}" for n, v in IMAGE_PINS.items() if n not in names]
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
     if made.is_file():
+        changed = sorted(set(wanted) - set(made.read_text().split()))
+        if changed:
+            print(f"bringing the stand-in to the pins: {' '.join(changed)}", flush=True)
+            run([*pip, *changed])
+            made.write_text("\n".join(wanted) + "\n")
         return venv / "bin" / "python"
     shutil.rmtree(venv, ignore_errors=True)
     run([python, "-m", "venv", str(venv)])
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
-    names = reached()
-    wanted = [f"{n}=={IMAGE_PINS[n]}" if n in IMAGE_PINS else n for n in names]
     print(f"making the stand-in in {venv}: {' '.join(wanted)}", flush=True)
-    run([*pip, *wanted, *(f"{n}=={v}" for n, v in IMAGE_PINS.items() if n not in names)])
+    run([*pip, *wanted])
     made.write_text("\n".join(wanted) + "\n")
     return venv / "bin" / "python"
 
