@@ -152,3 +152,24 @@ def small_kernel_everywhere(monkeypatch):
     table = kernels.KernelTable(timer=lambda kernel, rows, run: 0.0 if kernel == "small" else 1.0)
     monkeypatch.setitem(kernels._TABLES, (torch.get_num_threads(), True), table)
     monkeypatch.setattr(kernels, "_read_only", False)
+
+
+@pytest.fixture
+def same_greedy():
+    """``check(runner, prompt, got, expected)``: asserts that ``got`` is the greedy output
+    ``expected``. Token for token on the CPU, where the engine's forwards agree to the
+    bit; on a GPU, where a forward of other shapes rounds otherwise, up to a numeric tie
+    at the first difference, judged with ``runner`` as a profile judges it
+    (``measure.ties``: the tiny LLaMA's two best tokens come within 2e-6 of each other in
+    a few hundred tokens, about a float32 GPU product's rounding)."""
+    from autotune.measure.ties import judge
+
+    def check(runner, prompt, got, expected, label: object = "") -> None:
+        if list(got) == list(expected):
+            return
+        divergence = judge(runner, list(prompt), list(got), list(expected))
+        assert divergence is not None
+        on_gpu = runner.input_device.type == "cuda"
+        assert on_gpu and divergence.tie, f"{label}: {divergence.describe()}"
+
+    return check

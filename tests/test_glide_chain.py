@@ -53,7 +53,9 @@ def chains_of(draft, runner) -> ChainSteps:
 
 
 @pytest.mark.parametrize("ranked", [0, 3], ids=["tokens", "ranked for CAPE"])
-def test_a_chain_is_one_step_with_the_eager_drafters_drafts(runners, draft, ranked, monkeypatch):
+def test_a_chain_is_one_step_with_the_eager_drafters_drafts(
+    runners, draft, ranked, monkeypatch, same_greedy
+):
     eager, fixed = runners
     vocabulary = DraftProjection(fixed.lm_head, list(range(3, 128, 2)))
     seen, proposals = drafts_of(monkeypatch, GlideDrafter, tokens_and_ranked), 0
@@ -66,7 +68,7 @@ def test_a_chain_is_one_step_with_the_eager_drafters_drafts(runners, draft, rank
             seen.clear()
             drafter = GlideDrafter(draft, CHAIN, projection, ranked_width=ranked)
             result = decode_speculative(fixed, drafter, prompt, 30)
-            assert result.tokens == decode_plain(eager, prompt, 30).tokens
+            same_greedy(fixed, prompt, result.tokens, decode_plain(eager, prompt, 30).tokens)
             assert drafter.chains is not None
             proposals += sum(len(tokens) > 1 for tokens, _ in seen)  # one token: no chain
             if DEVICE == "cpu":  # a GPU's kernels, chosen per row count, may flip a near-tie
@@ -110,7 +112,7 @@ def test_a_refused_chain_is_drafted_a_call_a_step_from_the_logits_copy(runners, 
 
 
 def test_a_refused_recording_is_one_warning_and_the_same_tokens(
-    runners, draft, monkeypatch, capsys
+    runners, draft, monkeypatch, capsys, same_greedy
 ):
     eager, fixed = runners
     chains = chains_of(draft, fixed)
@@ -123,7 +125,7 @@ def test_a_refused_recording_is_one_warning_and_the_same_tokens(
     for prompt in PROMPTS[:2]:
         drafter = GlideDrafter(draft, CHAIN)
         tokens = decode_speculative(fixed, drafter, prompt, 30).tokens
-        assert tokens == decode_plain(eager, prompt, 30).tokens
+        same_greedy(fixed, prompt, tokens, decode_plain(eager, prompt, 30).tokens)
     assert chains.recorder.failed is not None and chains.calls == 0
     said = " ".join(capsys.readouterr().err.split())
     assert said.count("warning:") == 1 and "GLIDE draft's chain" in said

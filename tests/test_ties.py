@@ -142,3 +142,16 @@ def test_a_step_that_disagrees_by_the_logits_spread_is_a_fault_not_rounding(tiny
     assert divergence is not None and divergence.noise > divergence.spread
     assert not divergence.rounding and not divergence.tie
     assert "more than rounding would" in divergence.describe()
+
+
+def test_the_suites_check_takes_a_tie_on_a_gpu_only(tiny_llama, same_greedy):
+    """The GPU-run tests compare greedy outputs with ``same_greedy``: on the CPU a tie is
+    no excuse (the engine's forwards agree to the bit there)."""
+    runner = RoundsApart(tiny_llama, SHIFT)
+    greedy = decode_plain(runner, PROMPT, 12).tokens
+    at, other, _ = closest_call(runner, greedy)
+    parted = [*greedy[:at], other]
+    assert judge(runner, PROMPT, parted, greedy[: at + 1]).tie  # type: ignore[union-attr]
+    same_greedy(runner, PROMPT, list(greedy), greedy)
+    with pytest.raises(AssertionError, match="a numeric tie"):
+        same_greedy(runner, PROMPT, parted, greedy[: at + 1], "label")

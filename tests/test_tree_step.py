@@ -78,7 +78,9 @@ TREES = {
 
 
 @pytest.mark.parametrize("tree", TREES.values(), ids=TREES.keys())
-def test_a_tree_is_one_step_with_the_eager_drafters_drafts(runners, head, tree, monkeypatch):
+def test_a_tree_is_one_step_with_the_eager_drafters_drafts(
+    runners, head, tree, monkeypatch, same_greedy
+):
     eager, fixed = runners
     vocabulary = DraftProjection(fixed.lm_head, list(range(3, 128, 2)))
     seen, proposals = drafts_of(monkeypatch), 0
@@ -90,7 +92,7 @@ def test_a_tree_is_one_step_with_the_eager_drafters_drafts(runners, head, tree, 
             seen.clear()
             drafter = EagleDrafter(head, tree, projection)
             result = decode_speculative(fixed, drafter, prompt, 40)
-            assert result.tokens == decode_plain(eager, prompt, 40).tokens
+            same_greedy(fixed, prompt, result.tokens, decode_plain(eager, prompt, 40).tokens)
             assert drafter.trees is not None
             proposals += len(seen)
             if DEVICE == "cpu":  # a GPU's kernels, chosen per row count, may flip a near-tie
@@ -159,7 +161,9 @@ def commit_rows(runner, cache):
     return HeadRows(features, embeds, torch.tensor([at]), cache)
 
 
-def test_a_refused_recording_is_one_warning_and_the_same_tokens(runners, head, monkeypatch, capsys):
+def test_a_refused_recording_is_one_warning_and_the_same_tokens(
+    runners, head, monkeypatch, capsys, same_greedy
+):
     eager, fixed = runners
     trees = TreeSteps.of(EagleStep.of(head, fixed.static.how), fixed.embed)
     trees.recorder.how = "graph"  # as on a GPU
@@ -171,7 +175,7 @@ def test_a_refused_recording_is_one_warning_and_the_same_tokens(runners, head, m
     for prompt in PROMPTS[:2]:
         for tree in (TREES["eagle-1"], TREES["dynamic 12/3/3"]):
             tokens = decode_speculative(fixed, EagleDrafter(head, tree), prompt, 30).tokens
-            assert tokens == decode_plain(eager, prompt, 30).tokens
+            same_greedy(fixed, prompt, tokens, decode_plain(eager, prompt, 30).tokens)
     assert trees.recorder.failed is not None and trees.calls == 0
     said = " ".join(capsys.readouterr().err.split())
     assert said.count("warning:") == 1 and "EAGLE head's tree" in said
