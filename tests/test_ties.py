@@ -62,6 +62,12 @@ def test_the_first_difference_and_outputs_cut_apart():
     assert first_difference([1, 2], [1, 2, 3]) == 2
 
 
+def test_outputs_that_end_apart_are_a_loss(tiny_llama):
+    divergence = judge(Runner(tiny_llama), PROMPT, [1, 2], [1, 2, 3])
+    assert divergence is not None and not divergence.tie
+    assert divergence.describe() == "the outputs agree for 2 tokens, then one ends (not a tie)"
+
+
 def test_the_same_output_is_no_divergence(tiny_llama):
     runner = Runner(tiny_llama)
     greedy = decode_plain(runner, PROMPT, 12).tokens

@@ -59,6 +59,8 @@ class Divergence:
         return self.rounding and self.gap <= TIE_NOISE_FACTOR * self.noise
 
     def describe(self) -> str:
+        if self.method_token < 0:
+            return f"the outputs agree for {self.at} tokens, then one ends (not a tie)"
         verdict = "a numeric tie" if self.tie else "not a tie"
         if not self.rounding:
             verdict += ": the engine's two computations differ by more than rounding would"
@@ -88,8 +90,7 @@ def judge(
     if at is None:
         return None
     if at >= min(len(method), len(greedy)):  # no token to compare: a loss
-        last = greedy[-1] if len(greedy) > len(method) else method[-1]
-        return Divergence(at, -1, last, float("inf"), 0.0)
+        return Divergence(at, -1, -1, float("inf"), 0.0)
     prefix = [*prompt, *greedy[:at]]
     whole = _last_logits(runner, prefix, split=False)
     stepped = _last_logits(runner, prefix, split=True)
