@@ -157,19 +157,19 @@ def small_kernel_everywhere(monkeypatch):
 @pytest.fixture
 def same_greedy():
     """``check(runner, prompt, got, expected)``: asserts that ``got`` is the greedy output
-    ``expected``. Token for token on the CPU, where the engine's forwards agree to the
-    bit; on a GPU, where a forward of other shapes rounds otherwise, up to a numeric tie
-    at the first difference, judged with ``runner`` as a profile judges it
-    (``measure.ties``: the tiny LLaMA's two best tokens come within 2e-6 of each other in
-    a few hundred tokens, about a float32 GPU product's rounding)."""
+    ``expected``, token for token or parted at a numeric tie, judged with ``runner`` as a
+    profile judges it (``measure.ties``). The engine's products are chosen by row count
+    (on the CPU, the kernel table measured on each machine; on a GPU, the library's
+    kernels), so a verify pass can round otherwise than a one-token step: by up to 8e-8
+    on the CPU, 5e-6 in float32 on an H200. The tiny LLaMA's two best tokens come within
+    1.6e-6 of each other in 440 greedy tokens: where they come closer than the rounding,
+    either is greedy output. A fault still fails, saying where and by how much."""
     from autotune.measure.ties import judge
 
     def check(runner, prompt, got, expected, label: object = "") -> None:
         if list(got) == list(expected):
             return
         divergence = judge(runner, list(prompt), list(got), list(expected))
-        assert divergence is not None
-        on_gpu = runner.input_device.type == "cuda"
-        assert on_gpu and divergence.tie, f"{label}: {divergence.describe()}"
+        assert divergence is not None and divergence.tie, f"{label}: {divergence.describe()}"
 
     return check

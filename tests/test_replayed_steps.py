@@ -13,7 +13,11 @@ being opaque to a trace) and every later run replays the trace, with its Python 
 frozen as a graph's are (that folder does the same for a whole run, Ray's workers
 included). Then every method, with and without CAPE, must draft what its drafter drafts
 beside the eager layers, proposal for proposal, and its greedy decoding, one request and
-several at once, must equal plain greedy decoding by the eager layers, token for token."""
+several at once, must equal plain greedy decoding by the eager layers, token for token or
+parted at a numeric tie (``same_greedy``; in CI once the Medusa chain's output parted from
+it at token 4 of a prompt, not reproduced since: the CPU's products are chosen by row
+count from a table each machine measures, and round by about 1e-7 between them). Drafts
+are compared only where no output parted."""
 
 from __future__ import annotations
 
@@ -90,7 +94,7 @@ def test_a_replay_keeps_the_python_values_of_its_recording(replays):
 
 @pytest.mark.parametrize("name,cape", cases())
 def test_every_method_drafts_and_decodes_as_the_eager_layers_from_replayed_steps(
-    replays, tiny_llama_dir, tmp_path, name, cape
+    replays, tiny_llama_dir, tmp_path, name, cape, same_greedy
 ):
     """The same drafts as the drafter beside eager layers, proposal for proposal (a
     drafter's stale step would only lower its acceptance: the output stays lossless),
@@ -109,17 +113,20 @@ def test_every_method_drafts_and_decodes_as_the_eager_layers_from_replayed_steps
             settings = settings.model_copy(
                 update={"cape": CAPE.model_copy(update={"chain_depth": 3})}
             )
-        drafts = {}
+        drafts, parted = {}, False
         for each in (eager, replayed):
             make = method.deployed_drafter(settings, DraftEnv(ref, each))
             drafter = Recorder(make())
             for prompt, expected in zip(PROMPTS, plain):
                 out = decode_speculative(each, drafter, prompt, TOKENS).tokens
-                assert out == expected, (label, prompt)
+                same_greedy(each, prompt, out, expected, (label, prompt))
+                parted = parted or out != expected  # at a tie: the drafts part there too
             drafts[each] = [(d.tokens, d.shape.parents) for d in drafter.drafts]
-        assert drafts[replayed] == drafts[eager], label
+        if not parted:
+            assert drafts[replayed] == drafts[eager], label
         make = method.deployed_drafter(settings, DraftEnv(ref, replayed))
         run = decode_batch(replayed, PROMPTS, TOKENS, 2, make)
-        assert [r.tokens for r in run.results] == plain, label
+        for prompt, result, want in zip(PROMPTS, run.results, plain, strict=True):
+            same_greedy(replayed, prompt, result.tokens, want, label)
     # the steps were recorded, and most runs were replays of a recording
     assert replays.traced and replays.replayed > 2 * replays.traced
