@@ -7,7 +7,8 @@ of SmolLM2-135M replayed in 2.17 ms, about 72 us a layer. So the count of operat
 layer dispatches is what a change to the layers' arithmetic can be judged by on a CPU,
 before a GPU times it. This counts them on the tiny random LLaMA with the embedded
 model's 30 layers, one token after a 4-token prefill, eagerly (a CPU dispatches the
-operations a GPU would record); views are not counted, as they launch nothing.
+operations a GPU would record), as `around_steps.py` counts them: views, which launch
+nothing, and the making of a tensor from a list left out.
 
     python benchmarks/step_operations.py [--dtype bfloat16] [--layers 30]
 
@@ -21,41 +22,29 @@ import argparse
 import collections
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from around_steps import Around  # benchmarks/ is on sys.path as a script
 
 from autotune.engine import layers
 from autotune.engine.runner import Runner
 from autotune.models import tiny
 
 
-class Operations(TorchDispatchMode):
-    """Counts every operation dispatched that is not a view."""
-
-    def __init__(self):
-        super().__init__()
-        self.count: collections.Counter[str] = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not func.is_view:
-            self.count[func.__name__.removesuffix(".default")] += 1
-        return func(*args, **(kwargs or {}))
-
-
-def step_operations(dtype: torch.dtype, n_layers: int, as_on_gpu: bool) -> collections.Counter:
+def step_operations(dtype: torch.dtype, n_layers: int, as_on_gpu: bool) -> collections.Counter[str]:
     """The operations of one one-token forward after a prefill."""
     applies = layers.fused_norm_applies
-    if as_on_gpu:
-        layers.fused_norm_applies = lambda x: x.dtype == torch.float32 or x.dtype in layers._HALF  # type: ignore[assignment]
+    if as_on_gpu:  # the norm's choice for this dtype off the CPU, asked before counting
+        off_cpu = applies(torch.empty(0, dtype=dtype, device="meta"))
+        layers.fused_norm_applies = lambda x: off_cpu if x.dtype == dtype else applies(x)  # type: ignore[assignment]
     try:
         model = tiny.tiny_llama(layers=n_layers).to(dtype)
         runner = Runner(model)
         cache = runner.new_cache(capacity=64)
         with torch.inference_mode():
             runner.forward(torch.tensor([1, 5, 9, 33]), torch.arange(4), cache, last_only=True)
-            mode = Operations()
+            mode = Around()  # no recorded runs here: it counts every operation
             with mode:
                 runner.forward(torch.tensor([7]), torch.tensor([4]), cache)
-        return mode.count
+        return mode.operations
     finally:
         layers.fused_norm_applies = applies  # type: ignore[assignment]
 

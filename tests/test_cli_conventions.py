@@ -15,12 +15,12 @@ import typer
 from typer.testing import CliRunner
 
 import autotune.bench
+import autotune.cli.options
 import autotune.commands.heads
 import autotune.commands.profile
 import autotune.measure.device_latency
 import autotune.verify
 from autotune.cli import app
-from autotune.cli import options as app_module
 from autotune.cli.options import DTYPES, device_option, dtype_option
 from autotune.cli.remeasure import VERIFIED_ENGINES
 from autotune.commands.profile import NOTHING_TO_EXPORT, next_steps
@@ -281,7 +281,7 @@ def _options_named_by_metavar() -> list[str]:
     import ast
 
     unnamed = []
-    for path in sorted(Path(app_module.__file__).parent.glob("*.py")):
+    for path in sorted(Path(autotune.cli.options.__file__).parent.glob("*.py")):
         for function in ast.walk(ast.parse(path.read_text())):
             if not isinstance(function, ast.FunctionDef):
                 continue

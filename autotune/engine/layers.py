@@ -60,7 +60,7 @@ def rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
     faster: in float32 (the same values as the module's operations, measured bit for bit,
     at a fraction of their per-operation overhead), and in half precision on a GPU. There
     the module dispatches six operations (pow, mean, add, rsqrt, two products), 12 of the
-    27.6 a decoding step's layer makes in bfloat16 (``benchmarks/step_operations.py``),
+    27.5 a decoding step's layer makes in bfloat16 (``benchmarks/step_operations.py``),
     each a few microseconds of a graph's replay; the fused kernel is one. Its values may
     differ from the module's in the last bit (it rounds once, the module twice); plain and
     speculative decoding both come here, so their outputs stay comparable. Other norms,
