@@ -193,6 +193,21 @@ def test_a_reused_weight_id_does_not_take_another_shapes_choice():
     assert table.kernel(weight, 3) == kernels.TRANSPOSED
 
 
+def test_a_weight_that_took_the_engines_kernel_goes_without_it_once_it_is_unavailable(
+    monkeypatch,
+):
+    """A choice is kept per weight, but whether the engine's kernel may run is asked at
+    every product: a runner told to go without it (a trace of its steps cannot see the
+    C++ call) once took it for a weight whose id an earlier weight had held."""
+    table = kernels.KernelTable(timer=lambda kernel, rows, run: 1.0)
+    weight = torch.randn(24, 16)
+    table._choices[kernels._shape(weight)] = (kernels.SMALL,) * len(kernels.ROWS)
+    monkeypatch.setattr(native, "available", lambda build=True: True)
+    assert table.kernel(weight, 3) == kernels.SMALL
+    monkeypatch.setattr(native, "available", lambda build=True: False)
+    assert table.kernel(weight, 3) == kernels.LINEAR
+
+
 def test_the_kernel_is_built_under_torch_extensions_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     assert native._folder().parent == tmp_path

@@ -14,10 +14,16 @@ frozen as a graph's are (that folder does the same for a whole run, Ray's worker
 included). Then every method, with and without CAPE, must draft what its drafter drafts
 beside the eager layers, proposal for proposal, and its greedy decoding, one request and
 several at once, must equal plain greedy decoding by the eager layers, token for token or
-parted at a numeric tie (``same_greedy``; in CI once the Medusa chain's output parted from
-it at token 4 of a prompt, not reproduced since: the CPU's products are chosen by row
-count from a table each machine measures, and round by about 1e-7 between them). Drafts
-are compared only where no output parted."""
+parted at a numeric tie (``same_greedy``: the CPU's products are chosen by row count from
+a table each machine measures, and round by about 1e-7 between them). Drafts are compared
+only where no output parted.
+
+Run after ``test_static_step.py`` in one process, self_spec's output here once parted from
+plain greedy at token 0 or 1, far from a tie, in 2 runs of 3: a weight of this model
+reusing the id of one that had taken the engine's C++ product kept that choice past the
+``native.available`` this file turns off, and a trace cannot see a C++ call, so its product
+was frozen (``kernels.KernelTable.kernel`` now asks at every product). A Medusa output
+parting at token 4 in CI once was likely the same."""
 
 from __future__ import annotations
 

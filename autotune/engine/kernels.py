@@ -95,13 +95,16 @@ class KernelTable:
     def kernel(self, weight: torch.Tensor, rows: int) -> str:
         """The kernel ``rows`` rows (1 .. SMALL_ROWS) take with this weight."""
         known = self._by_weight.get(id(weight))
-        if known is not None and known[0] == weight.shape and known[1] == weight.dtype:
-            return known[2][_ROW_INDEX[rows]]
-        choices = self.measure([weight]).get(_shape(weight), _LINEAR)
-        if SMALL in choices and not native.available(build=self._timing):
-            choices = tuple(LINEAR if c == SMALL else c for c in choices)
-        self._by_weight[id(weight)] = (tuple(weight.shape), weight.dtype, choices)
-        return choices[_ROW_INDEX[rows]]
+        if known is None or known[0] != weight.shape or known[1] != weight.dtype:
+            choices = self.measure([weight]).get(_shape(weight), _LINEAR)
+            known = self._by_weight[id(weight)] = (tuple(weight.shape), weight.dtype, choices)
+        choice = known[2][_ROW_INDEX[rows]]
+        # asked at every product, not once per weight: a choice kept while the kernel was
+        # loaded outlived a runner told to go without it (a weight's id is reused, and a
+        # trace of a step, blind to the C++ call, froze its product's output)
+        if choice == SMALL and not native.available(build=self._timing):
+            return LINEAR
+        return choice
 
     def measure(self, weights: Iterable[torch.Tensor]) -> dict[Shape, tuple[str, ...]]:
         """The choices for these weights' shapes: from this machine's record where it has
