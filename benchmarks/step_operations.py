@@ -12,14 +12,15 @@ nothing, and the making of a tensor from a list left out.
 
     python benchmarks/step_operations.py [--dtype bfloat16] [--layers 30]
 
-It prints the count as the CPU runs it and as a GPU would (``layers.fused_norm_applies``
-as it answers off the CPU), and the operations of each.
+It prints the count as the CPU runs it and as a GPU would (the layers' rules for their
+fused forms, ``FUSION_RULES``, as they answer off the CPU), and the operations of each.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import functools
 
 import torch
 from around_steps import Around  # benchmarks/ is on sys.path as a script
@@ -28,13 +29,17 @@ from autotune.engine import layers
 from autotune.engine.runner import Runner
 from autotune.models import tiny
 
+# the layers' rules for a fused form (each: x -> whether it applies), asked as off the CPU
+FUSION_RULES = ("fused_norm_applies", "fused_rotation_applies")
+
 
 def step_operations(dtype: torch.dtype, n_layers: int, as_on_gpu: bool) -> collections.Counter[str]:
     """The operations of one one-token forward after a prefill."""
-    applies = layers.fused_norm_applies
-    if as_on_gpu:  # the norm's choice for this dtype off the CPU, asked before counting
-        off_cpu = applies(torch.empty(0, dtype=dtype, device="meta"))
-        layers.fused_norm_applies = lambda x: off_cpu if x.dtype == dtype else applies(x)  # type: ignore[assignment]
+    rules = {name: getattr(layers, name) for name in FUSION_RULES}
+    if as_on_gpu:  # each rule's answer for this dtype off the CPU, asked before counting
+        for name, applies in rules.items():
+            off_cpu = applies(torch.empty(0, dtype=dtype, device="meta"))
+            setattr(layers, name, functools.partial(_as_off_cpu, applies, dtype, off_cpu))
     try:
         model = tiny.tiny_llama(layers=n_layers).to(dtype)
         runner = Runner(model)
@@ -46,7 +51,12 @@ def step_operations(dtype: torch.dtype, n_layers: int, as_on_gpu: bool) -> colle
                 runner.forward(torch.tensor([7]), torch.tensor([4]), cache)
         return mode.operations
     finally:
-        layers.fused_norm_applies = applies  # type: ignore[assignment]
+        for name, applies in rules.items():
+            setattr(layers, name, applies)
+
+
+def _as_off_cpu(applies, dtype: torch.dtype, off_cpu: bool, x: torch.Tensor) -> bool:
+    return off_cpu if x.dtype == dtype else applies(x)
 
 
 def main() -> int:

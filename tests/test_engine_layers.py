@@ -4,6 +4,7 @@ plain forms give, and fusing costs no memory."""
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from autotune.engine import layers
 from autotune.engine.runner import Runner
@@ -62,3 +63,38 @@ def test_the_fused_norm_in_half_precision_is_the_modules_within_its_rounding(tin
     eps = torch.finfo(torch.bfloat16).eps
     assert ((fused.float() - module.float()).abs() <= 2 * eps * module.float().abs()).all()
     assert layers.rms_norm(norm, x).equal(module)  # on the CPU: the module's values
+
+
+def test_off_the_cpu_the_rotation_adds_its_second_product_in_one_operation(tiny_llama, monkeypatch):
+    """Off the CPU the rotation is three operations, its second product rounded inside
+    the sum (``addcmul``): within a rounding of the textbook values; on the CPU their bits."""
+    assert layers.fused_rotation_applies(torch.zeros(2, dtype=torch.bfloat16, device="meta"))
+    assert not layers.fused_rotation_applies(torch.zeros(2))
+    head_dim = tiny_llama.config.hidden_size // tiny_llama.config.num_attention_heads
+    x = torch.randn(1, 3, 5, head_dim, dtype=torch.bfloat16) * 4
+    rope = tiny_llama.model.rotary_emb(x, torch.arange(7, 12).view(1, 5))
+    rotation = layers.Rotation(rope)
+    on_cpu = rotation(x)
+    monkeypatch.setattr(layers, "fused_rotation_applies", lambda x: True)
+    with TorchOperations() as counted:
+        fused = rotation(x)
+    assert counted.names == ["aten.mul.Tensor", "aten.roll.default", "aten.addcmul.default"]
+    # a rounding of each term at most (the sum may cancel, so not of the result)
+    terms = (x.float() * rotation.cos.float()).abs() + (
+        x.float().roll(rotation.half, dims=-1) * rotation.sin.float()
+    ).abs()
+    eps = torch.finfo(torch.bfloat16).eps
+    assert ((fused.float() - on_cpu.float()).abs() <= 2 * eps * terms).all()
+    assert not fused.equal(on_cpu)  # it did round otherwise somewhere
+
+
+class TorchOperations(TorchDispatchMode):
+    """The torch operations dispatched inside it, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))

@@ -82,7 +82,7 @@ class Rotation:
     [B, S, D] from the model's rotary embedding; cos, and sin with the sign of the
     half-rotation folded in, are kept shaped for [B, heads, S, D], so that rotating
     x [B, heads, S, D] is four operations (the textbook form, x * cos + cat(-x2, x1) * sin,
-    takes nine and gives the same bits)."""
+    takes nine and gives the same bits), three off the CPU (``fused_rotation_applies``)."""
 
     def __init__(self, rope: tuple[torch.Tensor, torch.Tensor]):
         cos, sin = rope
@@ -91,7 +91,19 @@ class Rotation:
         self.sin = torch.cat((-sin[..., : self.half], sin[..., self.half :]), dim=-1).unsqueeze(1)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if fused_rotation_applies(x):
+            return torch.addcmul(x * self.cos, x.roll(self.half, dims=-1), self.sin)
         return x * self.cos + x.roll(self.half, dims=-1) * self.sin
+
+
+def fused_rotation_applies(x: torch.Tensor) -> bool:
+    """Whether ``Rotation`` adds the rotated half's product in the same operation as it
+    multiplies (``addcmul``): off the CPU, where each operation is a kernel of a step's
+    replay (30 fewer of a 30-layer model's 526, ``benchmarks/step_operations.py``). Its
+    values may differ from the two operations' in the last bit (a product rounded once
+    inside the sum, not first on its own); plain and speculative decoding both come here.
+    On the CPU the two operations keep the textbook rotation's bits."""
+    return x.device.type != "cpu"
 
 
 def heads_of(x: torch.Tensor, head_dim: int) -> torch.Tensor:
