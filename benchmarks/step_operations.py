@@ -30,7 +30,7 @@ from autotune.engine.runner import Runner
 from autotune.models import tiny
 
 # the layers' rules for a fused form (each: x -> whether it applies), asked as off the CPU
-FUSION_RULES = ("fused_norm_applies", "fused_rotation_applies")
+FUSION_RULES = ("fused_norm_applies", "fused_rotation_applies", "fused_residual_applies")
 
 
 def step_operations(dtype: torch.dtype, n_layers: int, as_on_gpu: bool) -> collections.Counter[str]:

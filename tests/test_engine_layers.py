@@ -3,6 +3,7 @@ plain forms give, and fusing costs no memory."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -98,3 +99,66 @@ class TorchOperations(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.names.append(str(func))
         return func(*args, **(kwargs or {}))
+
+
+FUSION_RULES = ("fused_norm_applies", "fused_rotation_applies", "fused_residual_applies")
+
+
+@pytest.fixture
+def gpus_arithmetic(monkeypatch):
+    """The layers' fused forms a GPU takes (a norm, a rotation, a residual in one
+    operation each), taken on the CPU."""
+    for rule in FUSION_RULES:
+        monkeypatch.setattr(layers, rule, lambda x: True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_gpus_fused_forms_give_the_layers_values_within_rounding(
+    tiny_llama, monkeypatch, dtype
+):
+    """Each fused form rounds once where the plain forms round twice; the residual is
+    added in place, into the step's own running sum, which nothing reads again."""
+    model = tiny_llama.to(dtype)
+    tokens, positions = torch.tensor([3, 9, 27, 81, 5, 7]), torch.arange(6)
+
+    def forward():
+        runner = Runner(model, native=False)
+        with torch.inference_mode():
+            out = runner.forward(tokens, positions, runner.new_cache())
+        return out.logits.float(), out.hidden.float()
+
+    plain = forward()
+    for rule in FUSION_RULES:
+        monkeypatch.setattr(layers, rule, lambda x: True)
+    with TorchOperations() as counted:
+        fused = forward()
+    assert counted.names.count("aten.addmm_.default") == 2 * model.config.num_hidden_layers
+    assert counted.names.count("aten.addcmul.default") == model.config.num_hidden_layers
+    tolerance = 1e-5 if dtype == torch.float32 else 0.05
+    for a, b in zip(fused, plain):
+        torch.testing.assert_close(a, b, rtol=tolerance, atol=tolerance)
+    assert not fused[0].equal(plain[0])  # the fused forms did run
+
+
+@pytest.mark.usefixtures("gpus_arithmetic", "one_thread")
+def test_with_the_gpus_fused_forms_the_step_and_the_layers_decode_alike(tiny_llama, same_greedy):
+    """The fixed-shape step (a GPU's replay, run eagerly here) and the eager layers, both
+    in the GPU's fused forms: the same greedy tokens, prompt by prompt, and speculative
+    decoding in the step the same as plain."""
+    from autotune.drafters.engine_lookup import EngineLookupConfig
+    from autotune.drafters.ngram import NgramDrafter
+    from autotune.engine.decoding import decode_plain, decode_speculative
+
+    eager = Runner(tiny_llama, native=False, static=False)
+    fixed = Runner(tiny_llama, native=False, static=True)
+    assert fixed.static is not None
+    for runner in (eager, fixed):
+        runner.eos_token_ids = frozenset()
+    for prompt in ([1, 5, 9, 33, 70], [1, 100, 3, 3, 3, 100, 3]):
+        expected = decode_plain(eager, prompt, 24).tokens
+        same_greedy(fixed, prompt, decode_plain(fixed, prompt, 24).tokens, expected)
+        drafted = decode_speculative(
+            fixed, NgramDrafter(EngineLookupConfig("vllm", 1, 3, 4)), prompt, 24
+        ).tokens
+        same_greedy(fixed, prompt, drafted, expected)
+    assert sum(fixed.static.calls.values()) > 20

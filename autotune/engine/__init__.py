@@ -2,5 +2,5 @@
 # an earlier engine are measured again rather than reused (2: the engine's own small-batch
 # float32 kernel, fused RMSNorm, grouped-query attention without copies; 3: the decoder
 # layers in C++, weights in huge pages; 4: the fused RMSNorm in half precision on GPUs;
-# 5: the rotation in three operations off the CPU).
+# 5: off the CPU, the rotation in three operations and the residual sums in the products).
 REVISION = 5

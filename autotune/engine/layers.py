@@ -230,10 +230,12 @@ def segmented_attention(
     layer: int = 0,
     product: Product = linear,
     qkv: Fused | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``self_attention`` over x [1, S, H] holding several sequences' tokens, one segment
     after another: the products run once over all of them, each segment's queries see only
-    its own cache and tokens."""
+    its own cache and tokens. ``residual``: added to the output (``add_product``: the
+    caller gives it up)."""
     dim = attention.head_dim
     if qkv is None:
         queries = heads_of(product(x, attention.q_proj), dim)
@@ -261,16 +263,52 @@ def segmented_attention(
         parts.append(attend(query, keys, values, segment.mask, scale))
         start = end
     attended = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-    return product(attended, attention.o_proj)
+    return add_product(residual, attended, attention.o_proj, product)
 
 
 def mlp(
-    block: Any, x: torch.Tensor, product: Product = linear, gate_up: Fused | None = None
+    block: Any,
+    x: torch.Tensor,
+    product: Product = linear,
+    gate_up: Fused | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """A gated MLP sublayer (its input already normed): down(act(gate(x)) * up(x));
-    ``gate_up``: the gate and up projections fused (``Fused``)."""
+    ``gate_up``: the gate and up projections fused (``Fused``); ``residual``: added to
+    the output (``add_product``: the caller gives it up)."""
     if gate_up is None:
         gate, up = product(x, block.gate_proj), product(x, block.up_proj)
     else:
         gate, up = gate_up(x, product)
-    return product(block.act_fn(gate) * up, block.down_proj)
+    return add_product(residual, block.act_fn(gate) * up, block.down_proj, product)
+
+
+def add_product(
+    residual: torch.Tensor | None, x: torch.Tensor, module: torch.nn.Linear, product: Product
+) -> torch.Tensor:
+    """``residual + product(x, module)`` (just the product without a residual). Where
+    ``fused_residual_applies``, the sum is the product's own: ``residual`` is added in
+    place by the matrix product's epilogue (``addmm_``, one kernel where there were two),
+    so the caller must not read ``residual`` again."""
+    if residual is None:
+        return product(x, module)
+    if (
+        fused_residual_applies(x)
+        and (product is linear or product is plain_linear)  # off the CPU both are F.linear
+        and module.bias is None
+        and not torch.is_grad_enabled()  # an in-place sum autograd may need the old value of
+        and residual.is_contiguous()
+    ):
+        flat = residual.view(-1, residual.shape[-1])
+        flat.addmm_(x.reshape(-1, x.shape[-1]), module.weight.t())
+        return residual
+    return residual + product(x, module)
+
+
+def fused_residual_applies(x: torch.Tensor) -> bool:
+    """Whether ``add_product`` adds the residual inside the product: off the CPU, where
+    each operation is a kernel of a step's replay (60 fewer of a 30-layer model's one-token
+    step, ``benchmarks/step_operations.py``). The sum is rounded once, with the product,
+    not after it: values may differ in the last bit; plain and speculative decoding both
+    come here. The CPU keeps its own kernels' products (``linear``) and their bits."""
+    return x.device.type != "cpu"

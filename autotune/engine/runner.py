@@ -225,20 +225,22 @@ class Runner:
                             counts[b], rotations[b], masks[b, prefix], segment.cache
                         )
                     )
-                hidden = hidden + layers.segmented_attention(
+                hidden = layers.segmented_attention(
                     layer.self_attn,
                     layers.rms_norm(layer.input_layernorm, hidden),
                     parts,
                     index,
                     self.product,
                     qkv=self.fused[index][0],
+                    residual=hidden,
                 )
             if index not in skip.mlp:
-                hidden = hidden + layers.mlp(
+                hidden = layers.mlp(
                     layer.mlp,
                     layers.rms_norm(layer.post_attention_layernorm, hidden),
                     self.product,
                     gate_up=self.fused[index][1],
+                    residual=hidden,
                 )
         return hidden
 

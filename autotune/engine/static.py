@@ -445,12 +445,14 @@ class StaticStep(RecordedSteps):
             qkv, gate_up = model.fused[index]
             if variant.attends[index]:
                 normed = layers.rms_norm(layer.input_layernorm, hidden)
-                hidden = hidden + layers.segmented_attention(
-                    layer.self_attn, normed, rows, index, model.product, qkv=qkv
+                hidden = layers.segmented_attention(
+                    layer.self_attn, normed, rows, index, model.product, qkv=qkv, residual=hidden
                 )
             if variant.mlps[index]:
                 normed = layers.rms_norm(layer.post_attention_layernorm, hidden)
-                hidden = hidden + layers.mlp(layer.mlp, normed, model.product, gate_up=gate_up)
+                hidden = layers.mlp(
+                    layer.mlp, normed, model.product, gate_up=gate_up, residual=hidden
+                )
         flat = hidden.view(lanes * size, -1)
         buffer.hidden.copy_(flat)
         normed = model.norm(flat)
