@@ -13,7 +13,7 @@ nothing, and the making of a tensor from a list left out.
     python benchmarks/step_operations.py [--dtype bfloat16] [--layers 30]
 
 It prints the count as the CPU runs it and as a GPU would (the layers' rules for their
-fused forms, ``FUSION_RULES``, as they answer off the CPU), and the operations of each.
+fused forms, ``layers.FUSION_RULES``, as they answer off the CPU), and the operations of each.
 """
 
 from __future__ import annotations
@@ -29,13 +29,10 @@ from autotune.engine import layers
 from autotune.engine.runner import Runner
 from autotune.models import tiny
 
-# the layers' rules for a fused form (each: x -> whether it applies), asked as off the CPU
-FUSION_RULES = ("fused_norm_applies", "fused_rotation_applies", "fused_residual_applies")
-
 
 def step_operations(dtype: torch.dtype, n_layers: int, as_on_gpu: bool) -> collections.Counter[str]:
     """The operations of one one-token forward after a prefill."""
-    rules = {name: getattr(layers, name) for name in FUSION_RULES}
+    rules = {name: getattr(layers, name) for name in layers.FUSION_RULES}
     if as_on_gpu:  # each rule's answer for this dtype off the CPU, asked before counting
         for name, applies in rules.items():
             off_cpu = applies(torch.empty(0, dtype=dtype, device="meta"))

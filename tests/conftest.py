@@ -171,3 +171,13 @@ def same_greedy():
         assert divergence is None or divergence.tie, f"{label}: {divergence.describe()}"
 
     return check
+
+
+@pytest.fixture
+def gpus_arithmetic(monkeypatch):
+    """The layers' fused forms a GPU takes (a norm, a rotation, a residual in one
+    operation each), taken on the CPU."""
+    from autotune.engine import layers
+
+    for rule in layers.FUSION_RULES:
+        monkeypatch.setattr(layers, rule, lambda x: True)

@@ -101,17 +101,6 @@ class TorchOperations(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-FUSION_RULES = ("fused_norm_applies", "fused_rotation_applies", "fused_residual_applies")
-
-
-@pytest.fixture
-def gpus_arithmetic(monkeypatch):
-    """The layers' fused forms a GPU takes (a norm, a rotation, a residual in one
-    operation each), taken on the CPU."""
-    for rule in FUSION_RULES:
-        monkeypatch.setattr(layers, rule, lambda x: True)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_gpus_fused_forms_give_the_layers_values_within_rounding(
     tiny_llama, monkeypatch, dtype
@@ -128,7 +117,7 @@ def test_the_gpus_fused_forms_give_the_layers_values_within_rounding(
         return out.logits.float(), out.hidden.float()
 
     plain = forward()
-    for rule in FUSION_RULES:
+    for rule in layers.FUSION_RULES:
         monkeypatch.setattr(layers, rule, lambda x: True)
     with TorchOperations() as counted:
         fused = forward()

@@ -98,13 +98,22 @@ def test_a_replay_keeps_the_python_values_of_its_recording(replays):
     assert out.tolist() == [1.0, 7.0]
 
 
-@pytest.mark.parametrize("name,cape", cases())
+# every method in the CPU's forms of the layers' arithmetic, two again in the fused forms
+# a GPU takes (``gpus_arithmetic``: the residual added in place inside the traced step)
+CASES = [pytest.param(*case.values, False, id=case.id) for case in cases()] + [
+    pytest.param(name, False, True, id=f"{name} in a GPU's forms") for name in ("eagle", "medusa")
+]
+
+
+@pytest.mark.parametrize("name,cape,gpu_forms", CASES)
 def test_every_method_drafts_and_decodes_as_the_eager_layers_from_replayed_steps(
-    replays, tiny_llama_dir, tmp_path, name, cape, same_greedy
+    replays, tiny_llama_dir, tmp_path, name, cape, gpu_forms, same_greedy, request
 ):
     """The same drafts as the drafter beside eager layers, proposal for proposal (a
     drafter's stale step would only lower its acceptance: the output stays lossless),
     and plain greedy output, alone and batched."""
+    if gpu_forms:
+        request.getfixturevalue("gpus_arithmetic")
     ref = TargetRef.for_user(str(tiny_llama_dir))
     model = ref.load().model
     eager = Runner(model, native=False, static=False)

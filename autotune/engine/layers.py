@@ -28,6 +28,11 @@ _HALF = (torch.float16, torch.bfloat16)
 Product = Callable[[torch.Tensor, torch.nn.Linear], torch.Tensor]
 
 
+# The rules by which the layers take a fused form (each ``x -> bool``: whether it applies
+# to ``x``), by name: what the benchmarks and tests ask as a GPU answers them.
+FUSION_RULES = ("fused_norm_applies", "fused_rotation_applies", "fused_residual_applies")
+
+
 def plain_linear(x: torch.Tensor, module: torch.nn.Linear) -> torch.Tensor:
     """torch's own product, whatever the input's size (for comparisons)."""
     return F.linear(x, module.weight, module.bias)
