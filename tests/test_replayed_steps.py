@@ -145,3 +145,21 @@ def test_every_method_drafts_and_decodes_as_the_eager_layers_from_replayed_steps
             same_greedy(replayed, prompt, result.tokens, want, label)
     # the steps were recorded, and most runs were replays of a recording
     assert replays.traced and replays.replayed > 2 * replays.traced
+
+
+def test_greedy_decoding_fed_on_the_device_from_a_replayed_step(replays, tiny_llama_dir):
+    """The one-token step that feeds its argmax to its next run, replayed as a graph
+    replays it: the token, position, column and count it advances live in its buffers,
+    so each replay decodes the next token, as the eager layers do."""
+    model = TargetRef.for_user(str(tiny_llama_dir)).load().model
+    eager = Runner(model, native=False, static=False)
+    replayed = Runner(model, native=False, static=True)
+    for each in (eager, replayed):
+        each.eos_token_ids = frozenset()
+    traced = replays.traced
+    for prompt in PROMPTS:
+        result = decode_plain(replayed, prompt, TOKENS)
+        assert result.tokens == decode_plain(eager, prompt, TOKENS).tokens
+        assert result.steps == TOKENS - 1
+    assert replayed.static is not None and replayed.static.calls[1] == len(PROMPTS) * (TOKENS - 1)
+    assert replays.replayed >= len(PROMPTS) * (TOKENS - 1) and replays.traced - traced <= 3

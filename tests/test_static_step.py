@@ -170,6 +170,41 @@ def test_greedy_decoding_is_token_identical_with_the_step(pair, same_greedy):
     assert set(fixed.static.calls) == {1, 3, 8, 24}  # the prompts (3, 7, 21) and decode
 
 
+def test_greedy_decoding_feeds_each_token_to_the_next_step_on_the_device(
+    pair, monkeypatch, no_host_reads
+):
+    """After the prefill, plain greedy decoding runs the one-token step with each token
+    its argmax fed to the next run on the device: no call of the step's loader, nothing
+    read back inside a run, the same tokens as the eager layers; an end-of-sequence
+    token ends it with one run queued past it, outside the cache's length."""
+    eager, fixed = pair
+    loads = []
+    load = static.StepBuffers.load
+    monkeypatch.setattr(
+        static.StepBuffers, "load", lambda buffer, *args: loads.append(1) or load(buffer, *args)
+    )
+    for runner in pair:
+        runner.eos_token_ids = frozenset()
+    expected = decode_plain(eager, PROMPT, 30).tokens
+    fed = decode_plain(fixed, PROMPT, 30)
+    assert fed.tokens == expected and fed.steps == 29
+    assert len(loads) == 2 and fixed.static.calls[1] == 29  # the prefill's, the feed's
+    # stopped by a token: the runs fed, one past it; the cache as long as the tokens taken
+    cache = fixed.new_cache(100)
+    fixed.forward(torch.tensor(PROMPT), torch.arange(len(PROMPT)), cache)
+    stop = expected[5]
+    runs = fixed.static.calls[1]
+    with no_host_reads():
+        taken = fixed.static.decode_fed(cache, expected[0], len(PROMPT), 20, stop.__eq__)
+    first = expected[1:].index(stop) + 1
+    assert taken == expected[1 : first + 1]
+    assert fixed.static.calls[1] - runs == len(taken) + 1
+    assert cache.lengths == [len(PROMPT) + len(taken)] * len(cache.lengths)
+    eos = frozenset({stop})
+    fixed.eos_token_ids = eager.eos_token_ids = eos
+    assert decode_plain(fixed, PROMPT, 30).tokens == decode_plain(eager, PROMPT, 30).tokens
+
+
 def test_a_call_past_the_scratch_column_moves_the_cache_out_and_stays_exact(pair):
     eager, fixed = pair
     twin = Twin(eager, fixed, capacity=40)

@@ -14,6 +14,7 @@ from autotune.engine.proposal import DraftContext, Drafter, VerifyResult
 from autotune.engine.runner import ExtraRows, Runner
 from autotune.engine.sampling import GREEDY, SamplingConfig, probabilities, sample
 from autotune.engine.segment import Segment
+from autotune.engine.static_cache import StaticCache
 from autotune.engine.tree import TreeShape
 from autotune.engine.verify import (
     TypicalAcceptance,
@@ -102,6 +103,8 @@ def decode_plain(
     generator = torch.Generator().manual_seed(sampling.seed)
     cache, out = _prefill(runner, prompt, max_new_tokens)
     tokens = [_pick(out.logits[-1], sampling, generator)]
+    if sampling.greedy and (fed := _fed_greedy(runner, cache, prompt, tokens, max_new_tokens)):
+        return DecodeResult(tokens=tokens + fed, steps=len(fed))
     steps = 0
     while not _finished(tokens, max_new_tokens, runner.eos_token_ids):
         position = len(prompt) + len(tokens) - 1
@@ -113,6 +116,23 @@ def decode_plain(
         tokens.append(_pick(out.logits[-1], sampling, generator))
         steps += 1
     return DecodeResult(tokens=tokens, steps=steps)
+
+
+def _fed_greedy(
+    runner: Runner, cache, prompt: list[int], tokens: list[int], max_new_tokens: int
+) -> list[int] | None:
+    """The rest of a greedy decoding in the runner's fixed-shape step, each token fed to
+    the next step on the device (``StaticStep.decode_fed``: the same one-token step,
+    the same tokens, without the host waiting for each); None where it cannot run (no
+    step, a cache off it, nothing left to decode)."""
+    eos = runner.eos_token_ids
+    if runner.static is None or _finished(tokens, max_new_tokens, eos):
+        return None
+    if not isinstance(cache, StaticCache):
+        return None
+    position = len(prompt) + len(tokens) - 1
+    count = max_new_tokens - len(tokens)
+    return runner.static.decode_fed(cache, tokens[-1], position, count, eos.__contains__)
 
 
 def decode_speculative(

@@ -89,3 +89,38 @@ def sent(values: list[int] | torch.Tensor, device: torch.device) -> torch.Tensor
     memory a non-blocking copy is staged at once, and waits for none."""
     made = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.long)
     return made if device.type == "cpu" else made.to(device, non_blocking=True)
+
+
+class FedTokens:
+    """The tokens a step feeds itself from run to run (``StaticStep.decode_fed``), read
+    back one by one without waiting for the runs queued after each: after every run,
+    its token is copied to the host on the same stream (into pinned memory, not waited
+    for) and an event marks it; reading a token waits for its event alone."""
+
+    def __init__(self, history: torch.Tensor, count: int):
+        self.history = history  # [columns] on the device: the token of run i at i
+        self.queued = 0
+        on_gpu = history.device.type == "cuda"
+        self._host = torch.zeros(count, dtype=torch.long, device="cpu", pin_memory=on_gpu)
+        self._values = self._host.numpy()
+        # two in turn: a token's event is waited for before the run two after it is queued
+        self._events = [torch.cuda.Event(), torch.cuda.Event()] if on_gpu else None
+
+    def queue(self) -> None:
+        """After the next run is queued: its token's copy to the host, queued behind it."""
+        i = self.queued
+        self._host[i : i + 1].copy_(self.history[i : i + 1], non_blocking=True)
+        if self._events is not None:
+            self._events[i % 2].record(torch.cuda.current_stream(self.history.device))
+        self.queued += 1
+
+    def read(self, i: int) -> int:
+        """Run ``i``'s token (queued already), once its copy has landed."""
+        if self._events is not None:
+            self._events[i % 2].synchronize()
+        return int(self._values[i])
+
+    def finish(self) -> None:
+        """Wait for every run queued (the last copy is queued behind them all)."""
+        if self._events is not None and self.queued:
+            self._events[(self.queued - 1) % 2].synchronize()

@@ -97,8 +97,9 @@ def transformers_decoder(model, eos: list[int], capacity: int, max_new_tokens: i
 def around_the_step(runner: Runner, ids: list[int], steps: int = 64, replays: int = 200) -> dict:
     """What a decode step costs besides its recorded run: a decode step's time (plain
     greedy decoding, its prefill taken out) against the one-token step replayed alone.
-    The difference is the host's work around the replay (loading the inputs, copying
-    the logits out, the argmax and its read), which a GPU pays on every token. Empty
+    The difference is what a token costs around the replay: the feed's few operations
+    (its argmax made the next run's input on the device, ``StaticStep.decode_fed``) and
+    whatever of the host's queueing and reading the runs queued ahead do not hide. Empty
     where the runner has no fixed-shape step (a CPU, by default)."""
     step = runner.static
     if step is None:
