@@ -3,12 +3,13 @@ a 160-token context, eagerly, as the fixed-shape step run eagerly, recorded as C
 graphs, and under torch.compile(mode="reduce-overhead"), each as a ratio to eager:
 
     python benchmarks/graph_step.py --model vicuna-13b --random-weights --dtype float16 \\
-        --device cuda [--repeats 7] [--json]
+        --device cuda [--repeats 7] [--json] [--kernels]
 
 Medians over ``--repeats`` rounds after a warm-up round (where the graphs are recorded and
 compiled), every size timed in each round, CUDA synchronised around each forward
 (``measure.costs``). The runners are timed one after another in one process. On a CPU
-the graph and compile columns say "cuda only".
+the graph and compile columns say "cuda only". ``--kernels`` adds the step's kernels by
+name at 1 and 64 tokens (``step_kernels``), to tell what grows with the verify size.
 """
 
 from __future__ import annotations
@@ -61,6 +62,59 @@ def time_way(model, how: str | None, repeats: int) -> dict:
     return {"ms": {n: 1e3 * curve(n) for n in SIZES}}
 
 
+def step_kernels(model, sizes: tuple[int, ...] = (1, max(SIZES)), rounds: int = 3) -> dict:
+    """Where the step's device time goes, per size: its kernels' time a forward, by kernel
+    name, under torch's profiler. The fixed-shape step runs eagerly here: the kernels a
+    graph replays, each timed by CUPTI (a replayed graph's kernels are not listed). The
+    size whose forward grows (64 tokens against 1) shows which kernels grow with it."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from autotune.engine.runner import Runner
+    from autotune.engine.skip import NO_SKIP
+    from autotune.measure.costs import CONTEXT_TOKENS, _prepared_cache, _time_forward
+
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return {"skipped": "cuda only"}
+    runner = Runner(model, static=True, how="eager")
+    cache = _prepared_cache(runner, CONTEXT_TOKENS)
+    out = {}
+    for n in sizes:
+        _time_forward(runner, cache, CONTEXT_TOKENS, n, NO_SKIP)  # warm-up
+        with profile(activities=[ProfilerActivity.CUDA]) as run:
+            for _ in range(rounds):
+                _time_forward(runner, cache, CONTEXT_TOKENS, n, NO_SKIP)
+        kernels = [
+            (event.name, event.time_range.elapsed_us())
+            for event in run.events()
+            if event.device_type == DeviceType.CUDA
+        ]
+        out[str(n)] = kernel_table(kernels, rounds)
+    torch.cuda.synchronize()
+    return out
+
+
+def kernel_table(kernels: list[tuple[str, float]], rounds: int, top: int = 15) -> dict:
+    """(name, us) of every kernel run over ``rounds`` forwards -> per forward: the
+    kernels' count and total us, and the ``top`` names by time (count and us each)."""
+    by_name: dict[str, list[float]] = {}
+    for name, us in kernels:
+        entry = by_name.setdefault(name, [0, 0.0])
+        entry[0] += 1
+        entry[1] += us
+    ranked = sorted(by_name.items(), key=lambda item: -item[1][1])
+    return {
+        "kernels": round(len(kernels) / rounds, 1),
+        "total_us": round(sum(us for _, us in kernels) / rounds, 1),
+        "top": [
+            {"name": name[:120], "count": round(count / rounds, 1), "us": round(us / rounds, 1)}
+            for name, (count, us) in ranked[:top]
+        ],
+    }
+
+
 def table(columns: dict[str, dict]) -> list[str]:
     eager = columns["eager"]["ms"]
     others = {name: column for name, column in columns.items() if name != "eager"}
@@ -94,11 +148,15 @@ def main() -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--kernels", action="store_true", help="also the step's kernels by name, at 1 and 64"
+    )
     args = parser.parse_args()
 
     model, name = load_model(args)
     device = next(model.parameters()).device
     columns = {way: time_way(model, how, args.repeats) for way, how in WAYS.items()}
+    kernels = step_kernels(model) if args.kernels else None
     info = hardware.describe(str(device))
     heading = {
         "model": name,
@@ -108,6 +166,8 @@ def main() -> int:
         "torch": torch.__version__,
         "repeats": args.repeats,
     }
+    if kernels is not None:
+        heading["kernels"] = kernels
     if args.json:
         print(json.dumps({**heading, "columns": columns}, indent=2))
         return 0
@@ -117,6 +177,11 @@ def main() -> int:
         f"torch {torch.__version__}; medians of {args.repeats}, x = time / eager's"
     )
     print("\n".join(table(columns)))
+    for size, found in (kernels or {}).items():
+        if isinstance(found, dict):
+            print(f"n={size}: {found['kernels']} kernels, {found['total_us']} us a forward")
+            for row in found["top"]:
+                print(f"  {row['us']:9.1f} us  x{row['count']:<6} {row['name']}")
     return 0
 
 

@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 2**20
@@ -364,3 +365,25 @@ def test_the_tests_step_names_each_failing_test_even_when_stopped(gpu, tmp_path)
         "tests/test_static_step.py::test_equal[on the device]",
         "tests/test_static_glide.py::test_draft[as made]",
     ]
+
+
+def test_on_a_gpu_the_graph_step_also_lists_the_steps_kernels_by_name(gpu, tmp_path):
+    """The kernels a forward of 1 and of 64 tokens runs, by name (what grows with the
+    verify size): asked on a GPU, and tallied per forward."""
+    step = {s.name: s for s in gpu.check_steps.STEPS}["graph_step"]
+    for device, quick, asked in (("cuda", [], True), ("cuda", ["--quick"], False)):
+        args = gpu.check.parse_args(["--state", str(tmp_path), "--device", device, *quick])
+        ctx = gpu.check_steps.Context(args, tmp_path, None, True, time_left=lambda: 500.0)
+        assert ("--kernels" in step.command(ctx)) == asked
+    graph_step = importlib.import_module("graph_step")
+    kernels = [("gemv", 30.0), ("rms", 2.0), ("gemv", 30.0), ("rms", 2.0), ("sdpa", 5.0)] * 2
+    table = graph_step.kernel_table(kernels, rounds=2, top=2)
+    assert table == {
+        "kernels": 5.0,
+        "total_us": 69.0,
+        "top": [
+            {"name": "gemv", "count": 2.0, "us": 60.0},
+            {"name": "sdpa", "count": 1.0, "us": 5.0},
+        ],
+    }
+    assert graph_step.step_kernels(torch.nn.Linear(2, 2)) == {"skipped": "cuda only"}

@@ -177,6 +177,8 @@ def graph_step_command(ctx: Context) -> list[str] | str:
     if not script.is_file():
         return "benchmarks/graph_step.py is not in this tree"
     options = ["--device", ctx.args.device, "--repeats", "3", "--json"]
+    if full_size(ctx):  # the kernels by name: what grows from 1 token to 64
+        options.append("--kernels")
     return [PYTHON, str(script), *model_shape(ctx), *options]
 
 
