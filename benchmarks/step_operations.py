@@ -13,7 +13,11 @@ nothing, and the making of a tensor from a list left out.
     python benchmarks/step_operations.py [--dtype bfloat16] [--layers 30]
 
 It prints the count as the CPU runs it and as a GPU would (the layers' rules for their
-fused forms, ``layers.FUSION_RULES``, as they answer off the CPU), and the operations of each.
+fused forms, ``layers.FUSION_RULES``, as they answer off the CPU), and what a GPU replays
+for a token of greedy decoding (the fixed-shape step with its KV scatters, visibility
+mask and the feed of its argmax), with the operations of each. On 2026-11-28: 826, 436
+and 451; the step the H200 replayed that morning, before the fused forms and the feed,
+counted 834 the same way.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch
 from around_steps import Around  # benchmarks/ is on sys.path as a script
 
 from autotune.engine import layers
+from autotune.engine.decoding import decode_plain
 from autotune.engine.runner import Runner
 from autotune.models import tiny
 
@@ -52,6 +57,31 @@ def step_operations(dtype: torch.dtype, n_layers: int, as_on_gpu: bool) -> colle
             setattr(layers, name, applies)
 
 
+def replayed_operations(dtype: torch.dtype, n_layers: int) -> collections.Counter[str]:
+    """The operations of what a GPU replays for a token of greedy decoding: the fixed-shape
+    one-token step that feeds its argmax to its next run (``StaticStep.decode_fed``), its
+    buffers loaded by a decoding first, with the layers' fused forms as off the CPU."""
+    rules = {name: getattr(layers, name) for name in layers.FUSION_RULES}
+    for name, applies in rules.items():
+        off_cpu = applies(torch.empty(0, dtype=dtype, device="meta"))
+        setattr(layers, name, functools.partial(_as_off_cpu, applies, dtype, off_cpu))
+    try:
+        model = tiny.tiny_llama(layers=n_layers).to(dtype)
+        runner = Runner(model, static=True)
+        runner.eos_token_ids = frozenset()
+        decode_plain(runner, [1, 5, 9, 33], 4)  # records (on a CPU: makes) the fed step
+        step = runner.static
+        assert step is not None
+        buffer, variant = step.buffers[1, 1], step.variant(feeds=True)
+        mode = Around()
+        with torch.inference_mode(), mode:
+            step.compute(buffer, variant)
+        return mode.operations
+    finally:
+        for name, applies in rules.items():
+            setattr(layers, name, applies)
+
+
 def _as_off_cpu(applies, dtype: torch.dtype, off_cpu: bool, x: torch.Tensor) -> bool:
     return off_cpu if x.dtype == dtype else applies(x)
 
@@ -66,6 +96,7 @@ def main() -> int:
     counts = {
         "as the CPU runs it": step_operations(dtype, args.layers, as_on_gpu=False),
         "as a GPU runs it": step_operations(dtype, args.layers, as_on_gpu=True),
+        "as a GPU replays a greedy token": replayed_operations(dtype, args.layers),
     }
     base = sum(counts["as the CPU runs it"].values())
     for label, count in counts.items():
