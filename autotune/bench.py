@@ -98,6 +98,7 @@ def bench_load(
     ``engine``: that engine's own setting instead (the one its export writes, drafting by
     its rule), capped per level as the export caps it."""
     from autotune.measure.load import in_engine, measure_level
+    from autotune.measure.ties import lossless_up_to_a_tie
 
     profile, ws, env = open_profile(path, prompts, max_new_tokens, model_path, dtype, device)
     name = profile.recommended
@@ -128,6 +129,7 @@ def bench_load(
                 concurrency,
                 rounds,
                 on_round=lambda _: advance(),
+                same=lossless_up_to_a_tie(ws.runner),
             )
         row: dict = {"concurrency": concurrency, "scheduled": pick, "rounds": level.rounds}
         row.update({n: figure.summary() for n, figure in level.figures.items()})

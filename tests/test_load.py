@@ -20,6 +20,7 @@ from autotune.measure.load import (
     schedule_of,
 )
 from autotune.measure.stats import Interval
+from autotune.measure.ties import lossless_up_to_a_tie
 from autotune.methods import registry
 from autotune.methods.base import DraftEnv
 from autotune.methods.ngram.settings import NgramLookup, NgramSettings
@@ -127,6 +128,34 @@ def test_a_level_measures_every_candidate_against_plain_on_the_same_rounds(env):
         assert f.lossless, name
         assert f.interval.low <= f.speedup <= f.interval.high
         assert f.tokens_per_s > 0 and f.plain_tokens_per_s > 0 and f.latency_s > 0
+
+
+def test_a_setting_stays_lossless_where_its_output_parts_only_as_same_allows(env):
+    """Outputs that part from plain decoding's are a loss unless ``same`` (a numeric tie,
+    in the profile and bench) says otherwise; a changed last token is no tie."""
+    method = registry.method("ngram")
+    makers = {TUNED: method.variant(SETTING, env).make}
+    run_round = in_engine(env.runner, 12, makers)
+
+    def parted(name, batch, concurrency):
+        run = run_round(name, batch, concurrency)
+        if name != OFF:  # the first request's last token, otherwise
+            tokens = run.results[0].tokens
+            tokens[-1] = (tokens[-1] + 1) % env.runner.config.vocab_size
+        return run
+
+    asked: list = []
+
+    def a_tie(prompt, method_tokens, greedy_tokens) -> bool:
+        asked.append(prompt)
+        return True
+
+    assert measure_level(parted, [TUNED], PROMPTS, 1, 3, same=a_tie).figures[TUNED].lossless
+    assert asked and all(prompt in PROMPTS for prompt in asked)
+    assert not measure_level(parted, [TUNED], PROMPTS, 1, 3).figures[TUNED].lossless
+    judged = measure_level(parted, [TUNED], PROMPTS, 1, 3, same=lossless_up_to_a_tie(env.runner))
+    assert not judged.figures[TUNED].lossless
+    assert measure_level(run_round, [TUNED], PROMPTS, 1, 3, same=a_tie).figures[TUNED].lossless
 
 
 def test_a_schedule_holds_whole_levels_and_skips_what_the_time_left_cannot_fit(env):

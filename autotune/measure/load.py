@@ -136,6 +136,9 @@ def best_fixed(levels: list[LevelResult]) -> str | None:
 # How a round is decoded: (setting name, or OFF for plain decoding; the round's prompts;
 # requests in flight) -> what the decoding did.
 RunRound = Callable[[str, list[list[int]], int], BatchRun]
+# Whether a setting's output that differs from plain decoding's is still lossless: (the
+# prompt, the setting's tokens, plain's) -> bool (``measure.ties.lossless_up_to_a_tie``)
+SameOutput = Callable[[list[int], list[int], list[int]], bool]
 
 
 def in_engine(
@@ -164,11 +167,13 @@ def measure_level(
     rounds: int,
     deadline: float | None = None,
     on_round: Callable[[int], None] | None = None,
+    same: SameOutput | None = None,
 ) -> LevelResult:
     """Plain decoding and every setting of ``names`` on ``rounds`` rounds of
     ``2 * concurrency`` prompts (taken in turn from ``prompts``, wrapping around); fewer
     rounds where ``deadline`` (a ``time.monotonic`` instant) comes first, but at least
-    MIN_ROUNDS."""
+    MIN_ROUNDS. A setting stays lossless while its outputs are plain decoding's, or
+    differ where ``same`` says they still are (None: only equal outputs)."""
     per_round = 2 * concurrency
     rows: dict[str, list[tuple[float, int, float, int]]] = {name: [] for name in names}
     latencies: dict[str, list[float]] = {name: [] for name in [OFF, *names]}
@@ -189,8 +194,10 @@ def measure_level(
             run = runs[name]
             rows[name].append((run.decode_seconds, run.tokens, plain.decode_seconds, plain.tokens))
             latencies[name].extend(run.latencies)
-            same = [a.tokens == b.tokens for a, b in zip(run.results, plain.results)]
-            lossless[name] = lossless[name] and all(same)
+            lossless[name] = lossless[name] and all(
+                a.tokens == b.tokens or (same is not None and same(p, a.tokens, b.tokens))
+                for p, a, b in zip(batch, run.results, plain.results, strict=True)
+            )
         done += 1
         if on_round is not None:
             on_round(done)

@@ -99,6 +99,19 @@ def judge(
     return Divergence(at, method[at], greedy[at], gap, noise, spread)
 
 
+def lossless_up_to_a_tie(runner: Runner):
+    """``(prompt, method, greedy) -> bool``: whether ``method``'s output is ``greedy``'s
+    or parts from it at a numeric tie (``judge``), for comparisons that keep only a yes
+    (the rounds under load, ``measure.load``: several sequences in one step round as
+    other row counts do)."""
+
+    def same(prompt: list[int], method: list[int], greedy: list[int]) -> bool:
+        divergence = judge(runner, list(prompt), list(method), list(greedy))
+        return divergence is None or divergence.tie
+
+    return same
+
+
 @torch.inference_mode()
 def _last_logits(runner: Runner, prefix: list[int], split: bool) -> torch.Tensor:
     """The logits after ``prefix`` in float32: from one forward over it, or (``split``)

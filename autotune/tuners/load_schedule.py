@@ -22,6 +22,7 @@ from autotune.measure.load import (
     in_engine,
     measure_level,
 )
+from autotune.measure.ties import lossless_up_to_a_tie
 from autotune.plan import load_level_runs
 
 GROWTH = 1.6  # a level twice as concurrent took about this much longer on 2 cores
@@ -67,6 +68,7 @@ def fit_schedule(
     more and longer prompts than a level's rounds): there it is kept without a race and
     only measured held back."""
     run_round = in_engine(runner, max_new_tokens, makers)
+    same = lossless_up_to_a_tie(runner)
     fitted = FittedSchedule()
     estimate = first_level_s
     for concurrency in sorted(levels):
@@ -86,7 +88,13 @@ def fit_schedule(
             if on_level is not None:
                 on_level(f"concurrency {concurrency}: choosing among {', '.join(makers)}")
             chosen_on = measure_level(
-                run_round, list(makers), search, concurrency, rounds, _deadline(seconds_left)
+                run_round,
+                list(makers),
+                search,
+                concurrency,
+                rounds,
+                _deadline(seconds_left),
+                same=same,
             )
             runs += chosen_on.rounds * (1 + len(makers))
             pick = chosen_on.chosen()
@@ -94,7 +102,7 @@ def fit_schedule(
                 on_level(f"concurrency {concurrency}: {pick} chosen; measuring it held back")
         names = sorted({pick, TUNED} - {OFF})
         held = measure_level(
-            run_round, names, heldback, concurrency, rounds, _deadline(seconds_left)
+            run_round, names, heldback, concurrency, rounds, _deadline(seconds_left), same=same
         )
         runs += held.rounds * (1 + len(names))
         fitted.levels.append(FittedLevel(held, pick, 0 if pick == OFF else caps[pick]))
