@@ -387,3 +387,30 @@ def test_on_a_gpu_the_graph_step_also_lists_the_steps_kernels_by_name(gpu, tmp_p
         ],
     }
     assert graph_step.step_kernels(torch.nn.Linear(2, 2)) == {"skipped": "cuda only"}
+
+
+def test_the_table_says_which_kernels_grew_from_one_token_to_64(gpu):
+    def size(kernels: float, total: float, *top: tuple[str, float]) -> dict:
+        return {
+            "kernels": kernels,
+            "total_us": total,
+            "top": [{"name": n, "count": 1.0, "us": us} for n, us in top],
+        }
+
+    kernels = {
+        "1": size(451.0, 9100.0, ("gemv", 6000.0), ("attention", 300.0), ("rms_norm", 200.0)),
+        "64": size(451.0, 11900.0, ("gemm", 7000.0), ("attention", 2200.0), ("rms_norm", 210.0)),
+    }
+    lines = gpu.check_summary.kernel_lines(kernels, most=2)
+    assert lines == [
+        "engine step kernels, n=1: 451 a forward, 9100 us",
+        "engine step kernels, n=64: 451 a forward, 11900 us",
+        "grew most from n=1 to n=64: gemm 0 -> 7000 us; attention 300 -> 2200 us",
+    ]
+    results = made_up_results(x_floor_1=1.25, graph_ms_1=9.8, greedy=650.0)
+    results["graph_step"]["data"]["kernels"] = kernels
+    table = gpu.check_summary.table(results).splitlines()
+    shown = gpu.check_summary.kernel_lines(kernels)
+    assert all(line in table for line in shown)
+    assert shown[-1].endswith("; rms_norm 200 -> 210 us")
+    assert gpu.check_summary.kernel_lines({"skipped": "cuda only"}) == []

@@ -266,6 +266,7 @@ def forward_lines(results: dict) -> list[str]:
             if "ms" in column
         ]
         lines.append(f"engine step (graph_step.py), n={n}: " + ", ".join(cells))
+    lines += kernel_lines((_data(results, "graph_step") or {}).get("kernels") or {})
     greedy = _data(results, "greedy") or {}
     if "around_step_us" in greedy:  # what a token costs besides its recorded run
         lines.append(
@@ -280,6 +281,26 @@ def forward_lines(results: dict) -> list[str]:
             f"{greedy['prefill_eager_ms']:.2f} ms (the engine took "
             f"{'parts' if greedy['prefill_in_parts'] else 'the eager call'})"
         )
+    return lines
+
+
+def kernel_lines(kernels: dict, most: int = 3) -> list[str]:
+    """graph_step.py's kernels by name (``--kernels``): per size, the count and time a
+    forward; then the kernels whose time grew most from the smallest size to the largest
+    (what makes the verify curve rise; a name the smaller size does not list counts 0)."""
+    sizes = sorted((n for n, found in kernels.items() if "top" in found), key=int)
+    lines = [
+        f"engine step kernels, n={n}: {kernels[n]['kernels']:g} a forward, "
+        f"{kernels[n]['total_us']:.0f} us"
+        for n in sizes
+    ]
+    if len(sizes) >= 2:
+        small, large = (
+            {row["name"]: row["us"] for row in kernels[n]["top"]} for n in (sizes[0], sizes[-1])
+        )
+        grew = sorted(large, key=lambda name: small.get(name, 0.0) - large[name])[:most]
+        cells = [f"{name[:60]} {small.get(name, 0.0):.0f} -> {large[name]:.0f} us" for name in grew]
+        lines.append(f"grew most from n={sizes[0]} to n={sizes[-1]}: " + "; ".join(cells))
     return lines
 
 
