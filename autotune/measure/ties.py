@@ -99,6 +99,12 @@ def judge(
     return Divergence(at, method[at], greedy[at], gap, noise, spread)
 
 
+def lossless(divergence: Divergence | None) -> bool:
+    """Whether a method's greedy output, judged so (``judge``; None: the same as plain
+    greedy output), lost nothing: the same, or parted at a numeric tie."""
+    return divergence is None or divergence.tie
+
+
 def lossless_up_to_a_tie(runner: Runner):
     """``(prompt, method, greedy) -> bool``: whether ``method``'s output is ``greedy``'s
     or parts from it at a numeric tie (``judge``), for comparisons that keep only a yes
@@ -106,8 +112,7 @@ def lossless_up_to_a_tie(runner: Runner):
     other row counts do)."""
 
     def same(prompt: list[int], method: list[int], greedy: list[int]) -> bool:
-        divergence = judge(runner, list(prompt), list(method), list(greedy))
-        return divergence is None or divergence.tie
+        return lossless(judge(runner, list(prompt), list(method), list(greedy)))
 
     return same
 

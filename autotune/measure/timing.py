@@ -24,6 +24,7 @@ from autotune.engine.decoding import (
 from autotune.engine.proposal import Drafter
 from autotune.engine.runner import Runner
 from autotune.engine.sampling import GREEDY, SamplingConfig
+from autotune.measure import ties
 from autotune.measure.stats import CONFIDENCE, Interval, Pairs, bootstrap_interval, look_confidence
 from autotune.measure.ties import Divergence, judge
 from autotune.progress import say
@@ -387,7 +388,7 @@ class SideBySide:
             lossless, divergence = None, None
             if self.sampling.greedy:
                 divergence = judge(self.runner, prompt.ids, method.tokens, plain.tokens)
-                lossless = divergence is None or divergence.tie
+                lossless = ties.lossless(divergence)
                 if divergence is not None and divergence.tie and name not in self._told:
                     self._told.add(name)  # once a variant: a GPU may part at many prompts
                     say(f"[dim]{name}, prompt {prompt.id}: {divergence.describe()}[/dim]")
