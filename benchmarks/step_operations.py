@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import functools
+from collections.abc import Iterator
 
 import torch
 from around_steps import Around  # benchmarks/ is on sys.path as a script
@@ -37,12 +39,7 @@ from autotune.models import tiny
 
 def step_operations(dtype: torch.dtype, n_layers: int, as_on_gpu: bool) -> collections.Counter[str]:
     """The operations of one one-token forward after a prefill."""
-    rules = {name: getattr(layers, name) for name in layers.FUSION_RULES}
-    if as_on_gpu:  # each rule's answer for this dtype off the CPU, asked before counting
-        for name, applies in rules.items():
-            off_cpu = applies(torch.empty(0, dtype=dtype, device="meta"))
-            setattr(layers, name, functools.partial(_as_off_cpu, applies, dtype, off_cpu))
-    try:
+    with rules_off_cpu(dtype) if as_on_gpu else contextlib.nullcontext():
         model = tiny.tiny_llama(layers=n_layers).to(dtype)
         runner = Runner(model)
         cache = runner.new_cache(capacity=64)
@@ -52,20 +49,13 @@ def step_operations(dtype: torch.dtype, n_layers: int, as_on_gpu: bool) -> colle
             with mode:
                 runner.forward(torch.tensor([7]), torch.tensor([4]), cache)
         return mode.operations
-    finally:
-        for name, applies in rules.items():
-            setattr(layers, name, applies)
 
 
 def replayed_operations(dtype: torch.dtype, n_layers: int) -> collections.Counter[str]:
     """The operations of what a GPU replays for a token of greedy decoding: the fixed-shape
     one-token step that feeds its argmax to its next run (``StaticStep.decode_fed``), its
     buffers loaded by a decoding first, with the layers' fused forms as off the CPU."""
-    rules = {name: getattr(layers, name) for name in layers.FUSION_RULES}
-    for name, applies in rules.items():
-        off_cpu = applies(torch.empty(0, dtype=dtype, device="meta"))
-        setattr(layers, name, functools.partial(_as_off_cpu, applies, dtype, off_cpu))
-    try:
+    with rules_off_cpu(dtype):
         model = tiny.tiny_llama(layers=n_layers).to(dtype)
         runner = Runner(model, static=True)
         runner.eos_token_ids = frozenset()
@@ -77,6 +67,18 @@ def replayed_operations(dtype: torch.dtype, n_layers: int) -> collections.Counte
         with torch.inference_mode(), mode:
             step.compute(buffer, variant)
         return mode.operations
+
+
+@contextlib.contextmanager
+def rules_off_cpu(dtype: torch.dtype) -> Iterator[None]:
+    """Within it, each of the layers' fused-form rules answers for ``dtype`` as it does
+    off the CPU (asked of a meta tensor first); other dtypes as before."""
+    rules = {name: getattr(layers, name) for name in layers.FUSION_RULES}
+    for name, applies in rules.items():
+        off_cpu = applies(torch.empty(0, dtype=dtype, device="meta"))
+        setattr(layers, name, functools.partial(_as_off_cpu, applies, dtype, off_cpu))
+    try:
+        yield
     finally:
         for name, applies in rules.items():
             setattr(layers, name, applies)
