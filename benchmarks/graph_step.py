@@ -179,13 +179,18 @@ def main() -> int:
         f"{str(args.random_weights).lower()}, {heading['dtype']}) on {heading['device']}, "
         f"torch {torch.__version__}; medians of {args.repeats}, x = time / eager's"
     )
-    print("\n".join(table(columns)))
-    for size, found in (kernels or {}).items():
-        if isinstance(found, dict):
-            print(f"n={size}: {found['kernels']} kernels, {found['total_us']} us a forward")
-            for row in found["top"]:
-                print(f"  {row['us']:9.1f} us  x{row['count']:<6} {row['name']}")
+    print("\n".join(table(columns) + kernel_rows(kernels or {})))
     return 0
+
+
+def kernel_rows(kernels: dict) -> list[str]:
+    """``step_kernels``' tally as lines: per size, its count and time, then each name's."""
+    lines = []
+    for size, found in kernels.items():
+        if isinstance(found, dict):  # not the reason it was skipped
+            lines.append(f"n={size}: {found['kernels']} kernels, {found['total_us']} us a forward")
+            lines += [f"  {r['us']:9.1f} us  x{r['count']:<6} {r['name']}" for r in found["top"]]
+    return lines
 
 
 if __name__ == "__main__":
