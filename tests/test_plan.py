@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from autotune import plan
@@ -191,6 +193,31 @@ def test_untrainable_drops_kinds_one_at_a_time_and_gives_their_time_to_the_rest(
     assert list(dropped) == ["glide", "medusa"]
     assert "train medusa heads" in dropped["medusa"]
     assert plan.untrainable(facts(methods=("ngram",), train={}), Evidence(), 60.0) == {}
+
+
+def test_a_kinds_least_training_scales_with_how_fast_the_target_runs():
+    """The floors were measured on 2 cores; a machine (or model) whose batched forward
+    is k times faster needs 1/k the time, down to a probe and a least training after it."""
+    from autotune.training.kinds import CALIBRATION_S_PER_TOKEN as ON_2_CORES
+    from autotune.training.kinds import KINDS
+
+    least = plan.PROBE_LEAST_S + plan.LEAST_TRAINING_S
+    glide, eagle = KINDS["glide"], KINDS["eagle"]
+    assert glide.least_training_s(ON_2_CORES) == pytest.approx(glide.min_training_s)
+    assert eagle.least_training_s(ON_2_CORES) == pytest.approx(eagle.min_training_s)
+    assert glide.least_training_s(2 * ON_2_CORES) == pytest.approx(2 * glide.min_training_s)
+    assert glide.least_training_s(ON_2_CORES / 4) == pytest.approx(glide.min_training_s / 4)
+    assert glide.least_training_s(ON_2_CORES / 100) == least
+    assert eagle.least_training_s(ON_2_CORES / 4) == least
+    # the plan keeps GLIDE where the machine trains it fast enough, and drops it on 2 cores
+    f = facts(
+        train={"eagle": "eagle", "glide": "glide"},
+        methods=("ngram", "eagle", "glide"),
+    )
+    for per_token, kept in ((ON_2_CORES, {"eagle"}), (ON_2_CORES / 50, {"eagle", "glide"})):
+        floors = {k: KINDS[k].least_training_s(per_token) for k in ("eagle", "glide")}
+        scaled = dataclasses.replace(f, min_training=floors)
+        assert {"eagle", "glide"} - set(plan.untrainable(scaled, Evidence(), 600.0)) == kept
 
 
 def test_of_two_kinds_needing_as_long_the_prior_keeps_eagle_whatever_the_order():

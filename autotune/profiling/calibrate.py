@@ -60,9 +60,12 @@ def measure_facts(
     answers phase has to decode."""
     from autotune.training.calibration import answered, calibration_extras, search_thirds
     from autotune.training.kinds import KINDS
+    from autotune.workspace import SHARED_CURVE_TOKENS
 
     order = sorted(setup.methods, key=lambda m: (m.heads is not None, not m.draft_free))
     curve = ws.verify_curve(plan.PROBE_CURVE_TOKENS)
+    # the same measured curve's longest forward (cached with it): what training runs at
+    per_token = ws.verify_curve(SHARED_CURVE_TOKENS)(SHARED_CURVE_TOKENS) / SHARED_CURVE_TOKENS
     trained, unseen, _ = search_thirds(ws.prompts)
     search = trained + unseen
     missing = len(search) - len(answered(ws.target, plan.ANSWER_TOKENS)(search))
@@ -73,7 +76,7 @@ def measure_facts(
         methods=tuple(m.name for m in order),
         draft_free=tuple(m.name for m in order if m.draft_free),
         train=dict(setup.train),
-        min_training={k: KINDS[k].min_training_s for k in set(setup.train.values())},
+        min_training={k: KINDS[k].least_training_s(per_token) for k in set(setup.train.values())},
         chain_methods=tuple(m.name for m in setup.methods if m.chain) if expansion else (),
         expansion=expansion,
         leader_tuning_s={
