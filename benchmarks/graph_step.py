@@ -3,13 +3,17 @@ a 160-token context, eagerly, as the fixed-shape step run eagerly, recorded as C
 graphs, and under torch.compile(mode="reduce-overhead"), each as a ratio to eager:
 
     python benchmarks/graph_step.py --model vicuna-13b --random-weights --dtype float16 \\
-        --device cuda [--repeats 7] [--json] [--kernels]
+        --device cuda [--repeats 7] [--json] [--kernels] [--time-limit S] [--out FILE]
 
 Medians over ``--repeats`` rounds after a warm-up round (where the graphs are recorded and
 compiled), every size timed in each round, CUDA synchronised around each forward
 (``measure.costs``). The runners are timed one after another in one process. On a CPU
-the graph and compile columns say "cuda only". ``--kernels`` adds the step's kernels by
-name at 1 and 64 tokens (``step_kernels``), to tell what grows with the verify size.
+the graph and compile columns say "cuda only". torch.compile compiles each size anew (as
+``dynamic=False`` asks), so its column times the two ends, 1 and 64 tokens.
+``--kernels`` adds the step's kernels by name at 1 and 64 tokens (``step_kernels``), to
+tell what grows with the verify size; they are listed first. ``--time-limit``: no part
+starts after that many seconds (the rest say so); ``--out``: the JSON is also written
+there after every part, so that a run stopped from outside keeps what it measured.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 # (column, Runner's static and how); None: the runner's eager layers, the yardstick
@@ -27,6 +32,9 @@ WAYS = {
     "compile": "compile",
 }
 CUDA_ONLY = ("graph", "compile")
+# the sizes a way times (the others: every size); a 13B step's compile took tens of
+# seconds a size, and the check gives this script 90 s in all
+SIZES_OF = {"compile": (1, max(SIZES))}
 # kernel names listed per size by --kernels: a decoder step runs a few dozen distinct ones,
 # so the sizes' lists can be compared name by name
 KERNELS_LISTED = 40
@@ -47,7 +55,7 @@ def load_model(args: argparse.Namespace):
 
 
 def time_way(model, how: str | None, repeats: int) -> dict:
-    """One column: ms per size, or why it was not measured."""
+    """One column: ms per size it times (``SIZES_OF``), or why it was not measured."""
     from autotune.engine.runner import Runner
     from autotune.errors import AutotuneError
     from autotune.measure.costs import measure_latency_curve
@@ -56,13 +64,14 @@ def time_way(model, how: str | None, repeats: int) -> dict:
     if how in CUDA_ONLY and device.type != "cuda":
         return {"skipped": "cuda only"}
     runner = Runner(model, static=how is not None, how=how or "graph")
+    sizes = SIZES_OF.get(how or "", SIZES)
     try:
-        curve = measure_latency_curve(runner, max(SIZES), repeats, sizes=list(SIZES))
+        curve = measure_latency_curve(runner, max(sizes), repeats, sizes=list(sizes))
     except AutotuneError as error:  # a capture or compile refused: said, not fatal here
         return {"skipped": f"failed: {error}"}
     if runner.static is not None and not runner.static.calls:
         return {"skipped": "the step never ran (every call fell back to eager)"}
-    return {"ms": {n: 1e3 * curve(n) for n in SIZES}}
+    return {"ms": {n: 1e3 * curve(n) for n in sizes}}
 
 
 def step_kernels(model, sizes: tuple[int, ...] = (1, max(SIZES)), rounds: int = 3) -> dict:
@@ -127,9 +136,11 @@ def table(columns: dict[str, dict]) -> list[str]:
         for column in others.values():
             if "ms" not in column:
                 cells.append(f"  {column['skipped'][:20]:>20}")
-                continue
-            ms = column["ms"][n]
-            cells.append(f"  {ms:9.3f} ms {ms / eager[n]:5.2f}x")
+            elif n not in column["ms"]:
+                cells.append(f"  {'-':>20}")
+            else:
+                ms = column["ms"][n]
+                cells.append(f"  {ms:9.3f} ms {ms / eager[n]:5.2f}x")
         lines.append(f"{n:>4}  {eager[n]:9.3f}" + "".join(cells))
     lines += [
         f"{name}: {column['skipped']}" for name, column in columns.items() if "ms" not in column
@@ -137,10 +148,30 @@ def table(columns: dict[str, dict]) -> list[str]:
     return lines
 
 
+def measure(args: argparse.Namespace, model, result: dict, write) -> dict:
+    """Into ``result``: the kernels (``--kernels``), then each way's column, each part
+    written as it ends (``write``); a part that would start past ``--time-limit`` says
+    so instead."""
+    import time
+
+    until = time.monotonic() + args.time_limit
+    late = {"skipped": f"not started: past --time-limit {args.time_limit:g} s"}
+    if args.kernels:
+        result["kernels"] = step_kernels(model)
+        write(result)
+    result["columns"] = {}
+    for way, how in WAYS.items():
+        on_time = time.monotonic() < until
+        result["columns"][way] = time_way(model, how, args.repeats) if on_time else late
+        write(result)
+    return result
+
+
 def main() -> int:
     import torch
 
     from autotune import hardware
+    from autotune.files import write_atomic
     from autotune.measure.costs import CONTEXT_TOKENS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -154,14 +185,14 @@ def main() -> int:
     parser.add_argument(
         "--kernels", action="store_true", help="also the step's kernels by name, at 1 and 64"
     )
+    parser.add_argument("--time-limit", type=float, default=float("inf"), metavar="SECONDS")
+    parser.add_argument("--out", type=Path, help="also write the JSON here, after every part")
     args = parser.parse_args()
 
     model, name = load_model(args)
     device = next(model.parameters()).device
-    columns = {way: time_way(model, how, args.repeats) for way, how in WAYS.items()}
-    kernels = step_kernels(model) if args.kernels else None
     info = hardware.describe(str(device))
-    heading = {
+    result = {
         "model": name,
         "random_weights": args.random_weights,
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
@@ -169,17 +200,21 @@ def main() -> int:
         "torch": torch.__version__,
         "repeats": args.repeats,
     }
-    if kernels is not None:
-        heading["kernels"] = kernels
+
+    def write(done: dict) -> None:
+        if args.out is not None:
+            write_atomic(args.out, json.dumps(done, indent=2) + "\n")
+
+    measure(args, model, result, write)
     if args.json:
-        print(json.dumps({**heading, "columns": columns}, indent=2))
+        print(json.dumps(result, indent=2))
         return 0
     print(
         f"one forward after a {CONTEXT_TOKENS}-token context: {name} (random weights: "
-        f"{str(args.random_weights).lower()}, {heading['dtype']}) on {heading['device']}, "
+        f"{str(args.random_weights).lower()}, {result['dtype']}) on {result['device']}, "
         f"torch {torch.__version__}; medians of {args.repeats}, x = time / eager's"
     )
-    print("\n".join(table(columns) + kernel_rows(kernels or {})))
+    print("\n".join(table(result["columns"]) + kernel_rows(result.get("kernels") or {})))
     return 0
 
 

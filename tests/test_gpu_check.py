@@ -5,6 +5,7 @@ Nothing is downloaded: the wheels and the model here are made-up files."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import zipfile
@@ -392,6 +393,33 @@ def test_on_a_gpu_the_graph_step_also_lists_the_steps_kernels_by_name(gpu, tmp_p
         ],
     }
     assert graph_step.step_kernels(torch.nn.Linear(2, 2)) == {"skipped": "cuda only"}
+
+
+def test_the_graph_step_writes_each_part_as_it_ends_and_starts_none_past_its_limit(gpu, tiny_llama):
+    """A run stopped at the check's limit keeps the parts it measured (the compile of a
+    13B step takes tens of seconds a size), and parts past ``--time-limit`` say so."""
+    graph_step = importlib.import_module("graph_step")
+    written: list[list[str]] = []
+
+    def write(result: dict) -> None:
+        written.append([*result.get("columns", {}), *(["kernels"] if "kernels" in result else [])])
+
+    args = argparse.Namespace(repeats=1, kernels=True, time_limit=float("inf"))
+    result = graph_step.measure(args, tiny_llama, {}, write)
+    assert result["kernels"] == {"skipped": "cuda only"}
+    assert written[0] == ["kernels"] and len(written) == 1 + len(graph_step.WAYS)
+    assert set(result["columns"]["eager"]["ms"]) == set(graph_step.SIZES)
+    assert result["columns"]["compile"] == {"skipped": "cuda only"}  # on a CPU
+    assert graph_step.SIZES_OF["compile"] == (1, 64)
+    late = graph_step.measure(
+        argparse.Namespace(repeats=1, kernels=False, time_limit=0.0), tiny_llama, {}, write
+    )
+    assert all(
+        c["skipped"].startswith("not started: past --time-limit") for c in late["columns"].values()
+    )
+    assert "kernels" not in late
+    lines = graph_step.table({**result["columns"], "compile": {"ms": {1: 2.0, 64: 3.0}}})
+    assert lines[2].split()[-1] == "-"  # n=2: the compile column did not time it
 
 
 def test_the_table_says_which_kernels_grew_from_one_token_to_64(gpu):
