@@ -259,6 +259,14 @@ def test_the_against_defaults_step_measures_the_profile_the_check_wrote(gpu, tmp
     assert float(options["--time-limit"]) < gpu.check_steps.GPU_LIMITS["against_defaults"]
 
 
+def test_again_measures_the_steps_it_runs_anew_and_keeps_the_skipped_ones(gpu, tmp_path):
+    saved = {"latency": {"status": "ok"}, "profile": {"status": "ok"}}
+    args = gpu.check.parse_args(["--state", str(tmp_path)])
+    assert gpu.check.earlier_results(saved, args) == saved
+    args = gpu.check.parse_args(["--state", str(tmp_path), "--again", "--skip", "profile"])
+    assert gpu.check.earlier_results(saved, args) == {"profile": {"status": "ok"}}
+
+
 def test_the_profile_keeps_the_time_of_the_step_that_measures_it(gpu, tmp_path):
     def budget(time_left: float, *flags: str) -> float:
         args = gpu.check.parse_args(["--state", str(tmp_path), "--device", "cuda", *flags])

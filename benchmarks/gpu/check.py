@@ -233,7 +233,7 @@ def check(args: argparse.Namespace) -> int:
     log = Log(out / "check.log")
     ready, model = prepare(args, log)
     saved = results_file(args)
-    results = {} if args.again else json_file(saved)
+    results = earlier_results(json_file(saved), args)
 
     def time_left() -> float:
         return args.call_budget - (time.monotonic() - started)
@@ -250,6 +250,15 @@ def check(args: argparse.Namespace) -> int:
     print(write_outputs(out, results, args.state))
     print(f"wrote {out}/check.json, summary.txt and check.log")
     return 0
+
+
+def earlier_results(saved: dict, args: argparse.Namespace) -> dict:
+    """What earlier calls on this machine measured and this one keeps: all of it, or with
+    ``--again`` the results of the steps it skips (a later call that measures one step
+    again still reports the others)."""
+    if not args.again:
+        return saved
+    return {name: result for name, result in saved.items() if name in args.skip}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -287,7 +296,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--profile-budget", type=float, default=PROFILE_BUDGET_S, metavar="SECONDS")
     parser.add_argument("--skip", default="", help="steps to leave out, comma-separated")
-    parser.add_argument("--again", action="store_true", help="run the steps measured earlier again")
+    parser.add_argument(
+        "--again", action="store_true", help="run the steps measured earlier again (not --skip's)"
+    )
     parser.add_argument("--commit", help="the commit measured, where the copy has no git folder")
     args = parser.parse_args(argv)
     args.skip = {s.strip() for s in args.skip.split(",") if s.strip()}
