@@ -161,6 +161,21 @@ def test_gpus_per_trial_without_a_gpu_fails_at_once(gpus):
         check_trial_gpus(1.0, "cpu")
 
 
+def test_a_trial_holds_a_gpu_where_the_model_runs_on_one_unless_told_otherwise():
+    """Ray hides every GPU from a trial that reserves none: on a GPU, the profile's
+    trials reserve one unless --gpus-per-trial says how many (0 included)."""
+    assert Workers().on_device("cuda:0").gpus_per_trial == 1.0
+    assert Workers().on_device("cpu").gpus_per_trial == 0.0
+    assert Workers(gpus_per_trial=0.5).on_device("cuda").gpus_per_trial == 0.5
+    assert Workers(gpus_per_trial=0.0).on_device("cuda").gpus_per_trial == 0.0
+    nodes = [{"CPU": 16.0, "GPU": 1.0}]
+    assert trial_resources(Workers(2).on_device("cuda"), True, nodes) == (
+        {"cpu": 1.0, "gpu": 1.0},
+        1,
+    )
+    assert trial_resources(Workers(), True, nodes) == ({"cpu": 16.0}, 1)
+
+
 def test_trial_resources_refuse_gpus_no_node_has():
     nodes = [{"CPU": 8.0}, {"CPU": 4.0, "GPU": 1.0}]
     resources, at_once = trial_resources(Workers(2, gpus_per_trial=1.0), True, nodes)
@@ -216,6 +231,30 @@ def test_commands_refuse_a_missing_gpu_before_loading(
     args = [str(profile) if a == "PROFILE" else a for a in args]
     assert_one_line_error(CliRunner().invoke(app, args), "GPU")
     assert not (tmp_path / "profiles").exists() and not (tmp_path / "heads").exists()
+
+
+def test_profile_on_a_gpu_gives_its_trials_one_unless_told(gpus, monkeypatch, tmp_path):
+    """`autotune profile --device cuda` (no --gpus-per-trial): the run's trials reserve a
+    GPU each; on the CPU none, and what --gpus-per-trial asks is kept."""
+    from autotune.commands import profile as profile_command
+
+    gpus(1)
+    monkeypatch.chdir(tmp_path)
+    asked: list = []
+
+    def run(request):
+        asked.append(request.workers.gpus_per_trial)
+        raise AutotuneError("stopped here")
+
+    monkeypatch.setattr(profile_command, "run_profile", run)
+    for flags, gpus_per_trial in (
+        (["--device", "cuda"], 1.0),
+        (["--device", "cpu"], 0.0),
+        (["--device", "cuda", "--gpus-per-trial", "0.5"], 0.5),
+    ):
+        result = CliRunner().invoke(app, ["profile", *flags])
+        assert_one_line_error(result, "stopped here")
+        assert asked[-1] == gpus_per_trial
 
 
 MINIMAL_PROFILE = {

@@ -107,7 +107,9 @@ def profile(
     cpus_per_trial: float | None = workers_option(
         None, "X", "Cores a trial reserves (default: all for a timed CPU trial).", min=0.1
     ),
-    gpus_per_trial: float = workers_option(0.0, "X", "GPUs a trial reserves.", min=0.0),
+    gpus_per_trial: float | None = workers_option(
+        None, "X", "GPUs a trial reserves (default: 1 where the model runs on a GPU).", min=0.0
+    ),
     ray_address: str | None = workers_option(
         None, "HOST:PORT", "Ray cluster (default: $RAY_ADDRESS, `ray start`'s, else a local one)."
     ),

@@ -38,6 +38,7 @@ def profile_checked(request: ProfileRequest) -> tuple[ProfileBase, Path]:
     set_threads(request.threads)
     dtype, device = placement(request.dtype, request.device)
     check_trial_gpus(request.workers.gpus_per_trial, device)
+    request = dataclasses.replace(request, workers=request.workers.on_device(device))
     ray_target(request.workers.ray_address)
     inputs.check_profile_prompts(request.prompts, request.heldback_prompts)
     answer_tokens = max(request.max_new_tokens, plan.ANSWER_TOKENS)

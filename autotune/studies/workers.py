@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from autotune.errors import AutotuneError
@@ -15,8 +16,16 @@ class Workers:
 
     count: int = 1
     cpus_per_trial: float | None = None
-    gpus_per_trial: float = 0.0
+    gpus_per_trial: float | None = None  # None: as ``on_device`` decides
     ray_address: str | None = None
+
+    def on_device(self, device: str) -> Workers:
+        """These workers for a model on ``device``, the GPUs a trial reserves decided:
+        those asked for, else one where the model runs on a GPU (Ray hides every GPU from
+        a trial that reserves none, so it could not load the model), else none."""
+        if self.gpus_per_trial is not None:
+            return self
+        return dataclasses.replace(self, gpus_per_trial=1.0 if device.startswith("cuda") else 0.0)
 
 
 def trial_resources(workers: Workers, timed: bool, nodes: list[dict]) -> tuple[dict, int]:
@@ -31,7 +40,7 @@ def trial_resources(workers: Workers, timed: bool, nodes: list[dict]) -> tuple[d
     ``--cpus-per-trial`` overrides the cores.
     """
     largest = max((n.get("CPU", 0.0) for n in nodes), default=1.0) or 1.0
-    gpus = workers.gpus_per_trial
+    gpus = workers.gpus_per_trial or 0.0
     if workers.cpus_per_trial is not None:
         cpus = workers.cpus_per_trial
     elif gpus:
@@ -55,10 +64,10 @@ def trial_resources(workers: Workers, timed: bool, nodes: list[dict]) -> tuple[d
     return resources, max(1, min(workers.count, capacity))
 
 
-def check_trial_gpus(gpus_per_trial: float, device: str) -> None:
+def check_trial_gpus(gpus_per_trial: float | None, device: str) -> None:
     """Fail at once when trials would reserve GPUs the model does not run on: on a machine
     without one, a local Ray instance would otherwise wait for them for minutes."""
-    if gpus_per_trial <= 0 or device.startswith("cuda"):
+    if not gpus_per_trial or device.startswith("cuda"):
         return
     from autotune.hardware import cuda_count
 
