@@ -16,8 +16,9 @@ It prints the count as the CPU runs it and as a GPU would (the layers' rules for
 fused forms, ``layers.FUSION_RULES``, as they answer off the CPU), and what a GPU replays
 for a token of greedy decoding (the fixed-shape step with its KV scatters, visibility
 mask and the feed of its argmax), with the operations of each. On 2026-11-28: 826, 436
-and 451; the step the H200 replayed that morning, before the fused forms and the feed,
-counted 834 the same way.
+and 451 with the rotation in three operations; 826, 375 and 390 with it one product with
+each position's matrix and the final norm fused; the step the H200 replayed that morning,
+before the fused forms and the feed, counted 834 the same way.
 """
 
 from __future__ import annotations

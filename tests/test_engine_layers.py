@@ -66,27 +66,41 @@ def test_the_fused_norm_in_half_precision_is_the_modules_within_its_rounding(tin
     assert layers.rms_norm(norm, x).equal(module)  # on the CPU: the module's values
 
 
-def test_off_the_cpu_the_rotation_adds_its_second_product_in_one_operation(tiny_llama, monkeypatch):
-    """Off the CPU the rotation is three operations, its second product rounded inside
-    the sum (``addcmul``): within a rounding of the textbook values; on the CPU their bits."""
+def test_off_the_cpu_the_rotation_is_one_product_with_each_positions_matrix(
+    tiny_llama, monkeypatch
+):
+    """Off the CPU a step's queries and keys are rotated by one batched product with each
+    position's matrix (made once a forward), each value's two terms summed before it is
+    rounded: within a rounding of the textbook values; a longer prefill rotates in three
+    operations (``addcmul``); on the CPU the textbook bits."""
     assert layers.fused_rotation_applies(torch.zeros(2, dtype=torch.bfloat16, device="meta"))
     assert not layers.fused_rotation_applies(torch.zeros(2))
-    head_dim = tiny_llama.config.hidden_size // tiny_llama.config.num_attention_heads
-    x = torch.randn(1, 3, 5, head_dim, dtype=torch.bfloat16) * 4
-    rope = tiny_llama.model.rotary_emb(x, torch.arange(7, 12).view(1, 5))
-    rotation = layers.Rotation(rope)
-    on_cpu = rotation(x)
-    monkeypatch.setattr(layers, "fused_rotation_applies", lambda x: True)
-    with TorchOperations() as counted:
-        fused = rotation(x)
-    assert counted.names == ["aten.mul.Tensor", "aten.roll.default", "aten.addcmul.default"]
-    # a rounding of each term at most (the sum may cancel, so not of the result)
-    terms = (x.float() * rotation.cos.float()).abs() + (
-        x.float().roll(rotation.half, dims=-1) * rotation.sin.float()
-    ).abs()
+    heads = tiny_llama.config.num_attention_heads
+    head_dim = tiny_llama.config.hidden_size // heads
     eps = torch.finfo(torch.bfloat16).eps
-    assert ((fused.float() - on_cpu.float()).abs() <= 2 * eps * terms).all()
-    assert not fused.equal(on_cpu)  # it did round otherwise somewhere
+    elementwise = ["aten.mul.Tensor", "aten.roll.default", "aten.addcmul.default"]
+    for positions, operations in ((5, ["aten.bmm.default"]), (70, elementwise)):
+        # as a projection leaves them: [B, S, heads * D], seen as [B, heads, S, D]
+        x = layers.heads_of(torch.randn(1, positions, heads * head_dim) * 4, head_dim)
+        x = x.to(torch.bfloat16)
+        rope = tiny_llama.model.rotary_emb(x, torch.arange(7, 7 + positions).view(1, -1))
+        rotation = layers.Rotation(rope)
+        on_cpu = rotation(x)
+        with monkeypatch.context() as patch:
+            patch.setattr(layers, "fused_rotation_applies", lambda x: True)
+            rotation.matrix()  # made once a forward, for all its layers
+            with TorchOperations() as counted:
+                fused = rotation(x)
+        # the rest are views: the product reads the projection's layout as it is
+        assert [n for n in counted.names if n in [*elementwise, "aten.bmm.default"]] == operations
+        assert "aten.copy_.default" not in counted.names and "aten.clone" not in counted.names
+        assert fused.shape == on_cpu.shape
+        # a rounding of each term at most (the sum may cancel, so not of the result)
+        terms = (x.float() * rotation.cos.float()).abs() + (
+            x.float().roll(rotation.half, dims=-1) * rotation.sin.float()
+        ).abs()
+        assert ((fused.float() - on_cpu.float()).abs() <= 2 * eps * terms).all()
+        assert not fused.equal(on_cpu)  # it did round otherwise somewhere
 
 
 class TorchOperations(TorchDispatchMode):
@@ -122,7 +136,8 @@ def test_the_gpus_fused_forms_give_the_layers_values_within_rounding(
     with TorchOperations() as counted:
         fused = forward()
     assert counted.names.count("aten.addmm_.default") == 2 * model.config.num_hidden_layers
-    assert counted.names.count("aten.addcmul.default") == model.config.num_hidden_layers
+    # the rotation, one product a layer (a composite operation under inference_mode)
+    assert counted.names.count("aten.matmul.default") == model.config.num_hidden_layers
     tolerance = 1e-5 if dtype == torch.float32 else 0.05
     for a, b in zip(fused, plain):
         torch.testing.assert_close(a, b, rtol=tolerance, atol=tolerance)

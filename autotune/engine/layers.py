@@ -82,32 +82,55 @@ def fused_norm_applies(x: torch.Tensor) -> bool:
     return x.dtype == torch.float32 or (x.dtype in _HALF and x.device.type != "cpu")
 
 
+# Up to this many positions a GPU rotates by one product with a rotation matrix per
+# position (``Rotation``): every fixed-shape step (its largest bucket is 64 rows) and a
+# verification; a longer prefill keeps the elementwise form, whose memory does not grow
+# with the head size squared.
+MATRIX_ROTATION_ROWS = 64
+
+
 class Rotation:
     """RoPE at one forward's positions, prepared once for all its layers: rope = (cos, sin)
     [B, S, D] from the model's rotary embedding; cos, and sin with the sign of the
     half-rotation folded in, are kept shaped for [B, heads, S, D], so that rotating
     x [B, heads, S, D] is four operations (the textbook form, x * cos + cat(-x2, x1) * sin,
-    takes nine and gives the same bits), three off the CPU (``fused_rotation_applies``)."""
+    takes nine and gives the same bits). Off the CPU (``fused_rotation_applies``) it is one:
+    a batched product with each position's rotation matrix, made once for all layers."""
 
     def __init__(self, rope: tuple[torch.Tensor, torch.Tensor]):
         cos, sin = rope
         self.half = cos.shape[-1] // 2
         self.cos = cos.unsqueeze(1)
         self.sin = torch.cat((-sin[..., : self.half], sin[..., self.half :]), dim=-1).unsqueeze(1)
+        self._matrix: torch.Tensor | None = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if fused_rotation_applies(x):
-            return torch.addcmul(x * self.cos, x.roll(self.half, dims=-1), self.sin)
-        return x * self.cos + x.roll(self.half, dims=-1) * self.sin
+        if not fused_rotation_applies(x):
+            return x * self.cos + x.roll(self.half, dims=-1) * self.sin
+        if x.shape[-2] <= MATRIX_ROTATION_ROWS:
+            # [B, S, heads, D] (the projection's own layout) times [B, S, D, D]
+            return torch.matmul(x.transpose(1, 2), self.matrix()).transpose(1, 2)
+        return torch.addcmul(x * self.cos, x.roll(self.half, dims=-1), self.sin)
+
+    def matrix(self) -> torch.Tensor:
+        """[B, S, D, D]: row e of a position's matrix holds what x[e] adds to each rotated
+        x[d]: cos[d] on the diagonal, the signed sin[d] at row d + D/2 (mod D), the
+        position's half-rotation, so a row times it is x * cos + roll(x) * sin."""
+        if self._matrix is None:
+            cos, sin = self.cos.squeeze(1), self.sin.squeeze(1)
+            rolled = torch.diag_embed(sin).roll(self.half, dims=-2)
+            self._matrix = torch.diag_embed(cos).add_(rolled)
+        return self._matrix
 
 
 def fused_rotation_applies(x: torch.Tensor) -> bool:
-    """Whether ``Rotation`` adds the rotated half's product in the same operation as it
-    multiplies (``addcmul``): off the CPU, where each operation is a kernel of a step's
-    replay (30 fewer of a 30-layer model's 526, ``benchmarks/step_operations.py``). Its
-    values may differ from the two operations' in the last bit (a product rounded once
-    inside the sum, not first on its own); plain and speculative decoding both come here.
-    On the CPU the two operations keep the textbook rotation's bits."""
+    """Whether ``Rotation`` takes its GPU forms: off the CPU, where each operation is a
+    kernel of a step's replay (a 30-layer model's one-token step: 90 operations to rotate
+    its queries and keys elementwise, 30 products and the matrices' 6 by matrix,
+    ``benchmarks/step_operations.py``). The product sums each value's two terms in float32
+    and rounds once, where the elementwise form rounds each product first: values may
+    differ in the last bit; plain and speculative decoding both come here. On the CPU the
+    elementwise operations keep the textbook rotation's bits."""
     return x.device.type != "cpu"
 
 

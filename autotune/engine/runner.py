@@ -165,7 +165,7 @@ class Runner:
         bounds = list(itertools.accumulate(counts, initial=0))
         hiddens = [hidden[a:b] for a, b in itertools.pairwise(bounds)]
         picked = [h[-1:] if s.last_only else h for h, s in zip(hiddens, segments)]
-        normed = self.norm(picked[0] if len(picked) == 1 else torch.cat(picked))
+        normed = layers.rms_norm(self.norm, picked[0] if len(picked) == 1 else torch.cat(picked))
         rows = len(normed)
         if extra_rows is None:
             logits, extra = self.logits(normed), None
