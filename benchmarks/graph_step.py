@@ -167,13 +167,7 @@ def measure(args: argparse.Namespace, model, result: dict, write) -> dict:
     return result
 
 
-def main() -> int:
-    import torch
-
-    from autotune import hardware
-    from autotune.files import write_atomic
-    from autotune.measure.costs import CONTEXT_TOKENS
-
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--model-path")
@@ -187,8 +181,17 @@ def main() -> int:
     )
     parser.add_argument("--time-limit", type=float, default=float("inf"), metavar="SECONDS")
     parser.add_argument("--out", type=Path, help="also write the JSON here, after every part")
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def main() -> int:
+    import torch
+
+    from autotune import hardware
+    from autotune.files import write_atomic
+    from autotune.measure.costs import CONTEXT_TOKENS
+
+    args = parse_args()
     model, name = load_model(args)
     device = next(model.parameters()).device
     info = hardware.describe(str(device))
