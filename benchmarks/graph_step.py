@@ -32,8 +32,9 @@ WAYS = {
     "compile": "compile",
 }
 CUDA_ONLY = ("graph", "compile")
-# the sizes a way times (the others: every size); a 13B step's compile took tens of
-# seconds a size, and the check gives this script 90 s in all
+# the sizes a way times (the others: every size): each size is a compile of its own, of
+# a 40-layer graph for a 13B step (not yet timed on a GPU; expected to take tens of
+# seconds), and the check gives this script 90 s in all
 SIZES_OF = {"compile": (1, max(SIZES))}
 # kernel names listed per size by --kernels: a decoder step runs a few dozen distinct ones,
 # so the sizes' lists can be compared name by name
