@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from autotune.engine import capture
+from autotune.engine import capture, staging
 from autotune.engine.decoding import decode_plain, decode_speculative
 from autotune.engine.runner import Runner
 from autotune.methods import registry
@@ -44,7 +44,7 @@ from autotune.models import tiny
 from autotune.models.ref import TargetRef
 
 PROMPT = [1, 5, 9, 33, 70, 4, 8, 1, 5, 9, 33]
-READS = {"aten._local_scalar_dense", "aten.item", "Tensor.tolist"}
+READS = {"aten._local_scalar_dense", "aten.item", "Tensor.tolist", "staging.read_back"}
 # what ``torch.tensor(list)`` dispatches on a CPU: where it is made on the host, no device
 # work; made on a GPU, a copy the count here cannot see (the old decoders made two a token)
 MAKING = {torch.ops.aten.detach_, torch.ops.aten.lift_fresh}
@@ -67,16 +67,24 @@ class Around(TorchDispatchMode):
 
 
 def counting_reads(mode: Around) -> None:
-    """``Tensor.tolist`` reads without dispatching an operation on a CPU (on a GPU it
-    copies to the host): each call outside a recorded run is counted as one read."""
-    tolist = torch.Tensor.tolist
+    """``Tensor.tolist`` reads without dispatching an operation on a CPU, and
+    ``staging.read_back`` copies on the host (on a GPU each copies to the host): each
+    call outside a recorded run is counted as one read."""
+    tolist, read_back = torch.Tensor.tolist, staging.read_back
 
     def counted(self):
         if not mode.inside:
             mode.operations["Tensor.tolist"] += 1
         return tolist(self)
 
+    def counted_back(values):
+        if not mode.inside:
+            mode.operations["staging.read_back"] += 1
+        with torch.utils._python_dispatch._disable_current_modes():  # its copy is the read
+            return read_back(values)
+
     torch.Tensor.tolist = counted  # type: ignore[method-assign]
+    staging.read_back = counted_back
 
 
 def counting_runs(mode: Around) -> None:

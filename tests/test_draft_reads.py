@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from autotune.drafters.eagle import EAGLE1_TREE, DynamicTree, EagleDrafter, StaticTree
 from autotune.drafters.glide import GlideDrafter
 from autotune.drafters.self_spec import DraftExitPolicy, LayerSkipDrafter
+from autotune.engine import staging
 from autotune.engine.decoding import decode_plain, decode_speculative
 from autotune.engine.runner import Runner
 from autotune.engine.skip import SkipMask
@@ -24,8 +25,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 class Reads(TorchDispatchMode):
     """Counts reads of a tensor's values back to the host (on a GPU, each waits for the
-    device): scalar reads, as dispatched, and ``tolist`` (``counting`` adds it, since on
-    a CPU it dispatches nothing)."""
+    device): scalar reads, as dispatched, and ``tolist`` and ``staging.read_back``
+    (``counting`` adds them: on a CPU the one dispatches nothing, the other a copy)."""
 
     def __init__(self):
         super().__init__()
@@ -48,7 +49,15 @@ class Reads(TorchDispatchMode):
                 self.reading = reading
 
         monkeypatch.setattr(torch.Tensor, "tolist", counted)
+        monkeypatch.setattr(staging, "read_back", self._counted_back(staging.read_back))
         return self
+
+    def _counted_back(self, read_back):
+        def counted(values):
+            self.count += 1
+            return read_back(values)
+
+        return counted
 
 
 def reads_per_draft(runner, drafter_class, *args, **kwargs) -> tuple[list[int], list[list[int]]]:

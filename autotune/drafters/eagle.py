@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from autotune.drafters.in_step import InStepDrafter, run_by_kind
+from autotune.engine import staging
 from autotune.engine.kvcache import KVCache
 from autotune.engine.proposal import Draft, DraftContext
 from autotune.engine.staging import sent
@@ -428,10 +429,12 @@ class EagleDrafter(InStepDrafter):
     @staticmethod
     def _read_back(grown: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> Grown:
         """The grown tree on the host: per expansion its nodes' tokens, scores and parents."""
-        ids = torch.cat([tokens for tokens, _, _ in grown] + [p for _, _, p in grown]).tolist()
-        scores = torch.cat([s for _, s, _ in grown]).tolist()
+        ids = staging.read_back(
+            torch.cat([tokens for tokens, _, _ in grown] + [p for _, _, p in grown])
+        )
+        scores = staging.read_back(torch.cat([s for _, s, _ in grown]))
         count = len(scores)
-        depths = [d + 1 for d, (tokens, _, _) in enumerate(grown) for _ in range(len(tokens))]
+        depths = np.repeat(np.arange(1, len(grown) + 1), [len(tokens) for tokens, _, _ in grown])
         return Grown(ids[:count], ids[count:], scores, depths)
 
     @staticmethod
@@ -440,10 +443,10 @@ class EagleDrafter(InStepDrafter):
         scores above its parent, and ties go to the shallower node, so every kept node's
         parent is kept. (Sorted in numpy: EAGLE-2's 60/5/10 ranks 510 nodes a draft.)"""
         number = np.arange(len(nodes.tokens))
-        depths, parents = np.asarray(nodes.depths), np.asarray(nodes.parents)
-        ranked = np.lexsort((number, depths, -np.asarray(nodes.scores)))[:count]
+        depths, parents = nodes.depths, nodes.parents
+        ranked = np.lexsort((number, depths, -nodes.scores))[:count]
         kept = ranked[np.lexsort((ranked, depths[ranked]))]  # parents before children
         index = np.full(len(number) + 1, ROOT)  # node -> its place in ``kept``; ROOT: ROOT
         index[kept] = np.arange(len(kept))
-        tokens = np.asarray(nodes.tokens)[kept].tolist()
+        tokens = nodes.tokens[kept].tolist()
         return tokens, None, TreeShape(tuple(index[parents[kept]].tolist()))

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from autotune.engine import buckets, layers
+from autotune.engine import buckets, layers, staging
 from autotune.engine.kvcache import KVCache
 from autotune.engine.staging import HostInputs, sent
 from autotune.engine.tree import ROOT
@@ -94,12 +94,12 @@ Tree = tuple[tuple[int, ...], ...] | DynamicShape
 class Grown(NamedTuple):
     """A dynamic tree as grown, on the host: per node (each expansion's children after the
     first level's), its token, parent node (ROOT for the first level), cumulative draft
-    log-probability and depth."""
+    log-probability and depth, as arrays (EAGLE-2's 60/5/10 grows 510 nodes a draft)."""
 
-    tokens: list[int]
-    parents: list[int]
-    scores: list[float]
-    depths: list[int]
+    tokens: np.ndarray
+    parents: np.ndarray
+    scores: np.ndarray
+    depths: np.ndarray
 
 
 class TreeCall(NamedTuple):
@@ -240,10 +240,10 @@ class DynamicBuffers(TreeBuffers):
         host["committed"][lane].fill(False)
         host["committed"][lane, :, :prefix] = True
 
-    def depths(self) -> list[int]:
+    def depths(self) -> np.ndarray:
         """Each grown node's depth, in the order of ``ids``' first half."""
         depth, k = self.shape
-        return [1] * k + [d for d in range(2, depth + 2) for _ in range(k * k)]
+        return np.repeat(np.arange(1, depth + 2), [k] + [k * k] * depth)
 
 
 class TreeSteps(DraftSteps[Tree]):
@@ -285,9 +285,12 @@ class TreeSteps(DraftSteps[Tree]):
         if isinstance(buffer, StaticBuffers):
             tokens = buffer.tokens.tolist()  # the one read of the draft
             return [tokens[lane] for lane in lanes]
-        ids, scores = buffer.ids.tolist(), buffer.scores.tolist()  # its two reads
-        nodes, depths = len(scores[0]), buffer.depths()
-        return [Grown(ids[lane][:nodes], ids[lane][nodes:], scores[lane], depths) for lane in lanes]
+        ids, scores = (
+            staging.read_back(buffer.ids),
+            staging.read_back(buffer.scores),
+        )  # its two reads
+        nodes, depths = scores.shape[1], buffer.depths()
+        return [Grown(ids[lane, :nodes], ids[lane, nodes:], scores[lane], depths) for lane in lanes]
 
     def fits(self, calls: list[TreeCall], drafted: int) -> Placed | None:
         """Each call's cache and its committed pairs, or None unless every cache is the
