@@ -187,6 +187,20 @@ def test_trial_resources_refuse_gpus_no_node_has():
     )
 
 
+@pytest.mark.parametrize("seen", [0, 1, 2])
+def test_the_local_ray_instance_has_the_gpus_torch_sees(gpus, seen, monkeypatch):
+    """Not Ray's own count (by NVIDIA's management library, absent from some containers
+    where CUDA works): the trials run torch, and a trial holding a GPU needs Ray to have
+    one."""
+    from ray._private import ray_constants
+
+    from autotune.studies import cluster
+
+    monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", ray_constants.ENABLE_RAY_CLUSTER)
+    gpus(seen)
+    assert cluster.local_instance_options()["num_gpus"] == seen
+
+
 # --- the commands: one line at once, nothing loaded ------------------------------------
 
 

@@ -87,7 +87,7 @@ warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to b
 def init_ray(address: str | None = None) -> None:
     """Join the cluster at ``address`` (or ``$RAY_ADDRESS``, or the one ``ray start`` left
     running here), or start a local Ray instance sized to this machine (all its cores;
-    its GPUs are found by Ray). Quiet: Ray's log stays in its own files."""
+    the GPUs torch sees). Quiet: Ray's log stays in its own files."""
     import ray
 
     from autotune.errors import AutotuneError
