@@ -329,6 +329,12 @@ def test_the_table_names_the_card_and_says_what_did_not_run(gpu):
         in lines
     )
     assert lines[-1] == "4 of 11 bars met"  # two latency bars, the reference, the suite
+    assert "management library" not in lines[0]  # it was not asked (an older check.json)
+    results["environment"]["data"] |= {"gpus": 1, "nvml_gpus": None}
+    heading = gpu.check_summary.table(results).splitlines()[0]
+    assert heading.endswith(
+        "(NVIDIA's management library counts no GPUs where torch sees 1: Ray is told torch's count)"
+    )
     results = made_up_results(x_floor_1=1.25, graph_ms_1=9.8, greedy=650.0)
     lines = gpu.check_summary.table(results).splitlines()
     step = "embedded greedy, a decode step: 1510 us, its step replayed alone 1390 us, "

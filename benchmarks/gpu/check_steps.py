@@ -73,9 +73,22 @@ def environment_command(ctx: Context) -> list[str]:
         "print(json.dumps({'device_name': torch.cuda.get_device_name(0) if cuda else "
         "platform.processor() or 'cpu', 'torch': torch.__version__, 'cuda': torch.version.cuda, "
         "'gpus': torch.cuda.device_count(), 'transformers': transformers.__version__, "
-        "'python': platform.python_version()}))"
+        "'python': platform.python_version(), 'nvml_gpus': nvml_gpus()}))"
     )
-    return [PYTHON, "-c", probe]
+    return [PYTHON, "-c", NVML_PROBE + probe]
+
+
+# The GPUs NVIDIA's management library counts (as Ray would count them, were it not told
+# torch's count, ``studies.cluster.gpus_torch_sees``); None where it cannot be loaded
+NVML_PROBE = (
+    "def nvml_gpus():\n"
+    "    try:\n"
+    "        import ray._private.thirdparty.pynvml as nvml\n"
+    "        nvml.nvmlInit()\n"
+    "        return nvml.nvmlDeviceGetCount()\n"
+    "    except Exception:\n"
+    "        return None\n"
+)
 
 
 def environment_parse(ctx: Context, done: subprocess.CompletedProcess) -> dict:

@@ -241,10 +241,17 @@ def rows(results: dict) -> list[Row]:
 
 def heading(results: dict) -> str:
     env = (results.get("environment") or {}).get("data") or {}
+    nvml = env.get("nvml_gpus", env.get("gpus"))
     return (
         f"GPU check on {env.get('device_name', '?')}: torch {env.get('torch', '?')}, "
         f"CUDA {env.get('cuda') or 'none'}, transformers {env.get('transformers', '?')}, "
         f"{env.get('date', '?')}, commit {env.get('commit') or '?'}"
+        + (
+            f" (NVIDIA's management library counts {nvml if nvml is not None else 'no'} "
+            f"GPUs where torch sees {env.get('gpus')}: Ray is told torch's count)"
+            if env.get("gpus") and nvml != env.get("gpus")
+            else ""
+        )
     )
 
 
