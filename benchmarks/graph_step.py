@@ -1,6 +1,7 @@
 """What the engine's fixed-shape step saves (issue 40): one forward over n new tokens after
 a 160-token context, eagerly, as the fixed-shape step run eagerly, recorded as CUDA
-graphs, and under torch.compile(mode="reduce-overhead"), each as a ratio to eager:
+graphs (also with each of the layers' GPU forms turned off in turn, at 1 and 64 tokens),
+and under torch.compile(mode="reduce-overhead"), each as a ratio to eager:
 
     python benchmarks/graph_step.py --model vicuna-13b --random-weights --dtype float16 \\
         --device cuda [--repeats 7] [--json] [--kernels] [--time-limit S] [--out FILE]
@@ -24,18 +25,27 @@ import sys
 from pathlib import Path
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
-# (column, Runner's static and how); None: the runner's eager layers, the yardstick
-WAYS = {
-    "eager": None,
-    "static-eager": "eager",
-    "cuda-graph": "graph",
-    "compile": "compile",
+# column -> (Runner's static and how, a fused form turned off); how None: the runner's
+# eager layers, the yardstick. The "plain" columns record the step as graphs with one of
+# the layers' GPU forms (``layers.FUSION_RULES``) turned off: each was chosen by counting
+# a step's operations on a CPU, and these say whether it pays on this GPU
+WAYS: dict[str, tuple[str | None, str | None]] = {
+    "eager": (None, None),
+    "static-eager": ("eager", None),
+    "cuda-graph": ("graph", None),
+    "graph, plain norm": ("graph", "fused_norm_applies"),
+    "graph, plain rotation": ("graph", "fused_rotation_applies"),
+    "graph, plain residual": ("graph", "fused_residual_applies"),
+    "compile": ("compile", None),
 }
 CUDA_ONLY = ("graph", "compile")
 # the sizes a way times (the others: every size): each size is a compile of its own, of
 # a 40-layer graph for a 13B step (not yet timed on a GPU; expected to take tens of
-# seconds), and the check gives this script 90 s in all
-SIZES_OF = {"compile": (1, max(SIZES))}
+# seconds), and the check gives this script 90 s in all; the plain forms' columns are
+# there to compare with cuda-graph's at the two ends
+ENDS = (1, max(SIZES))
+SIZES_OF = {"compile": ENDS, **{way: ENDS for way, (_, off) in WAYS.items() if off}}
+WIDTH = 24  # a column's characters in the table
 # kernel names listed per size by --kernels: a decoder step runs a few dozen distinct ones,
 # so the sizes' lists can be compared name by name
 KERNELS_LISTED = 40
@@ -55,21 +65,29 @@ def load_model(args: argparse.Namespace):
     return target.model, target.name
 
 
-def time_way(model, how: str | None, repeats: int) -> dict:
+def time_way(model, way: str, repeats: int) -> dict:
     """One column: ms per size it times (``SIZES_OF``), or why it was not measured."""
+    from autotune.engine import layers
     from autotune.engine.runner import Runner
     from autotune.errors import AutotuneError
     from autotune.measure.costs import measure_latency_curve
 
+    how, off = WAYS[way]
     device = next(model.parameters()).device
     if how in CUDA_ONLY and device.type != "cuda":
         return {"skipped": "cuda only"}
     runner = Runner(model, static=how is not None, how=how or "graph")
-    sizes = SIZES_OF.get(how or "", SIZES)
+    sizes = SIZES_OF.get(way, SIZES)
+    rule = getattr(layers, off) if off else None
     try:
+        if off:  # the step is recorded at its first call of each size, in the plain form
+            setattr(layers, off, lambda x: False)
         curve = measure_latency_curve(runner, max(sizes), repeats, sizes=list(sizes))
     except AutotuneError as error:  # a capture or compile refused: said, not fatal here
         return {"skipped": f"failed: {error}"}
+    finally:
+        if off:
+            setattr(layers, off, rule)
     if runner.static is not None and not runner.static.calls:
         return {"skipped": "the step never ran (every call fell back to eager)"}
     return {"ms": {n: 1e3 * curve(n) for n in sizes}}
@@ -131,17 +149,17 @@ def kernel_table(kernels: list[tuple[str, float]], rounds: int, top: int = 15) -
 def table(columns: dict[str, dict]) -> list[str]:
     eager = columns["eager"]["ms"]
     others = {name: column for name, column in columns.items() if name != "eager"}
-    lines = [f"{'n':>4}  {'eager ms':>9}" + "".join(f"  {name:>20}" for name in others)]
+    lines = [f"{'n':>4}  {'eager ms':>9}" + "".join(f"  {name:>{WIDTH}}" for name in others)]
     for n in SIZES:
         cells = []
         for column in others.values():
             if "ms" not in column:
-                cells.append(f"  {column['skipped'][:20]:>20}")
+                cells.append(f"  {column['skipped'][:WIDTH]:>{WIDTH}}")
             elif n not in column["ms"]:
-                cells.append(f"  {'-':>20}")
+                cells.append(f"  {'-':>{WIDTH}}")
             else:
                 ms = column["ms"][n]
-                cells.append(f"  {ms:9.3f} ms {ms / eager[n]:5.2f}x")
+                cells.append(f"  {f'{ms:9.3f} ms {ms / eager[n]:5.2f}x':>{WIDTH}}")
         lines.append(f"{n:>4}  {eager[n]:9.3f}" + "".join(cells))
     lines += [
         f"{name}: {column['skipped']}" for name, column in columns.items() if "ms" not in column
@@ -161,9 +179,9 @@ def measure(args: argparse.Namespace, model, result: dict, write) -> dict:
         result["kernels"] = step_kernels(model)
         write(result)
     result["columns"] = {}
-    for way, how in WAYS.items():
+    for way in WAYS:
         on_time = time.monotonic() < until
-        result["columns"][way] = time_way(model, how, args.repeats) if on_time else late
+        result["columns"][way] = time_way(model, way, args.repeats) if on_time else late
         write(result)
     return result
 

@@ -409,7 +409,9 @@ def test_on_a_gpu_the_graph_step_also_lists_the_steps_kernels_by_name(gpu, tmp_p
     assert graph_step.step_kernels(torch.nn.Linear(2, 2)) == {"skipped": "cuda only"}
 
 
-def test_the_graph_step_writes_each_part_as_it_ends_and_starts_none_past_its_limit(gpu, tiny_llama):
+def test_the_graph_step_writes_each_part_as_it_ends_and_starts_none_past_its_limit(
+    gpu, tiny_llama, monkeypatch
+):
     """A run stopped at the check's limit keeps the parts it measured (the compile of a
     13B step takes tens of seconds a size), and parts past ``--time-limit`` say so."""
     graph_step = importlib.import_module("graph_step")
@@ -425,6 +427,25 @@ def test_the_graph_step_writes_each_part_as_it_ends_and_starts_none_past_its_lim
     assert set(result["columns"]["eager"]["ms"]) == set(graph_step.SIZES)
     assert result["columns"]["compile"] == {"skipped": "cuda only"}  # on a CPU
     assert graph_step.SIZES_OF["compile"] == (1, 64)
+    from autotune.engine import layers
+
+    # a column for each of the layers' GPU forms turned off, and only while it is timed
+    assert {off for _, off in graph_step.WAYS.values() if off} == set(layers.FUSION_RULES)
+    seen: list[bool] = []
+    rule = layers.fused_norm_applies
+
+    def spied(x):
+        seen.append(True)
+        return rule(x)
+
+    monkeypatch.setattr(layers, "fused_norm_applies", spied)
+    monkeypatch.setitem(graph_step.WAYS, "eager, plain norm", ("eager", "fused_norm_applies"))
+    monkeypatch.setitem(graph_step.SIZES_OF, "eager, plain norm", (1, 64))
+    plain = graph_step.time_way(tiny_llama, "eager, plain norm", 1)
+    assert set(plain["ms"]) == {1, 64} and not seen  # the rule off: never asked
+    assert layers.fused_norm_applies is spied  # and back after: asked again
+    graph_step.time_way(tiny_llama, "static-eager", 1)
+    assert seen
     late = graph_step.measure(
         argparse.Namespace(repeats=1, kernels=False, time_limit=0.0), tiny_llama, {}, write
     )
