@@ -482,3 +482,34 @@ def test_the_table_says_which_kernels_grew_from_one_token_to_64(gpu):
     assert all(line in table for line in shown)
     assert shown[-1].endswith("; rms_norm 200 -> 210 us")
     assert gpu.check_summary.kernel_lines({"skipped": "cuda only"}) == []
+
+
+def test_the_embedded_step_is_replayed_with_each_gpu_form_off_in_turn(gpu, tiny_llama):
+    """The greedy step's replay by form (``greedy_vs_hf.replays_by_form``), here on a
+    CPU's fixed-shape step run eagerly: one figure a form, every rule back after, and
+    the table's line."""
+    from autotune.engine import layers
+    from autotune.engine.runner import Runner
+
+    greedy_vs_hf = importlib.import_module("greedy_vs_hf")
+    rules = {rule: getattr(layers, rule) for rule in layers.FUSION_RULES}
+    assert greedy_vs_hf.replays_by_form(Runner(tiny_llama, static=False), [1, 5, 9]) == {}
+    found = greedy_vs_hf.replays_by_form(Runner(tiny_llama, static=True), [1, 5, 9], replays=3)
+    assert set(found) == {
+        "step_replay_us_plain_norm",
+        "step_replay_us_plain_rotation",
+        "step_replay_us_plain_residual",
+    }
+    assert all(us > 0 for us in found.values())
+    assert {rule: getattr(layers, rule) for rule in layers.FUSION_RULES} == rules
+    results = made_up_results(x_floor_1=1.25, graph_ms_1=9.8, greedy=650.0)
+    results["greedy"]["data"] |= {
+        "step_replay_us_plain_norm": 1500.0,
+        "step_replay_us_plain_rotation": 1400.0,
+        "step_replay_us_plain_residual": 1420.0,
+    }
+    lines = gpu.check_summary.table(results).splitlines()
+    assert (
+        "embedded step replayed with one GPU form off: plain norm 1500 us, plain rotation "
+        "1400 us, plain residual 1420 us (every form on: 1390 us)"
+    ) in lines

@@ -281,6 +281,16 @@ def forward_lines(results: dict) -> list[str]:
             f"replayed alone {greedy['step_replay_us']:.0f} us, around it "
             f"{greedy['around_step_us']:.0f} us"
         )
+    plain = {k: us for k, us in greedy.items() if k.startswith("step_replay_us_plain_")}
+    if plain:  # the layers' GPU forms turned off in turn: what each saves
+        lines.append(
+            "embedded step replayed with one GPU form off: "
+            + ", ".join(
+                f"{key.removeprefix('step_replay_us_').replace('_', ' ')} {us:.0f} us"
+                for key, us in plain.items()
+            )
+            + f" (every form on: {greedy['step_replay_us']:.0f} us)"
+        )
     if "prefill_parts_ms" in greedy:  # which way a long prompt's prefill is faster
         lines.append(
             f"embedded prefill of {greedy['prefill_tokens']} tokens: in parts of the step "

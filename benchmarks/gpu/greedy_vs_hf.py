@@ -32,7 +32,7 @@ from typing import TypeVar
 import torch
 from hf_graph_reference import cache_keyword  # in benchmarks/, on PYTHONPATH
 
-from autotune.engine import buckets
+from autotune.engine import buckets, layers
 from autotune.engine.decoding import decode_plain
 from autotune.engine.runner import Runner
 from autotune.errors import AutotuneError, exit_status
@@ -113,21 +113,59 @@ def around_the_step(runner: Runner, ids: list[int], steps: int = 64, replays: in
     (short_s, short), (long_s, long) = decoding(1), decoding(steps)
     if long - short < 8:
         return {}  # it met its end-of-sequence token at once
-    run = step.run_for(1, 1, step.variant())
-    if run is None:
+    replay_us = replayed_us(runner, replays)
+    if replay_us is None:
         return {}
-
-    def replayed() -> None:
-        for _ in range(replays):  # over the last call's inputs: it rewrites one column
-            run()
-
-    replay_us = timed(runner.device, replayed)[0] / replays * 1e6
     decode_us = (long_s - short_s) / (long - short) * 1e6
     return {
         "decode_step_us": round(decode_us, 1),
         "step_replay_us": round(replay_us, 1),
         "around_step_us": round(decode_us - replay_us, 1),
     }
+
+
+def replayed_us(runner: Runner, replays: int) -> float | None:
+    """us of one replay of the runner's one-token step alone, over the last call's inputs
+    (it rewrites one column); None where the step cannot be recorded."""
+    step = runner.static
+    run = None if step is None else step.run_for(1, 1, step.variant())
+    if run is None:
+        return None
+
+    def replayed() -> None:
+        for _ in range(replays):
+            run()
+
+    return timed(runner.device, replayed)[0] / replays * 1e6
+
+
+@torch.inference_mode()  # as the decodings run
+def replays_by_form(runner: Runner, ids: list[int], replays: int = 200) -> dict:
+    """The one-token step replayed alone with each of the layers' GPU forms
+    (``layers.FUSION_RULES``) turned off in turn, by a runner of its own over the same
+    model: beside ``step_replay_us`` (every form on), whether each form pays for this
+    model on this device (each was chosen by counting a step's operations on a CPU).
+    Empty where the runner has no fixed-shape step."""
+    if runner.static is None:
+        return {}
+    out = {}
+    for rule in layers.FUSION_RULES:
+        kept = getattr(layers, rule)
+        setattr(layers, rule, lambda x: False)
+        try:  # recorded in the plain form at its first call
+            plain = Runner(runner.model, static=True)
+            decode_plain(plain, ids, 2)
+            us = replayed_us(plain, replays)
+        finally:
+            setattr(layers, rule, kept)
+        if us is not None:
+            out[f"step_replay_us_{plain_form(rule)}"] = round(us, 1)
+    return out
+
+
+def plain_form(rule: str) -> str:
+    """``fused_norm_applies`` -> ``plain_norm``: the form a step takes with the rule off."""
+    return "plain_" + rule.removeprefix("fused_").removesuffix("_applies")
 
 
 def prefill_both_ways(runner: Runner, ids: list[int], repeats: int = 5) -> dict:
@@ -223,6 +261,7 @@ def measure(args: argparse.Namespace, write) -> dict:
         result = interleaved(engine, transformers, encoded, until, lambda r: write({**head, **r}))
         around = around_the_step(runner, encoded[0], steps=min(64, args.max_new_tokens))
         around |= prefill_both_ways(runner, max(encoded, key=len))
+        around |= replays_by_form(runner, encoded[0])
     return {**head, **result, **around, "setup_s": round(warmed, 1)}
 
 
