@@ -15,7 +15,7 @@ from torch import nn
 
 from autotune.engine import buckets
 from autotune.engine.recorded import RecordedSteps
-from autotune.engine.runner import HOST, visibility
+from autotune.engine.runner import visibility
 from autotune.engine.staging import HostInputs
 
 
@@ -96,11 +96,12 @@ class HeadBuffers:
         self.inputs.host["columns"][lane, :n] = np.arange(prefix, prefix + n)
         seen = self.inputs.host["seen"][lane, :n]
         seen.fill(False)
-        where = HOST if mask is None else mask.device
-        visible = visibility(mask, prefix, n, where)  # None: one row, sees everything
-        if visible is None:
-            seen[:, : prefix + n] = True
+        if mask is None:  # causal (a commit's pairs): the prefix, and each row its earlier
+            seen[:, :prefix] = True
+            seen[:, prefix : prefix + n] = np.tri(n, dtype=np.bool_)
         else:
+            visible = visibility(mask, prefix, n, mask.device)
+            assert visible is not None  # None only where no mask was given
             self.inputs.put("seen", (lane, slice(n), slice(prefix + n)), visible)
 
 
