@@ -39,6 +39,7 @@ class HeadBuffers:
         fields: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None,
     ):
         self.lanes, self.size, self.logit_rows = lanes, size, logit_rows
+        self.causal = np.tri(size, dtype=np.bool_)  # what each of a call's rows sees of theirs
         rows = (lanes, size)
         self.inputs = HostInputs(
             {
@@ -98,7 +99,7 @@ class HeadBuffers:
         seen.fill(False)
         if mask is None:  # causal (a commit's pairs): the prefix, and each row its earlier
             seen[:, :prefix] = True
-            seen[:, prefix : prefix + n] = np.tri(n, dtype=np.bool_)
+            seen[:, prefix : prefix + n] = self.causal[:n, :n]
         else:
             visible = visibility(mask, prefix, n, mask.device)
             assert visible is not None  # None only where no mask was given
