@@ -11,10 +11,14 @@ registered method's first example setting (``--every-example``: each of them, an
 EAGLE's published trees on its example head):
 
     python benchmarks/around_steps.py [--tokens 48] [--layers 30] [--every-example] [--json]
+        [--device cuda --dtype bfloat16]
 
 It also times the host's part: each decoding again with the recorded runs skipped (their
 outputs stale), its wall time per target forward. On a GPU that is what the host must do
 between replays, however fast the device; where it exceeds a replay, the GPU waits.
+With ``--device cuda --dtype bfloat16`` the same runs on a GPU: the steps are recorded as
+CUDA graphs (and skipped when timed), and every operation around them is a real launch
+and every read a real wait, as a serving GPU's host pays them.
 
 Views (slices, ``.numpy()``'s detach) and making a tensor from a list are not counted.
 On a CPU every tensor is the host's, so operations on tensors a GPU run keeps on the
@@ -108,13 +112,19 @@ def counting_runs(mode: Around) -> None:
     capture.Recorder.make = made  # type: ignore[method-assign]
 
 
-def tiny_model(folder: Path, layers: int) -> TargetRef:
+def tiny_model(folder: Path, layers: int, device: str = "cpu", dtype: str = "float32") -> TargetRef:
     tiny.tiny_llama(layers=layers).save_pretrained(folder / "tiny-llama")
     tiny.tiny_tokenizer().save_pretrained(folder / "tiny-llama")
-    return TargetRef.for_user(str(folder / "tiny-llama"), dtype="float32", device="cpu")
+    return TargetRef.for_user(str(folder / "tiny-llama"), dtype=dtype, device=device)
 
 
-def measure(tokens: int, layers: int, every_example: bool = False) -> dict[str, dict]:
+def measure(
+    tokens: int,
+    layers: int,
+    every_example: bool = False,
+    device: str = "cpu",
+    dtype: str = "float32",
+) -> dict[str, dict]:
     torch.set_num_threads(1)
     mode = Around()
     counting_runs(mode)
@@ -122,7 +132,7 @@ def measure(tokens: int, layers: int, every_example: bool = False) -> dict[str, 
     rows: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
-        ref = tiny_model(folder, layers)
+        ref = tiny_model(folder, layers, device, dtype)
         runner = Runner(ref.runner().model, static=True)
         runner.eos_token_ids = frozenset()  # every decoding runs its full length
         decoders = {"plain greedy": lambda: decode_plain(runner, PROMPT, tokens)}
@@ -189,9 +199,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=48, help="tokens each decoding makes")
     parser.add_argument("--layers", type=int, default=30, help="decoder layers (SmolLM2-135M: 30)")
     parser.add_argument("--every-example", action="store_true", help="each example setting")
+    parser.add_argument(
+        "--device", default="cpu", help="cuda: the host's time with real launches and reads"
+    )
+    parser.add_argument("--dtype", default="float32")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    rows = measure(args.tokens, args.layers, args.every_example)
+    rows = measure(args.tokens, args.layers, args.every_example, args.device, args.dtype)
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
