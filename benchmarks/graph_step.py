@@ -78,16 +78,11 @@ def time_way(model, way: str, repeats: int) -> dict:
         return {"skipped": "cuda only"}
     runner = Runner(model, static=how is not None, how=how or "graph")
     sizes = SIZES_OF.get(way, SIZES)
-    rule = getattr(layers, off) if off else None
-    try:
-        if off:  # the step is recorded at its first call of each size, in the plain form
-            setattr(layers, off, lambda x: False)
-        curve = measure_latency_curve(runner, max(sizes), repeats, sizes=list(sizes))
+    try:  # the step is recorded at its first call of each size, in the form asked
+        with layers.forms_answered({off: lambda x: False} if off else {}):
+            curve = measure_latency_curve(runner, max(sizes), repeats, sizes=list(sizes))
     except AutotuneError as error:  # a capture or compile refused: said, not fatal here
         return {"skipped": f"failed: {error}"}
-    finally:
-        if off:
-            setattr(layers, off, rule)
     if runner.static is not None and not runner.static.calls:
         return {"skipped": "the step never ran (every call fell back to eager)"}
     return {"ms": {n: 1e3 * curve(n) for n in sizes}}

@@ -27,7 +27,6 @@ import argparse
 import collections
 import contextlib
 import functools
-from collections.abc import Iterator
 
 import torch
 from around_steps import Around  # benchmarks/ is on sys.path as a script
@@ -70,19 +69,15 @@ def replayed_operations(dtype: torch.dtype, n_layers: int) -> collections.Counte
         return mode.operations
 
 
-@contextlib.contextmanager
-def rules_off_cpu(dtype: torch.dtype) -> Iterator[None]:
+def rules_off_cpu(dtype: torch.dtype) -> contextlib.AbstractContextManager[None]:
     """Within it, each of the layers' fused-form rules answers for ``dtype`` as it does
     off the CPU (asked of a meta tensor first); other dtypes as before."""
-    rules = {name: getattr(layers, name) for name in layers.FUSION_RULES}
-    for name, applies in rules.items():
+    answers = {}
+    for name in layers.FUSION_RULES:
+        applies = getattr(layers, name)
         off_cpu = applies(torch.empty(0, dtype=dtype, device="meta"))
-        setattr(layers, name, functools.partial(_as_off_cpu, applies, dtype, off_cpu))
-    try:
-        yield
-    finally:
-        for name, applies in rules.items():
-            setattr(layers, name, applies)
+        answers[name] = functools.partial(_as_off_cpu, applies, dtype, off_cpu)
+    return layers.forms_answered(answers)
 
 
 def _as_off_cpu(applies, dtype: torch.dtype, off_cpu: bool, x: torch.Tensor) -> bool:

@@ -166,3 +166,17 @@ def test_with_the_gpus_fused_forms_the_step_and_the_layers_decode_alike(tiny_lla
         ).tokens
         same_greedy(fixed, prompt, drafted, expected)
     assert sum(fixed.static.calls.values()) > 20
+
+
+def test_forms_answered_asks_the_rules_otherwise_within_and_puts_them_back():
+    """How the benchmarks compare the layers' forms (``layers.forms_answered``): the rules
+    named answer as given inside, the others as before, and all are back after, an error
+    inside included."""
+    before = {rule: getattr(layers, rule) for rule in layers.FUSION_RULES}
+    x = torch.zeros(2, device="meta")
+    with layers.forms_answered({"fused_norm_applies": lambda t: False}):
+        assert layers.fused_norm_applies(x) is False
+        assert layers.fused_rotation_applies(x) is True  # off the CPU, as before
+    with pytest.raises(RuntimeError), layers.forms_answered({"fused_rotation_applies": bool}):
+        raise RuntimeError("a capture refused")
+    assert {rule: getattr(layers, rule) for rule in layers.FUSION_RULES} == before

@@ -13,7 +13,8 @@ static typing cannot follow.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -31,6 +32,19 @@ Product = Callable[[torch.Tensor, torch.nn.Linear], torch.Tensor]
 # The rules by which the layers take a fused form (each ``x -> bool``: whether it applies
 # to ``x``), by name: what the benchmarks and tests ask as a GPU answers them.
 FUSION_RULES = ("fused_norm_applies", "fused_rotation_applies", "fused_residual_applies")
+
+
+@contextlib.contextmanager
+def forms_answered(answers: dict[str, Callable[[torch.Tensor], bool]]) -> Iterator[None]:
+    """Within it, each rule named (of ``FUSION_RULES``) answered by its callable instead:
+    how the benchmarks compare the forms (a step is recorded in the forms its rules
+    answered when it was). Each rule is back as it was after."""
+    kept = {name: globals()[name] for name in answers}
+    globals().update(answers)
+    try:
+        yield
+    finally:
+        globals().update(kept)
 
 
 def plain_linear(x: torch.Tensor, module: torch.nn.Linear) -> torch.Tensor:

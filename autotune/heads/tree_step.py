@@ -285,10 +285,8 @@ class TreeSteps(DraftSteps[Tree]):
         if isinstance(buffer, StaticBuffers):
             tokens = buffer.tokens.tolist()  # the one read of the draft
             return [tokens[lane] for lane in lanes]
-        ids, scores = (
-            staging.read_back(buffer.ids),
-            staging.read_back(buffer.scores),
-        )  # its two reads
+        ids = staging.read_back(buffer.ids)  # its two reads
+        scores = staging.read_back(buffer.scores)
         nodes, depths = scores.shape[1], buffer.depths()
         return [Grown(ids[lane, :nodes], ids[lane, nodes:], scores[lane], depths) for lane in lanes]
 

@@ -50,24 +50,19 @@ def local_instance_options() -> dict[str, Any]:
     workers, the driver, Ray's agents) bound to loopback, no dashboard; ``ray.init``
     starts no Ray Client server. Only ``--ray-address`` or ``$RAY_ADDRESS`` joins a
     cluster that other machines can reach."""
+    from autotune.hardware import cuda_count
+
     _single_machine()
     return {
         "address": "local",  # not a cluster file that `ray start` left behind
         "num_cpus": os.cpu_count(),
-        "num_gpus": gpus_torch_sees(),
+        # torch's count, not Ray's own: Ray counts GPUs by NVIDIA's management library,
+        # which a container given the driver's compute part alone lacks while CUDA works;
+        # it would count none there and refuse every trial that holds one
+        "num_gpus": cuda_count(),
         "include_dashboard": False,
         "_node_ip_address": LOOPBACK,
     }
-
-
-def gpus_torch_sees() -> int:
-    """The CUDA GPUs the trials' torch can use here. Ray counts GPUs by NVIDIA's
-    management library, which a container given the driver's compute part alone lacks
-    while CUDA works: Ray would then count none, and every trial that holds a GPU would
-    be refused. Said to Ray, the count is torch's, which is what the trials run."""
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def _single_machine() -> None:

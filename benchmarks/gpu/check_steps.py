@@ -79,7 +79,7 @@ def environment_command(ctx: Context) -> list[str]:
 
 
 # The GPUs NVIDIA's management library counts (as Ray would count them, were it not told
-# torch's count, ``studies.cluster.gpus_torch_sees``); None where it cannot be loaded
+# torch's count, ``studies.cluster.local_instance_options``); None where it cannot be loaded
 NVML_PROBE = (
     "def nvml_gpus():\n"
     "    try:\n"

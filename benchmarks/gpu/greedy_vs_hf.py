@@ -150,14 +150,10 @@ def replays_by_form(runner: Runner, ids: list[int], replays: int = 200) -> dict:
         return {}
     out = {}
     for rule in layers.FUSION_RULES:
-        kept = getattr(layers, rule)
-        setattr(layers, rule, lambda x: False)
-        try:  # recorded in the plain form at its first call
+        with layers.forms_answered({rule: lambda x: False}):  # recorded in the plain form
             plain = Runner(runner.model, static=True)
             decode_plain(plain, ids, 2)
             us = replayed_us(plain, replays)
-        finally:
-            setattr(layers, rule, kept)
         if us is not None:
             out[f"step_replay_us_{plain_form(rule)}"] = round(us, 1)
     return out
