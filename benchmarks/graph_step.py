@@ -1,6 +1,7 @@
 """What the engine's fixed-shape step saves (issue 40): one forward over n new tokens after
 a 160-token context, eagerly, as the fixed-shape step run eagerly, recorded as CUDA
-graphs (also with each of the layers' GPU forms turned off in turn, at 1 and 64 tokens),
+graphs (also with each of the layers' fused forms turned off in turn, at 1 and 64 tokens:
+the norm, the rotation, the residual sum and the fused products of q/k/v and gate/up),
 and under torch.compile(mode="reduce-overhead"), each as a ratio to eager:
 
     python benchmarks/graph_step.py --model vicuna-13b --random-weights --dtype float16 \\
@@ -27,8 +28,8 @@ from pathlib import Path
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 # column -> (Runner's static and how, a fused form turned off); how None: the runner's
 # eager layers, the yardstick. The "plain" columns record the step as graphs with one of
-# the layers' GPU forms (``layers.FUSION_RULES``) turned off: each was chosen by counting
-# a step's operations on a CPU, and these say whether it pays on this GPU
+# the layers' fused forms (``layers.FUSION_RULES``) turned off: each was chosen by counting
+# a step's operations on a CPU, and these say whether it pays on this GPU at 1 and 64 rows
 WAYS: dict[str, tuple[str | None, str | None]] = {
     "eager": (None, None),
     "static-eager": ("eager", None),
@@ -36,6 +37,7 @@ WAYS: dict[str, tuple[str | None, str | None]] = {
     "graph, plain norm": ("graph", "fused_norm_applies"),
     "graph, plain rotation": ("graph", "fused_rotation_applies"),
     "graph, plain residual": ("graph", "fused_residual_applies"),
+    "graph, plain products": ("graph", "fused_products_applies"),
     "compile": ("compile", None),
 }
 CUDA_ONLY = ("graph", "compile")

@@ -45,6 +45,31 @@ def test_the_fused_forward_gives_the_unfused_logits(tiny_llama):
     torch.testing.assert_close(fused, separate)
 
 
+@pytest.mark.parametrize("static", [False, True])
+def test_with_fused_products_off_the_layers_multiply_module_by_module(tiny_llama, static):
+    """The rule the GPU check turns off to time the modules' own products
+    (``fused_products_applies``): each layer then makes five products where it made two
+    (q, k, v and gate, up), in the eager layers and the fixed-shape step alike, with the
+    same logits."""
+    tokens = torch.tensor([3, 9, 27, 81 % tiny_llama.config.vocab_size])
+
+    def products(answer: bool) -> tuple[int, torch.Tensor]:
+        # torch's own products, counted as they dispatch (the CPU's own kernels do not)
+        runner = Runner(tiny_llama, layers.plain_linear, native=False, static=static)
+        with layers.forms_answered({"fused_products_applies": lambda x: answer}):
+            cache = runner.new_cache()
+            with TorchOperations() as counted, torch.inference_mode():
+                out = runner.forward(tokens, torch.arange(4), cache)
+        if static:
+            assert runner.static is not None and runner.static.calls  # the step ran it
+        made = counted.names.count("aten.linear.default")
+        return made, out.logits
+
+    fused, separate = products(True), products(False)
+    assert separate[0] - fused[0] == 3 * tiny_llama.config.num_hidden_layers
+    torch.testing.assert_close(separate[1], fused[1])
+
+
 def test_the_norm_takes_the_fused_kernel_in_float32_and_in_half_precision_off_the_cpu():
     assert layers.fused_norm_applies(torch.zeros(2, device="meta"))
     assert layers.fused_norm_applies(torch.zeros(2, dtype=torch.bfloat16, device="meta"))

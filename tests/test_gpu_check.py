@@ -429,7 +429,7 @@ def test_the_graph_step_writes_each_part_as_it_ends_and_starts_none_past_its_lim
     assert graph_step.SIZES_OF["compile"] == (1, 64)
     from autotune.engine import layers
 
-    # a column for each of the layers' GPU forms turned off, and only while it is timed
+    # a column for each of the layers' fused forms turned off, and only while it is timed
     assert {off for _, off in graph_step.WAYS.values() if off} == set(layers.FUSION_RULES)
     seen: list[bool] = []
     rule = layers.fused_norm_applies
@@ -499,6 +499,7 @@ def test_the_embedded_step_is_replayed_with_each_gpu_form_off_in_turn(gpu, tiny_
         "step_replay_us_plain_norm",
         "step_replay_us_plain_rotation",
         "step_replay_us_plain_residual",
+        "step_replay_us_plain_products",
     }
     assert all(us > 0 for us in found.values())
     assert {rule: getattr(layers, rule) for rule in layers.FUSION_RULES} == rules
@@ -507,9 +508,10 @@ def test_the_embedded_step_is_replayed_with_each_gpu_form_off_in_turn(gpu, tiny_
         "step_replay_us_plain_norm": 1500.0,
         "step_replay_us_plain_rotation": 1400.0,
         "step_replay_us_plain_residual": 1420.0,
+        "step_replay_us_plain_products": 1380.0,
     }
     lines = gpu.check_summary.table(results).splitlines()
     assert (
-        "embedded step replayed with one GPU form off: plain norm 1500 us, plain rotation "
-        "1400 us, plain residual 1420 us (every form on: 1390 us)"
+        "embedded step replayed with one fused form off: plain norm 1500 us, plain rotation "
+        "1400 us, plain residual 1420 us, plain products 1380 us (every form on: 1390 us)"
     ) in lines

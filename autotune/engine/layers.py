@@ -31,7 +31,12 @@ Product = Callable[[torch.Tensor, torch.nn.Linear], torch.Tensor]
 
 # The rules by which the layers take a fused form (each ``x -> bool``: whether it applies
 # to ``x``), by name: what the benchmarks and tests ask as a GPU answers them.
-FUSION_RULES = ("fused_norm_applies", "fused_rotation_applies", "fused_residual_applies")
+FUSION_RULES = (
+    "fused_norm_applies",
+    "fused_rotation_applies",
+    "fused_residual_applies",
+    "fused_products_applies",
+)
 
 
 @contextlib.contextmanager
@@ -187,7 +192,7 @@ def attend(
 class Fused:
     """Linear layers over one input multiplied as one product: their weights become row
     slices of one tensor (no extra memory; the modules read the same rows), so a step
-    makes one call where it made two or three."""
+    makes one call where it made two or three (where ``fused_products_applies``)."""
 
     def __init__(self, modules: list[torch.nn.Linear]):
         self.modules = modules
@@ -226,6 +231,18 @@ class Fused:
 
     def __call__(self, x: torch.Tensor, product: Product) -> tuple[torch.Tensor, ...]:
         return product(x, self).split(self.sizes, dim=-1)  # type: ignore[arg-type]
+
+
+def fused_products_applies(x: torch.Tensor) -> bool:
+    """Whether the layers multiply by a ``Fused`` weight (queries, keys and values as one
+    product, the MLP's gate and up as one) where they have one: everywhere. A rule all
+    the same, so that the GPU check can record the step with the modules' own products
+    (``benchmarks/graph_step.py``): one product of a wider weight saves launches at one
+    row, but at 64 rows a GPU's matrix kernels are chosen by shape, and the 13B verify
+    step's rise at 64 tokens, where transformers' unfused one stays flat, is not yet
+    explained (docs/gpu.md). Each output column is its own weight row's product either
+    way; a kernel chosen for the other shape may sum in another order (the last bit)."""
+    return True
 
 
 def self_attention(
@@ -279,6 +296,8 @@ def segmented_attention(
     its own cache and tokens. ``residual``: added to the output (``add_product``: the
     caller gives it up)."""
     dim = attention.head_dim
+    if qkv is not None and not fused_products_applies(x):
+        qkv = None  # the modules' own products: row slices of the fused weight
     if qkv is None:
         queries = heads_of(product(x, attention.q_proj), dim)
         keys_all = heads_of(product(x, attention.k_proj), dim)
@@ -318,7 +337,7 @@ def mlp(
     """A gated MLP sublayer (its input already normed): down(act(gate(x)) * up(x));
     ``gate_up``: the gate and up projections fused (``Fused``); ``residual``: added to
     the output (``add_product``: the caller gives it up)."""
-    if gate_up is None:
+    if gate_up is None or not fused_products_applies(x):
         gate, up = product(x, block.gate_proj), product(x, block.up_proj)
     else:
         gate, up = gate_up(x, product)

@@ -282,9 +282,9 @@ def forward_lines(results: dict) -> list[str]:
             f"{greedy['around_step_us']:.0f} us"
         )
     plain = {k: us for k, us in greedy.items() if k.startswith("step_replay_us_plain_")}
-    if plain:  # the layers' GPU forms turned off in turn: what each saves
+    if plain:  # the layers' fused forms turned off in turn: what each saves
         lines.append(
-            "embedded step replayed with one GPU form off: "
+            "embedded step replayed with one fused form off: "
             + ", ".join(
                 f"{key.removeprefix('step_replay_us_').replace('_', ' ')} {us:.0f} us"
                 for key, us in plain.items()

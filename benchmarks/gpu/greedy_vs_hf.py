@@ -141,7 +141,7 @@ def replayed_us(runner: Runner, replays: int) -> float | None:
 
 @torch.inference_mode()  # as the decodings run
 def replays_by_form(runner: Runner, ids: list[int], replays: int = 200) -> dict:
-    """The one-token step replayed alone with each of the layers' GPU forms
+    """The one-token step replayed alone with each of the layers' fused forms
     (``layers.FUSION_RULES``) turned off in turn, by a runner of its own over the same
     model: beside ``step_replay_us`` (every form on), whether each form pays for this
     model on this device (each was chosen by counting a step's operations on a CPU).
