@@ -45,9 +45,12 @@ CPU_TRAINABLE_PARAMS = 1_000_000_000
 ANSWER_TOKENS = 128
 # The fewest search prompts answered (the first chunk's least on a short budget).
 LEAST_ANSWERS = 6
-# Answers are decoded in batches: this many times faster than one sequence (2 cores:
-# 16 answers of 128 tokens in 32 s at 32 ms a forward; 60 answers in 72 s at 32 ms).
-BATCHED_DECODING_GAIN = 3.0
+# Answers are decoded in batches: this many times faster than one sequence. By the
+# engine's batched decoding (``distill.decode_answers``), 2 cores, 16 answers of 128
+# tokens: 4.9x and 5.3x (6.8 s at 16.4 ms a forward, 7.7 s at 19.9 ms); a little under,
+# for prompts longer than those. (transformers' generate, which decoded them before:
+# about 3x.) On a GPU the batch's recorded steps cost little more than one sequence's.
+BATCHED_DECODING_GAIN = 4.5
 
 # --- the least seconds worth spending ---------------------------------------------------
 # Every floor below which a step measures nothing useful, in one place (a head kind's own

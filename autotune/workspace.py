@@ -177,7 +177,7 @@ class Workspace:
         from autotune.training.job import answer_cache
 
         continuations = decode_to_cache(
-            self.target.model,
+            self.runner,
             [p.ids for p in prompts],
             tokens,
             GENERATION_BATCH,

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from autotune import workspace
+from autotune.engine.runner import Runner
 from autotune.prompts import load_prompts, split_prompts
 from autotune.training import calibration, distill, job
 from autotune.workspace import Workspace
@@ -32,7 +33,8 @@ def workload(tmp_path, monkeypatch):
 def test_the_answers_phase_stops_when_the_next_chunk_would_not_fit(tiny_target, workload):
     path, prompts = workload
     # the first chunk always runs (every method calibrates on it); then the time is gone
-    answered = calibration.decode_calibration(tiny_target, path, prompts, 8, seconds=1e-3)
+    runner = Runner(tiny_target.model)
+    answered = calibration.decode_calibration(tiny_target, runner, path, prompts, 8, seconds=1e-3)
     extras = answered.extras
     assert extras == []  # no calibration prompt from the packaged files fitted
     search = split_prompts(prompts)[0]
@@ -62,7 +64,14 @@ def test_a_first_chunk_that_cannot_fit_is_cut_to_its_least(tiny_target, workload
     # at an estimated 10 s an answer none fits: the least, 3, is decoded (not the 16 of a
     # first chunk), and then the time is gone
     calibration.decode_calibration(
-        tiny_target, path, prompts, 8, seconds=1e-3, extras=False, first_estimate=(10.0, 3)
+        tiny_target,
+        Runner(tiny_target.model),
+        path,
+        prompts,
+        8,
+        seconds=1e-3,
+        extras=False,
+        first_estimate=(10.0, 3),
     )
     search = split_prompts(prompts)[0]
     known = calibration.answer_cache(tiny_target.fingerprint).load(
@@ -74,21 +83,23 @@ def test_a_first_chunk_that_cannot_fit_is_cut_to_its_least(tiny_target, workload
 def test_tuners_calibrate_on_the_shared_answers(tiny_target, workload, monkeypatch):
     ids = [tiny_target.encode_chat(f"Say {w}.") for w in WORDS[:5]]
     prompts = [SimpleNamespace(ids=i) for i in ids]
-    real = distill.generate_answers
-    ws = SimpleNamespace(target=tiny_target, decode_missing=True)
+    real = distill.decode_answers
+    ws = SimpleNamespace(target=tiny_target, runner=Runner(tiny_target.model), decode_missing=True)
     first = Workspace.continuations(ws, prompts, 10)  # type: ignore[arg-type]
+    # the engine's batched answers are each prompt's own greedy answer, as transformers'
+    # generate gives it alone
     alone = distill.generate_answers(tiny_target.model, ids, 10, batch_size=1)
     assert [c for _, c in first] == [a.tokens for a in alone if len(a.tokens) > 1]
 
     def no_decoding(*args, **kwargs):
         raise AssertionError("decoded again")
 
-    monkeypatch.setattr(distill, "generate_answers", no_decoding)
+    monkeypatch.setattr(distill, "decode_answers", no_decoding)
     # a shorter continuation is the kept answer's prefix: read back, not decoded
     again = Workspace.continuations(ws, prompts, 6)  # type: ignore[arg-type]
     assert [c for _, c in again] == [c[:6] for _, c in first if len(c[:6]) > 1]
     # after a profile's answers phase: new prompts are decoded only up to the least
-    monkeypatch.setattr(distill, "generate_answers", counting := Counting(real))
+    monkeypatch.setattr(distill, "decode_answers", counting := Counting(real))
     monkeypatch.setattr(workspace, "CALIBRATION_LEAST", 6)
     ws.decode_missing = False
     more = [SimpleNamespace(ids=tiny_target.encode_chat(f"Say {w}.")) for w in WORDS[5:8]]
@@ -100,6 +111,6 @@ class Counting:
     def __init__(self, decode):
         self.decode, self.prompts = decode, []
 
-    def __call__(self, model, prompts, *args, **kwargs):
+    def __call__(self, runner, prompts, *args, **kwargs):
         self.prompts += prompts
-        return self.decode(model, prompts, *args, **kwargs)
+        return self.decode(runner, prompts, *args, **kwargs)

@@ -65,7 +65,7 @@ class Runner:
         self.num_layers = len(self.layers)
         self.device: torch.device = self.embed.weight.device
         self.dtype: torch.dtype = self.embed.weight.dtype
-        self.eos_token_ids = eos_ids(self.config)
+        self.eos_token_ids = eos_ids(model)
         # q/k/v and gate/up as one product each: 1.5 ms of a 35 ms one-token forward and
         # 2.5 of 60 at 16 tokens on 2 cores (fewer calls, larger parallel tasks)
         self.fused = [
@@ -271,8 +271,13 @@ def additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | No
     )
 
 
-def eos_ids(config) -> frozenset[int]:
-    eos = getattr(config, "eos_token_id", None)
-    if eos is None:
-        return frozenset()
-    return frozenset(eos if isinstance(eos, (list, tuple)) else [eos])
+def eos_ids(model) -> frozenset[int]:
+    """The tokens that end a sequence: the config's and the generation config's (an
+    instruction-tuned model's end of turn is often in the latter alone), as
+    transformers' ``generate`` stops at either."""
+    ids: set[int] = set()
+    for config in (model.config, getattr(model, "generation_config", None)):
+        eos = getattr(config, "eos_token_id", None)
+        if eos is not None:
+            ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
+    return frozenset(ids)

@@ -144,6 +144,7 @@ def answers(run: RunState, budget: Budget) -> tuple[RunState, None, str]:
 
     answered = decode_calibration(
         run.ws.target,
+        run.ws.runner,
         run.ws.prompts_path,
         run.ws.prompts,
         plan.ANSWER_TOKENS,
@@ -160,6 +161,11 @@ def extra_answers(run: RunState, budget: Budget) -> tuple[RunState, list, str]:
     from autotune.training.calibration import decode_calibration
 
     answered = decode_calibration(
-        run.ws.target, run.ws.prompts_path, run.ws.prompts, plan.ANSWER_TOKENS, budget.seconds
+        run.ws.target,
+        run.ws.runner,
+        run.ws.prompts_path,
+        run.ws.prompts,
+        plan.ANSWER_TOKENS,
+        budget.seconds,
     )
     return run, answered.extras, answered.text()

@@ -100,6 +100,7 @@ CALIBRATION_CHUNK = 16
 
 def decode_calibration(
     target,
+    runner,
     prompts_path: Path,
     prompts: list,
     answer_tokens: int,
@@ -118,7 +119,7 @@ def decode_calibration(
     Returns the calibration prompts that were answered: the trainers' extras (none
     when ``extras`` is False: the search split's first turns alone are decoded), and how
     many answers of each origin were decoded (the rest were cached)."""
-    decoder = _ChunkDecoder(target, answer_tokens, Budget(seconds))
+    decoder = _ChunkDecoder(target, runner, answer_tokens, Budget(seconds))
     pool = calibration_extras(prompts_path) if extras else []
     pool = [pool[i] for i in sorted(range(len(pool)), key=lambda i: (i * 0.6180339887) % 1)]
     trained, reported, _ = search_thirds(prompts)
@@ -141,6 +142,7 @@ class _ChunkDecoder:
     counts what it decoded, by origin."""
 
     target: Any
+    runner: Any  # the engine that decodes the answers (``distill.decode_answers``)
     answer_tokens: int
     budget: Budget
     decoded: dict[str, int] = field(
@@ -163,7 +165,7 @@ class _ChunkDecoder:
             return None
         with self.rate.timing(missing):
             got = decode_to_cache(
-                self.target.model, ids, self.answer_tokens, GENERATION_BATCH, self.cache
+                self.runner, ids, self.answer_tokens, GENERATION_BATCH, self.cache
             )
         self.decoded[origin] += missing
         return got

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from autotune.cache_entry import CacheEntry
+from autotune.engine.runner import eos_ids
 from autotune.errors import AutotuneError
 from autotune.progress import say, step
 
@@ -34,15 +35,6 @@ class Answer:
     #                       final norm
     prefill: torch.Tensor | None = None  # [len(prompt) - 1, H]: the prompt's other
     #                       positions' states, when asked for (EAGLE reads every position)
-
-
-def eos_token_ids(model) -> set[int]:
-    ids: set[int] = set()
-    for config in (model.config, getattr(model, "generation_config", None)):
-        eos = getattr(config, "eos_token_id", None)
-        if eos is not None:
-            ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
-    return ids
 
 
 @contextlib.contextmanager
@@ -141,7 +133,7 @@ def generate_answers(
     their hidden states, captured from the same forwards: no second pass over the text.
     ``prefill``: keep the states of every prompt position too (``Answer.prefill``).
     Batches hold prompts of similar length; answers come back in the order of prompts."""
-    eos = eos_token_ids(model)
+    eos = set(eos_ids(model))
     pad = getattr(model.generation_config, "pad_token_id", None)
     pad = pad if pad is not None else (min(eos) if eos else 0)  # masked out: any id will do
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
@@ -207,10 +199,11 @@ class AnswerCache:
                 found.append(None)
         return found
 
-    def save(self, prompts: list[list[int]], max_new_tokens: int, answers: list[Answer]) -> None:
+    def save(self, prompts: list[list[int]], max_new_tokens: int, answers: list[list[int]]) -> None:
+        """Each prompt's answer (its tokens) kept."""
         record = self._read()
-        for prompt, answer in zip(prompts, answers):
-            record[_digest(prompt)] = {"max_new_tokens": max_new_tokens, "tokens": answer.tokens}
+        for prompt, tokens in zip(prompts, answers):
+            record[_digest(prompt)] = {"max_new_tokens": max_new_tokens, "tokens": tokens}
         # whole or not at all: a killed run leaves no half file
         self.entry.write_bytes(json.dumps(record).encode())
 
@@ -294,7 +287,7 @@ def shared_answers(
         )
         answers.update(zip(missing, decoded))
         if cache is not None:
-            cache.save([prompts[i] for i in missing], max_new_tokens, decoded)
+            cache.save([prompts[i] for i in missing], max_new_tokens, [a.tokens for a in decoded])
     if kept:
         forced = kept_states(
             model, [prompts[i] for i in kept], [known[i] or [] for i in kept], batch_size, prefill
@@ -303,8 +296,29 @@ def shared_answers(
     return [answers[i] for i in range(len(prompts))]
 
 
+def decode_answers(
+    runner, prompts: list[list[int]], max_new_tokens: int, batch_size: int = GENERATION_BATCH
+) -> list[list[int]]:
+    """The target's greedy answers to ``prompts``, tokens only, by the engine's batched
+    decoding (``batch_size`` sequences in flight): each is the sequence's own plain
+    greedy output, as every method's measurement decodes it. Where no hidden state is
+    kept, this is faster than transformers' ``generate`` (2 cores, SmolLM2-135M, 16
+    prompts of 64 tokens: 4.5-4.8 s against 10.0-10.3 s, the same answers); on a GPU its
+    steps are the recorded ones, where ``generate`` launches every kernel."""
+    from autotune.engine.batched import decode_batch
+
+    answers: list[list[int]] = []
+    with step("greedy answers", len(prompts)) as advance:
+        for start in range(0, len(prompts), batch_size):
+            batch = prompts[start : start + batch_size]
+            run = decode_batch(runner, batch, max_new_tokens, batch_size)
+            answers += [result.tokens for result in run.results]
+            advance(len(batch))
+    return answers
+
+
 def decode_to_cache(
-    model,
+    runner,
     prompts: list[list[int]],
     max_new_tokens: int,
     batch_size: int,
@@ -313,7 +327,8 @@ def decode_to_cache(
     least: int | None = None,
 ) -> list[list[int]]:
     """The answers' tokens, decoding (and keeping) only those ``cache`` lacks: filling
-    the shared set before the trainers read it, without their hidden states.
+    the shared set before the trainers read it, without their hidden states (by the
+    engine: ``decode_answers``).
     ``say_reused``: say how many were read back (a run that decodes nothing says so).
     ``least``: missing answers are decoded only until that many prompts have one; the
     others come back empty."""
@@ -327,10 +342,11 @@ def decode_to_cache(
             f"{len(prompts)} prompts, decoded earlier[/dim]"
         )
     if missing:
-        decoded = generate_answers(model, [prompts[i] for i in missing], max_new_tokens, batch_size)
-        cache.save([prompts[i] for i in missing], max_new_tokens, decoded)
-        for i, answer in zip(missing, decoded):
-            known[i] = answer.tokens
+        asked = [prompts[i] for i in missing]
+        decoded = decode_answers(runner, asked, max_new_tokens, batch_size)
+        cache.save(asked, max_new_tokens, decoded)
+        for i, tokens in zip(missing, decoded):
+            known[i] = tokens
     return [tokens or [] for tokens in known]
 
 

@@ -82,6 +82,7 @@ def run_heads_train(job: HeadsJob):
     """Check every input (cheap), then load the target, train, save the heads folder.
     Medusa heads, an EAGLE head or a GLIDE draft, as ``job.kind`` says (the result has
     the same fields)."""
+    from autotune.engine.runner import Runner
     from autotune.models import load_target, resolve_model
     from autotune.models.registry import fingerprint
     from autotune.prompts import default_prompts_path, load_prompts
@@ -112,8 +113,9 @@ def run_heads_train(job: HeadsJob):
         seconds = (
             None if options.time_budget_s is None else plan.ANSWERS_SHARE * options.time_budget_s
         )
+        runner = Runner(target.model)  # decodes the answers (``distill.decode_answers``)
         extras = decode_calibration(
-            target, prompts_path, prompts, options.max_new_tokens, seconds
+            target, runner, prompts_path, prompts, options.max_new_tokens, seconds
         ).extras
         keep = answered(target, options.max_new_tokens)  # what fitted the answers' time
     trained = train_heads_on(
