@@ -63,12 +63,13 @@ def tiny_target():
 
 
 def answer(world: World) -> None:
+    from autotune.engine.runner import Runner
     from autotune.training.calibration import answer_cache
     from autotune.training.distill import decode_to_cache
 
     target = tiny_target()
     prompts = [target.encode_chat(t) for t in ("Tell me a story.", "Name a color.")]
-    decode_to_cache(target.model, prompts, 6, 2, answer_cache(target.fingerprint))
+    decode_to_cache(Runner(target.model), prompts, 6, 2, answer_cache(target.fingerprint))
 
 
 def answers_entry(world: World) -> CacheEntry:
