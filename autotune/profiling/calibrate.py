@@ -140,15 +140,9 @@ def calibrate(run: RunState) -> RunState:
 def answers(run: RunState, budget: Budget) -> tuple[RunState, None, str]:
     """The target's greedy answers to the search prompts: what every proxy replays, and
     what heads train on."""
-    from autotune.training.calibration import decode_calibration
-
-    answered = decode_calibration(
-        run.ws.target,
-        run.ws.runner,
-        run.ws.prompts_path,
-        run.ws.prompts,
-        plan.ANSWER_TOKENS,
-        budget.seconds,
+    answered = _decode_answers(
+        run,
+        budget,
         extras=False,
         first_estimate=(plan.answers_seconds(run.facts, 1), plan.LEAST_ANSWERS),
     )
@@ -158,14 +152,22 @@ def answers(run: RunState, budget: Budget) -> tuple[RunState, None, str]:
 @state.phase(lambda run: "extra answers")
 def extra_answers(run: RunState, budget: Budget) -> tuple[RunState, list, str]:
     """Answers to the packaged calibration prompts too: more for heads to learn from."""
+    answered = _decode_answers(run, budget)
+    return run, answered.extras, answered.text()
+
+
+def _decode_answers(run: RunState, budget: Budget, **options):
+    """The workspace's answers ``plan.ANSWER_TOKENS`` long, decoded by its runner within
+    ``budget`` (``calibration.decode_calibration``'s ``options``)."""
     from autotune.training.calibration import decode_calibration
 
-    answered = decode_calibration(
-        run.ws.target,
-        run.ws.runner,
-        run.ws.prompts_path,
-        run.ws.prompts,
+    ws = run.ws
+    return decode_calibration(
+        ws.target,
+        ws.runner,
+        ws.prompts_path,
+        ws.prompts,
         plan.ANSWER_TOKENS,
         budget.seconds,
+        **options,
     )
-    return run, answered.extras, answered.text()
