@@ -19,9 +19,12 @@ from autotune.engine.runner import eos_ids
 from autotune.errors import AutotuneError
 from autotune.progress import say, step
 
-# Greedy answers are generated this many prompts at a time (left-padded, prompts of
-# similar length together): on 2 cores SmolLM2-135M took ~12 ms per token at batch 8 and
-# ~7 ms at 16; at 32 the padded prefill grew faster than the per-token cost fell.
+# Greedy answers are generated this many prompts at a time. By transformers' generate
+# (left-padded, prompts of similar length together): on 2 cores SmolLM2-135M took ~12 ms
+# per token at batch 8 and ~7 ms at 16; at 32 the padded prefill grew faster than the
+# per-token cost fell. By the engine (``decode_answers``, no padding): 32 answers of 64
+# tokens took 8.9-9.0 s 16 at a time and 8.8 s 32 at a time, so 16 stays; it is also the
+# most lanes a GPU's recorded steps are made for (``engine.buckets.LANES``).
 GENERATION_BATCH = 16
 
 
