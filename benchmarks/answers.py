@@ -4,7 +4,7 @@ batched with left padding (``distill.generate_answers``, what it ran before), on
 packaged prompts, alternately, and whether the answers are the same:
 
     python benchmarks/answers.py [--prompts 16] [--max-new-tokens 64] [--rounds 2]
-        [--device cpu] [--dtype float32] [--json]
+        [--model-path FILE] [--device cpu] [--dtype float32] [--json]
 
 Each round times both on every prompt, 16 at a time (``distill.GENERATION_BATCH``); the
 ratio is generate's seconds over the engine's, per round. The engine's answers are each
@@ -26,8 +26,12 @@ from autotune.prompts import default_prompts_path, load_prompts
 from autotune.training.distill import GENERATION_BATCH, decode_answers, generate_answers
 
 
-def measure(prompts: int, max_new_tokens: int, rounds: int, device: str, dtype: str) -> dict:
-    ref = TargetRef.for_user("smollm2-135m", dtype=dtype, device=device)
+def measure(
+    prompts: int, max_new_tokens: int, rounds: int, device: str, dtype: str, model_path=None
+) -> dict:
+    """The embedded model's answers (``model_path``: its GGUF or converted folder, where
+    the package is not installed), ``rounds`` times each way."""
+    ref = TargetRef.for_user("smollm2-135m", model_path, dtype=dtype, device=device)
     target, runner = ref.load(), ref.runner()
     texts = [p.text for p in load_prompts(default_prompts_path())[:prompts]]
     ids = [target.encode_chat(text) for text in texts]
@@ -57,12 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--model-path", help="the embedded model's GGUF (a GPU check's stage)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     torch.set_grad_enabled(False)
-    result = measure(args.prompts, args.max_new_tokens, args.rounds, args.device, args.dtype)
+    result = measure(
+        args.prompts, args.max_new_tokens, args.rounds, args.device, args.dtype, args.model_path
+    )
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
