@@ -60,10 +60,12 @@ def test_last_only_segments_keep_one_row_each(tiny_llama):
 def test_batched_plain_greedy_equals_one_at_a_time(tiny_llama, concurrency):
     runner = Runner(tiny_llama)
     runner.eos_token_ids = frozenset()
-    run = decode_batch(runner, PROMPTS * 2, 20, concurrency)
+    ended: list[int] = []
+    run = decode_batch(runner, PROMPTS * 2, 20, concurrency, on_done=lambda: ended.append(1))
     assert [r.tokens for r in run.results] == [
         decode_plain(runner, p, 20).tokens for p in PROMPTS
     ] * 2
+    assert len(ended) == 8  # told once as each request ended
     assert run.tokens == 8 * 20 and run.throughput > 0
     assert len(run.latencies) == 8 and all(t > 0 for t in run.latencies)
     # every forward holds at most ``concurrency`` sequences: fewer forwards as it grows

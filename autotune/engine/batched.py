@@ -123,6 +123,7 @@ class _Batch:
     concurrency: int
     new_drafter: Callable[[], Drafter] | None
     prefills: Prefills | None
+    on_done: Callable[[], None] | None = None  # told each time a request ends
     waiting: list[int] = field(init=False)  # prompt indices, the next one last
     results: list[DecodeResult | None] = field(init=False)
     latencies: list[float] = field(init=False)
@@ -145,14 +146,16 @@ def decode_batch(
     concurrency: int,
     new_drafter: Callable[[], Drafter] | None = None,
     prefills: Prefills | None = None,
+    on_done: Callable[[], None] | None = None,
 ) -> BatchRun:
     """Greedy-decode every prompt with at most ``concurrency`` in flight; ``new_drafter``
     makes each request's drafter (None: plain greedy, one token a sequence a forward);
-    ``prefills``: prompts prefilled before are copied from there, new ones kept there."""
+    ``prefills``: prompts prefilled before are copied from there, new ones kept there;
+    ``on_done()`` is called as each request ends (a progress bar's advance)."""
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
     generator = torch.Generator()
-    batch = _Batch(runner, prompts, max_new_tokens, concurrency, new_drafter, prefills)
+    batch = _Batch(runner, prompts, max_new_tokens, concurrency, new_drafter, prefills, on_done)
     running: list[_Request] = []
     start = time.perf_counter()
     while batch.waiting or running:
@@ -204,6 +207,8 @@ def _finish(batch: _Batch, requests: list[_Request]) -> list[_Request]:
             request.result.tokens = _truncate(request.result.tokens, limit, eos)
             batch.results[request.index] = request.result
             batch.latencies[request.index] = now - request.admitted
+            if batch.on_done is not None:
+                batch.on_done()
         else:
             still.append(request)
     return still

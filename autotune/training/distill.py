@@ -303,21 +303,16 @@ def decode_answers(
     runner, prompts: list[list[int]], max_new_tokens: int, batch_size: int = GENERATION_BATCH
 ) -> list[list[int]]:
     """The target's greedy answers to ``prompts``, tokens only, by the engine's batched
-    decoding (``batch_size`` sequences in flight): each is the sequence's own plain
-    greedy output, as every method's measurement decodes it. Where no hidden state is
-    kept, this is faster than transformers' ``generate`` (2 cores, SmolLM2-135M, 16
-    prompts of 64 tokens: 4.5-4.8 s against 10.0-10.3 s, the same answers); on a GPU its
-    steps are the recorded ones, where ``generate`` launches every kernel."""
+    decoding (``batch_size`` sequences in flight, the next prompt admitted as one ends):
+    each is the sequence's own plain greedy output, as every method's measurement
+    decodes it. Where no hidden state is kept, this is faster than transformers'
+    ``generate`` (``benchmarks/answers.py``); on a GPU its steps are the recorded ones,
+    where ``generate`` launches every kernel."""
     from autotune.engine.batched import decode_batch
 
-    answers: list[list[int]] = []
     with step("greedy answers", len(prompts)) as advance:
-        for start in range(0, len(prompts), batch_size):
-            batch = prompts[start : start + batch_size]
-            run = decode_batch(runner, batch, max_new_tokens, batch_size)
-            answers += [result.tokens for result in run.results]
-            advance(len(batch))
-    return answers
+        run = decode_batch(runner, prompts, max_new_tokens, batch_size, on_done=advance)
+    return [result.tokens for result in run.results]
 
 
 def decode_to_cache(
