@@ -1,7 +1,7 @@
 """How fast the profile's answers phase decodes: the engine's batched greedy decoding
 (``distill.decode_answers``, what the phase runs) against transformers' ``generate``
-batched with left padding (``distill.generate_answers``, what it ran before), on the same
-packaged prompts, alternately, and whether the answers are the same:
+batched with left padding (what it ran before, ``generated`` here), on the same packaged
+prompts, alternately, and whether the answers are the same:
 
     python benchmarks/answers.py [--prompts 16] [--max-new-tokens 64] [--rounds 2]
         [--model-path FILE] [--device cpu] [--dtype float32] [--json]
@@ -21,9 +21,37 @@ import time
 
 import torch
 
+from autotune.engine.runner import eos_ids
 from autotune.models.ref import TargetRef
 from autotune.prompts import default_prompts_path, load_prompts
-from autotune.training.distill import GENERATION_BATCH, decode_answers, generate_answers
+from autotune.training.distill import GENERATION_BATCH, decode_answers
+
+
+def generated(model, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """transformers' greedy ``generate``, GENERATION_BATCH prompts at a time, prompts of
+    similar length together and left-padded; each answer ends at its first end token."""
+    eos = sorted(eos_ids(model))
+    pad_id = eos[0] if eos else 0  # masked out: any id will do
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    answers: dict[int, list[int]] = {}
+    for start in range(0, len(order), GENERATION_BATCH):
+        batch = order[start : start + GENERATION_BATCH]
+        width = max(len(prompts[i]) for i in batch)
+        pad = [[pad_id] * (width - len(prompts[i])) for i in batch]
+        ids = torch.tensor([p + prompts[i] for p, i in zip(pad, batch)], device=model.device)
+        mask = torch.tensor([[0] * len(p) + [1] * len(prompts[i]) for p, i in zip(pad, batch)])
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask.to(model.device),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=eos or None,
+            pad_token_id=pad_id,
+        )
+        for i, row in zip(batch, out[:, width:].tolist()):
+            ends = [k for k, token in enumerate(row) if token in eos]
+            answers[i] = row[: ends[0] + 1] if ends else row
+    return [answers[i] for i in range(len(prompts))]
 
 
 def measure(
@@ -42,7 +70,7 @@ def measure(
         engine = decode_answers(runner, ids, max_new_tokens, GENERATION_BATCH)
         engine_s = time.perf_counter() - start
         start = time.perf_counter()
-        generated = generate_answers(target.model, ids, max_new_tokens, GENERATION_BATCH)
+        by_generate = generated(target.model, ids, max_new_tokens)
         generate_s = time.perf_counter() - start
         rows.append(
             {
@@ -50,7 +78,7 @@ def measure(
                 "generate_s": round(generate_s, 2),
                 "ratio": round(generate_s / engine_s, 2),
                 "tokens": sum(map(len, engine)),
-                "same_answers": sum(a == g.tokens for a, g in zip(engine, generated)),
+                "same_answers": sum(a == g for a, g in zip(engine, by_generate)),
             }
         )
     return {"prompts": len(ids), "max_new_tokens": max_new_tokens, "rounds": rows}

@@ -86,9 +86,9 @@ def test_tuners_calibrate_on_the_shared_answers(tiny_target, workload, monkeypat
     real = distill.decode_answers
     ws = SimpleNamespace(target=tiny_target, runner=Runner(tiny_target.model), decode_missing=True)
     first = Workspace.continuations(ws, prompts, 10)  # type: ignore[arg-type]
-    # the engine's batched answers are each prompt's own greedy answer, as transformers'
-    # generate gives it alone
-    alone = distill.generate_answers(tiny_target.model, ids, 10, batch_size=1)
+    # the engine's batched answers are each prompt's own greedy answer, as it is decoded
+    # alone (the engine's against transformers' generate: tests/test_engine.py)
+    alone = distill.greedy_answers(tiny_target.model, ids, 10, batch_size=1)
     assert [c for _, c in first] == [a.tokens for a in alone if len(a.tokens) > 1]
 
     def no_decoding(*args, **kwargs):

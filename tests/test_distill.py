@@ -7,20 +7,22 @@ import pytest
 import torch
 
 from autotune.training import distill
-from autotune.training.distill import AnswerCache, answer_prompts, generate_answers, teacher_forced
+from autotune.training.distill import AnswerCache, answer_prompts, greedy_answers, teacher_forced
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 TEXTS = ["Hi.", "Write a poem about rain, please.", "What is 2+2?", "Name a colour."]
 
 
-def test_teacher_forced_states_are_the_decoding_states(tiny_target):
+def test_teacher_forced_states_are_the_decoding_states_whatever_the_batch(tiny_target):
     model = tiny_target.model
     prompts = [tiny_target.encode_chat(t) for t in TEXTS]
-    decoded = generate_answers(model, prompts, max_new_tokens=12, batch_size=2, prefill=True)
+    decoded = greedy_answers(model, prompts, max_new_tokens=12, batch_size=1, prefill=True)
     forced = teacher_forced(model, prompts, [a.tokens for a in decoded], batch_size=3, prefill=True)
     for got, want in zip(forced, decoded):
         assert got.tokens == want.tokens
+        with torch.inference_mode():  # the base head turns each state into its token
+            assert model.lm_head(got.hidden).argmax(-1).tolist() == got.tokens
         torch.testing.assert_close(got.hidden, want.hidden, atol=1e-4, rtol=1e-4)
         assert got.prefill is not None and want.prefill is not None
         torch.testing.assert_close(got.prefill, want.prefill, atol=1e-4, rtol=1e-4)
@@ -37,7 +39,7 @@ def test_a_second_trainer_reads_the_answers_back_instead_of_decoding(
     def no_decoding(*args, **kwargs):
         raise AssertionError("decoded again")
 
-    monkeypatch.setattr(distill, "generate_answers", no_decoding)
+    monkeypatch.setattr(distill, "decode_answers", no_decoding)
     again, _ = answer_prompts(tiny_target, prompts[:3], prompts[3:], 16, 2, cache=cache)
     assert [a.tokens for _, a in again] == [a.tokens for _, a in first]
     # a shorter answer length is a prefix of the kept one: still no decoding
@@ -65,16 +67,16 @@ def test_only_the_prompts_the_cache_lacks_are_decoded(tiny_target, tmp_path, mon
     cache = AnswerCache(tmp_path, tiny_target.fingerprint)
     answer_prompts(tiny_target, prompts[:2], [], 10, 2, cache=cache)
     decoded = []
-    real = distill.generate_answers
+    real = distill.decode_answers
 
-    def counting(model, asked, *args, **kwargs):
+    def counting(runner, asked, *args, **kwargs):
         decoded.extend(asked)
-        return real(model, asked, *args, **kwargs)
+        return real(runner, asked, *args, **kwargs)
 
-    monkeypatch.setattr(distill, "generate_answers", counting)
+    monkeypatch.setattr(distill, "decode_answers", counting)
     train, _ = answer_prompts(tiny_target, prompts, [], 10, 2, cache=cache)
     assert decoded == prompts[2:]
-    alone = generate_answers(tiny_target.model, prompts, 10, batch_size=1)
+    alone = greedy_answers(tiny_target.model, prompts, 10, batch_size=1)
     assert [a.tokens for _, a in train] == [a.tokens for a in alone]
 
 

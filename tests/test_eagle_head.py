@@ -19,7 +19,7 @@ from autotune.engine.runner import Runner
 from autotune.errors import AutotuneError
 from autotune.heads.eagle import load_eagle_head
 from autotune.measure.eagle_accuracy import measure_eagle_accuracy
-from autotune.training.distill import Answer, answer_prompts, generate_answers
+from autotune.training.distill import Answer, answer_prompts, greedy_answers
 from autotune.training.eagle import (
     Batch,
     EagleOptions,
@@ -68,8 +68,8 @@ def options(**changes) -> EagleOptions:
 def test_every_positions_features_match_a_plain_forward(tiny_target):
     model = tiny_target.model
     prompts = [tiny_target.encode_chat(t) for t in ("Hi.", "Write a poem about rain, please.")]
-    assert len({len(p) for p in prompts}) == 2  # left padding is exercised and stripped
-    answers = generate_answers(model, prompts, max_new_tokens=10, batch_size=2, prefill=True)
+    assert len({len(p) for p in prompts}) == 2  # the states right-padded, the padding stripped
+    answers = greedy_answers(model, prompts, max_new_tokens=10, batch_size=2, prefill=True)
     for prompt, answer in zip(prompts, answers):
         seq = EagleSequence.of(prompt, answer)
         assert seq.tokens.tolist() == prompt + answer.tokens
@@ -79,7 +79,7 @@ def test_every_positions_features_match_a_plain_forward(tiny_target):
         # f_0 .. f_{n-2}: every position but the last token's, prompt included
         torch.testing.assert_close(seq.features, plain[:-1], atol=1e-4, rtol=1e-4)
     # the Medusa path keeps only what it kept: same answers, no prefill
-    plain_answers = generate_answers(model, prompts, max_new_tokens=10, batch_size=2)
+    plain_answers = greedy_answers(model, prompts, max_new_tokens=10, batch_size=2)
     assert [a.tokens for a in plain_answers] == [a.tokens for a in answers]
     assert all(a.prefill is None for a in plain_answers)
     with pytest.raises(ValueError, match="prefill=True"):
@@ -134,7 +134,7 @@ def test_prompt_rows_are_trained_on_with_the_targets_own_next_tokens():
 def test_sequence_labels_its_prompt_with_the_targets_greedy_next_tokens(tiny_target):
     model = tiny_target.model
     prompt = tiny_target.encode_chat("Write a poem about rain, please.")
-    answer = generate_answers(model, [prompt], max_new_tokens=6, prefill=True)[0]
+    answer = greedy_answers(model, [prompt], max_new_tokens=6, prefill=True)[0]
     seq = EagleSequence.of(prompt, answer, model.lm_head.weight)
     with torch.inference_mode():
         logits = model(input_ids=seq.tokens[None]).logits[0]

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 import autotune.models
 from autotune.cli import app
 from autotune.heads.medusa import HeadsError, MedusaHeads, load_medusa_heads
-from autotune.training.distill import Answer, generate_answers
+from autotune.training.distill import Answer, greedy_answers
 from autotune.training.job import trained_on
 from autotune.training.loss import IGNORE, TrainingVocab
 from autotune.training.medusa import (
@@ -57,9 +57,9 @@ def tiny_heads(model, count: int) -> MedusaHeads:
 def test_answers_are_greedy_and_their_hidden_states_match_a_plain_forward(tiny_target):
     model = tiny_target.model
     prompts = encode(tiny_target, ["Hi.", "Write a poem about rain, please.", "What is 2+2?"])
-    assert len({len(p) for p in prompts}) == 3  # left padding is exercised
-    batched = generate_answers(model, prompts, max_new_tokens=12, batch_size=2)
-    single = generate_answers(model, prompts, max_new_tokens=12, batch_size=1)
+    assert len({len(p) for p in prompts}) == 3  # lanes of three lengths; the states right-padded
+    batched = greedy_answers(model, prompts, max_new_tokens=12, batch_size=2)
+    single = greedy_answers(model, prompts, max_new_tokens=12, batch_size=1)
     assert [a.tokens for a in batched] == [a.tokens for a in single]
     for prompt, answer in zip(prompts, batched):
         assert 1 <= len(answer.tokens) <= 12
@@ -78,10 +78,10 @@ def test_answers_are_greedy_and_their_hidden_states_match_a_plain_forward(tiny_t
 def test_answers_end_at_the_first_eos(tiny_target, monkeypatch):
     model = tiny_target.model
     prompt = encode(tiny_target, ["Tell me a story."])
-    first = generate_answers(model, prompt, max_new_tokens=8)[0].tokens
+    first = greedy_answers(model, prompt, max_new_tokens=8)[0].tokens
     model.generation_config.eos_token_id = first[2]  # make the third token end the answer
     model.config.eos_token_id = first[2]
-    assert generate_answers(model, prompt, max_new_tokens=8)[0].tokens == first[:3]
+    assert greedy_answers(model, prompt, max_new_tokens=8)[0].tokens == first[:3]
 
 
 def test_labels_look_k_plus_2_ahead_and_each_head_counts_its_own_positions():
@@ -102,7 +102,7 @@ def test_labels_look_k_plus_2_ahead_and_each_head_counts_its_own_positions():
 def test_prompt_positions_are_labelled_with_what_the_target_would_write_there(tiny_target):
     model = tiny_target.model
     prompt = encode(tiny_target, ["Write a poem about rain, please."])[0]
-    answer = generate_answers(model, [prompt], max_new_tokens=6, prefill=True)[0]
+    answer = greedy_answers(model, [prompt], max_new_tokens=6, prefill=True)[0]
     data = HeadData.from_answers([answer], num_heads=2, lm_head=model.lm_head.weight)
     with torch.inference_mode():
         logits = model(input_ids=torch.tensor([prompt + answer.tokens])).logits[0]
@@ -135,7 +135,7 @@ def test_heads_trained_over_a_training_vocabulary_learn_as_well(tiny_target):
     """The tiny model's answers loop over a few tokens: a training vocabulary that holds
     them loses nothing, and the heads reach the same accuracy over the whole vocabulary."""
     model = tiny_target.model
-    answers = generate_answers(model, encode(tiny_target, PROMPTS), max_new_tokens=24)
+    answers = greedy_answers(model, encode(tiny_target, PROMPTS), max_new_tokens=24)
     train, held = HeadData.from_answers(answers[:6], 2), HeadData.from_answers(answers[6:], 2)
     scores = []
     for size in (0, 16):
@@ -205,7 +205,7 @@ def test_loss_and_gradient_equal_plain_cross_entropy():
 
 def test_training_lowers_the_loss_and_beats_untrained_heads_on_held_back_answers(tiny_target):
     model = tiny_target.model
-    answers = generate_answers(model, encode(tiny_target, PROMPTS), max_new_tokens=40)
+    answers = greedy_answers(model, encode(tiny_target, PROMPTS), max_new_tokens=40)
     train = HeadData.from_answers(answers[:6], 3)
     held = HeadData.from_answers(answers[6:], 3)
     untrained = head_accuracy(tiny_heads(model, 3), held)
@@ -225,7 +225,7 @@ def test_training_lowers_the_loss_and_beats_untrained_heads_on_held_back_answers
 
 
 def test_training_stops_at_its_time_limit(tiny_target):
-    answers = generate_answers(tiny_target.model, encode(tiny_target, PROMPTS[:2]), 16)
+    answers = greedy_answers(tiny_target.model, encode(tiny_target, PROMPTS[:2]), 16)
     stats = train_heads(
         tiny_heads(tiny_target.model, 2),
         HeadData.from_answers(answers, 2),

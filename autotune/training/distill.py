@@ -3,11 +3,10 @@ produced them from: what draft heads are trained on (self-distillation)."""
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import hashlib
 import json
-import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -15,16 +14,14 @@ from typing import Any
 import torch
 
 from autotune.cache_entry import CacheEntry
-from autotune.engine.runner import eos_ids
-from autotune.errors import AutotuneError
+from autotune.engine.runner import Runner
 from autotune.progress import say, step
 
-# Greedy answers are generated this many prompts at a time. By transformers' generate
-# (left-padded, prompts of similar length together): on 2 cores SmolLM2-135M took ~12 ms
-# per token at batch 8 and ~7 ms at 16; at 32 the padded prefill grew faster than the
-# per-token cost fell. By the engine (``decode_answers``, no padding): 32 answers of 64
-# tokens took 8.9-9.0 s 16 at a time and 8.8 s 32 at a time, so 16 stays; it is also the
-# most lanes a GPU's recorded steps are made for (``engine.buckets.LANES``).
+# Greedy answers are decoded this many prompts at a time, by the engine
+# (``decode_answers``): on 2 cores 32 answers of 64 tokens took 8.9-9.0 s 16 at a time
+# and 8.8 s 32 at a time, so 16; it is also the most lanes a GPU's recorded steps are
+# made for (``engine.buckets.LANES``). Their hidden states are computed this many
+# sequences to a forward (``teacher_forced``).
 GENERATION_BATCH = 16
 
 
@@ -40,118 +37,23 @@ class Answer:
     #                       positions' states, when asked for (EAGLE reads every position)
 
 
-@contextlib.contextmanager
-def _capture_final_norm(
-    model,
-    store: list[torch.Tensor],
-    on_forward: Callable[[], None] | None,
-    prefill: list[torch.Tensor] | None = None,
-) -> Iterator[None]:
-    """While active, each forward appends the last position's output of the final norm;
-    with ``prefill``, the first forward's whole output [B, P, H] is kept there too."""
-    norm = getattr(getattr(model, "model", None), "norm", None)
-    if norm is None:
-        raise AutotuneError(
-            f"{type(model).__name__} has no model.norm: heads are trained "
-            "on LLaMA-family models only"
-        )
-
-    def keep(module, args, output):
-        if prefill is not None and not store:
-            prefill.append(output.clone())
-        # [B, H]: the prompt's last position (prefill), then each new token's
-        store.append(output[:, -1].clone())
-        if on_forward is not None:
-            on_forward()
-
-    handle = norm.register_forward_hook(keep)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
-def _trim(tokens: list[int], eos: set[int]) -> list[int]:
-    for i, token in enumerate(tokens):
-        if token in eos:
-            return tokens[: i + 1]
-    return tokens
-
-
-def _generate_batch(
-    model,
-    prompts: list[list[int]],
-    max_new_tokens: int,
-    pad: int,
-    eos: set[int],
-    on_forward,
-    with_prefill: bool,
-) -> list[Answer]:
-    from transformers import GenerationConfig
-
-    width = max(map(len, prompts))
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
-    mask = torch.tensor(
-        [[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device
-    )
-    config = GenerationConfig(
-        do_sample=False,
-        max_new_tokens=max_new_tokens,
-        pad_token_id=pad,
-        eos_token_id=sorted(eos) or None,
-    )
-    store: list[torch.Tensor] = []
-    prefill: list[torch.Tensor] | None = [] if with_prefill else None
-    with _capture_final_norm(model, store, on_forward, prefill), torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
-    hidden = torch.stack(store, dim=1)  # [B, steps, H]
-    answers = []
-    for row, prompt in enumerate(prompts):
-        tokens = _trim(out[row, width:].tolist(), eos)
-        # the prompt's positions but its last (that one is hidden[row, 0]), padding left out
-        before = prefill[0][row, width - len(prompt) : width - 1] if prefill else None
-        answers.append(Answer(tokens, hidden[row, : len(tokens)], before))
-    return answers
-
-
-class _Counter:
-    """Counts calls, advancing a progress bar with each."""
-
-    def __init__(self, advance: Callable[..., None]):
-        self.advance, self.count = advance, 0
-
-    def __call__(self) -> None:
-        self.count += 1
-        self.advance()
-
-
-def generate_answers(
+def greedy_answers(
     model,
     prompts: list[list[int]],
     max_new_tokens: int,
     batch_size: int = GENERATION_BATCH,
     prefill: bool = False,
+    runner=None,
 ) -> list[Answer]:
-    """The target's greedy answers to ``prompts`` (token ids, chat template applied) and
-    their hidden states, captured from the same forwards: no second pass over the text.
-    ``prefill``: keep the states of every prompt position too (``Answer.prefill``).
-    Batches hold prompts of similar length; answers come back in the order of prompts."""
-    eos = set(eos_ids(model))
-    pad = getattr(model.generation_config, "pad_token_id", None)
-    pad = pad if pad is not None else (min(eos) if eos else 0)  # masked out: any id will do
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    count = math.ceil(len(order) / batch_size)  # batches of near-equal size
-    batches = [order[len(order) * b // count : len(order) * (b + 1) // count] for b in range(count)]
-    answers: dict[int, Answer] = {}
-    with step("greedy answers + hidden states", len(batches) * max_new_tokens) as advance:
-        for batch in batches:
-            forwards = _Counter(advance)
-            got = _generate_batch(
-                model, [prompts[i] for i in batch], max_new_tokens, pad, eos, forwards, prefill
-            )
-            advance(max_new_tokens - forwards.count)  # the batch stopped early: all rows ended
-            answers.update(zip(batch, got))
-    return [answers[i] for i in range(len(prompts))]
+    """The target's greedy answers to ``prompts`` (token ids, chat template applied) with
+    the hidden states it produced them from: the engine decodes the tokens
+    (``decode_answers``), then one teacher-forced forward per batch gives their states
+    (``teacher_forced``, at prefill speed). ``prefill``: keep the states of every prompt
+    position too (``Answer.prefill``). ``runner``: the engine over ``model`` (None: one
+    is made for this call)."""
+    runner = runner if runner is not None else Runner(model)
+    tokens = decode_answers(runner, prompts, max_new_tokens, batch_size)
+    return teacher_forced(model, prompts, tokens, batch_size, prefill)
 
 
 @dataclass(frozen=True)
@@ -224,10 +126,10 @@ def teacher_forced(
 ) -> list[Answer]:
     """The hidden states of known answers: one forward over prompt + answer per sequence
     (right-padded: under causal attention the padding changes no earlier position), the
-    states ``generate_answers`` would have captured while decoding them."""
+    states the target produced the answers from while decoding them, at prefill speed."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(answers[i]))
     out: dict[int, Answer] = {}
-    with step("hidden states of cached answers", len(order)) as advance:
+    with step("hidden states of the answers", len(order)) as advance:
         for start in range(0, len(order), batch_size):
             batch = order[start : start + batch_size]
             seqs = [prompts[i] + answers[i][:-1] for i in batch]
@@ -271,6 +173,7 @@ def kept_states(
 
 
 def shared_answers(
+    engine: Callable[[], Runner],
     model,
     prompts: list[list[int]],
     max_new_tokens: int,
@@ -278,25 +181,17 @@ def shared_answers(
     prefill: bool,
     cache: AnswerCache | None,
 ) -> list[Answer]:
-    """``generate_answers``, through ``cache`` when one is given: only the prompts it
-    does not hold are decoded."""
-    known = cache.load(prompts, max_new_tokens) if cache is not None else [None] * len(prompts)
-    missing = [i for i, tokens in enumerate(known) if tokens is None]
-    kept = [i for i, tokens in enumerate(known) if tokens is not None]
-    answers: dict[int, Answer] = {}
-    if missing:
-        decoded = generate_answers(
-            model, [prompts[i] for i in missing], max_new_tokens, batch_size, prefill
-        )
-        answers.update(zip(missing, decoded))
-        if cache is not None:
-            cache.save([prompts[i] for i in missing], max_new_tokens, [a.tokens for a in decoded])
-    if kept:
-        forced = kept_states(
-            model, [prompts[i] for i in kept], [known[i] or [] for i in kept], batch_size, prefill
-        )
-        answers.update(zip(kept, forced))
-    return [answers[i] for i in range(len(prompts))]
+    """``greedy_answers``, through ``cache`` when one is given: only the prompts it does
+    not hold are decoded (by ``engine()``, made only then), and every answer's states
+    come from one teacher-forced forward (``kept_states``)."""
+    if cache is None:
+        tokens = decode_answers(engine(), prompts, max_new_tokens, batch_size)
+    else:
+        known = cache.load(prompts, max_new_tokens)
+        tokens = [t or [] for t in known]
+        if None in known:
+            tokens = decode_to_cache(engine(), prompts, max_new_tokens, batch_size, cache)
+    return kept_states(model, prompts, tokens, batch_size, prefill)
 
 
 def decode_answers(
@@ -305,9 +200,8 @@ def decode_answers(
     """The target's greedy answers to ``prompts``, tokens only, by the engine's batched
     decoding (``batch_size`` sequences in flight, the next prompt admitted as one ends):
     each is the sequence's own plain greedy output, as every method's measurement
-    decodes it. Where no hidden state is kept, this is faster than transformers'
-    ``generate`` (``benchmarks/answers.py``); on a GPU its steps are the recorded ones,
-    where ``generate`` launches every kernel."""
+    decodes it. Faster than transformers' ``generate`` (``benchmarks/answers.py``); on
+    a GPU its steps are the recorded ones, where ``generate`` launches every kernel."""
     from autotune.engine.batched import decode_batch
 
     with step("greedy answers", len(prompts)) as advance:
@@ -360,16 +254,21 @@ def answer_prompts(
     followups: list[tuple[str, str]] | None = None,
     prefill: bool = False,
     cache: AnswerCache | None = None,
+    runner: Runner | None = None,
 ) -> tuple[list[Pair], list[Pair]]:
     """The target's answers: (prompt, answer) pairs to train on, and held-back ones.
 
     ``followups`` (first turn, second turn), one per search prompt with a second turn (in
     order, first), add a second round of answers to train on: the conversation so far is
     its prompt. ``prefill``: keep the states of every prompt position (EAGLE). ``cache``:
-    answers decoded before (by another trainer, or run) are read back, not decoded."""
+    answers decoded before (by another trainer, or run) are read back, not decoded.
+    ``runner``: the engine that decodes the others (None: one is made if any is needed)."""
     model = target.model
-    # one pool: batches of similar-length prompts, whichever split they belong to
-    answers = shared_answers(model, search + held_back, max_new_tokens, batch_size, prefill, cache)
+    engine = functools.cache(lambda: runner if runner is not None else Runner(model))
+    # one pool: the engine admits the next prompt as one ends, whichever split it is in
+    answers = shared_answers(
+        engine, model, search + held_back, max_new_tokens, batch_size, prefill, cache
+    )
     train = list(zip(search, answers[: len(search)]))
     if followups:
         conversations = [
@@ -378,6 +277,8 @@ def answer_prompts(
         ]
         train += zip(
             conversations,
-            shared_answers(model, conversations, max_new_tokens, batch_size, prefill, cache),
+            shared_answers(
+                engine, model, conversations, max_new_tokens, batch_size, prefill, cache
+            ),
         )
     return train, list(zip(held_back, answers[len(search) :]))

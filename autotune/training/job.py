@@ -109,17 +109,17 @@ def run_heads_train(job: HeadsJob):
     # the packaged prompts calibrate together (those whose answers fit the time); a
     # user's own file is their workload alone
     extras, keep = [], None
+    runner = Runner(target.model)  # decodes the answers (``distill.decode_answers``)
     if job.prompts is None:
         seconds = (
             None if options.time_budget_s is None else plan.ANSWERS_SHARE * options.time_budget_s
         )
-        runner = Runner(target.model)  # decodes the answers (``distill.decode_answers``)
         extras = decode_calibration(
             target, runner, prompts_path, prompts, options.max_new_tokens, seconds
         ).extras
         keep = answered(target, options.max_new_tokens)  # what fitted the answers' time
     trained = train_heads_on(
-        target, job.kind, options, prompts_path, prompts, extras, started, keep
+        target, job.kind, options, prompts_path, prompts, extras, started, keep, runner
     )
     if entry is None:
         save_heads(trained, job.kind, options, target, resolved, prompts_path, out)
@@ -205,6 +205,7 @@ def train_kind(ws, extras: list, answer_tokens: int, kind: str, seconds: float |
         extras,
         time.perf_counter(),
         keep=answered(target, answer_tokens),
+        runner=ws.runner,
     )
     entry = heads_entry(target.fingerprint, kind)
     resolved = resolve_model(ws.ref.spec, ws.ref.model_path)
@@ -253,6 +254,7 @@ def probe_kind(ws, answer_tokens: int, kind: str, seconds: float) -> HeadProbe:
         [],
         started,
         keep=answered(ws.target, answer_tokens),
+        runner=ws.runner,
     )
     trained_s = time.perf_counter() - started
     rows = trained.result.accuracy
@@ -274,11 +276,13 @@ def train_heads_on(
     extras: list,
     started: float | None = None,
     keep: Callable[[list], list] | None = None,
+    runner=None,
 ) -> TrainedHeads:
     """Train heads of ``kind`` for a loaded target on two thirds of the search split of
     ``prompts`` (the rest is left for `profile` to measure them on) and the calibration
     ``extras``; the target's answers come from the model's shared self-distillation set.
-    ``keep``: as ``training_lists`` takes it."""
+    ``keep``: as ``training_lists`` takes it; ``runner``: the engine that decodes the
+    answers the set lacks (None: one is made where any is lacking)."""
     search, train_on, reported, followups = training_lists(prompts, extras, keep)
     result = head_kind(kind).train()(
         target,
@@ -288,6 +292,7 @@ def train_heads_on(
         started,
         followups,
         answer_cache(target.fingerprint),
+        runner,
     )
     return TrainedHeads(result, [p.id for p in search], (len(train_on), len(reported)), len(extras))
 

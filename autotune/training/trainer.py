@@ -109,13 +109,15 @@ class HeadTrainer(ABC):
         started: float | None = None,
         followups: list[tuple[str, str]] | None = None,
         answers: AnswerCache | None = None,
+        runner=None,
     ) -> TrainResult:
         """Generate answers, train on the search prompts' answers, report accuracy on the
         held-back prompts' answers. ``started`` (perf_counter) is when the job began: the
         time budget counts from there. ``followups`` (first turn, second turn), one per
         search prompt with a second turn, add a second round of answers to train on: the
         data, not the epochs, limits the heads. ``answers``: answers decoded before are
-        read back from it, not decoded."""
+        read back from it, not decoded; ``runner``: the engine that decodes the others
+        (None: one is made where any is needed)."""
         began = time.perf_counter()
         started = began if started is None else started
         view = self.view(target)
@@ -130,6 +132,7 @@ class HeadTrainer(ABC):
                 followups,
                 prefill=self.prefill(options),
                 cache=answers,
+                runner=runner,
             )
         )
         train, held = self.examples(view, split, options)
