@@ -166,12 +166,12 @@ def test_an_interruption_in_any_phase_is_one_line_and_writes_nothing(
 
     begin, begun = state.begin, []
 
-    def interrupting(run, name):
+    def interrupting(run, name, *rest):
         begun.append(name)
         if name == phase:
             os.kill(os.getpid(), getattr(signal, how))
             time.sleep(5)  # the signal's handler ends the phase before this does
-        return begin(run, name)
+        return begin(run, name, *rest)
 
     monkeypatch.setattr(state, "begin", interrupting)
     # Ctrl-C as from a terminal: a suite started in the background inherits SIGINT

@@ -155,3 +155,39 @@ def test_a_command_called_within_a_longer_process_counts_from_the_call(monkeypat
     assert command_started() == pytest.approx(time.monotonic(), abs=0.5)
     monkeypatch.setattr(sys, "argv", ["/work/venv/bin/autotune", "profile"])
     assert command_started() == pytest.approx(process_started(), abs=0.5)
+
+
+def test_a_phase_outside_the_plan_records_the_time_the_plan_left_it(monkeypatch):
+    """After the verdict, the engines' own settings take what the plan leaves; the
+    ledger says so, where it said "planned 0:00" and an overrun."""
+    from types import SimpleNamespace
+
+    from autotune import plan
+    from autotune.measure.noise import NoiseRecord, Reading
+    from autotune.profiling import state
+
+    monkeypatch.setattr(state, "probe", lambda runner, forwards: Reading(10.0, 0.01, 0.0, 2, 2))
+    facts = plan.Facts(
+        forward_s=0.01, verify_relative=(1.0,), methods=("ngram",), budget_s=600.0, load_levels=1
+    )
+    done = {"probe ngram", "tune ngram", "selection (search prompts)", "held-back measurement"}
+    run = state.RunState(
+        setup=None,  # type: ignore[arg-type]  (no phase here reads it)
+        ws=SimpleNamespace(runner=None),  # type: ignore[arg-type]
+        tuning=None,  # type: ignore[arg-type]
+        budget=FrozenBudget(600.0, 0.0),
+        facts=facts,
+        evidence=plan.Evidence(done=done),
+        noise=NoiseRecord(),
+        heads={},
+    )
+
+    def work(run, budget):
+        return run, None, "bought"
+
+    load = state.planned(run, "under load (held back)")
+    assert 0 < load < 600
+    left_to_it, _ = state.phase(lambda run: "engine settings", leftover=True)(work)(run)
+    assert left_to_it.ledger[-1]["planned_s"] == pytest.approx(600 - load, abs=0.1)
+    unplanned, _ = state.phase(lambda run: "engine settings")(work)(run)
+    assert unplanned.ledger[-1]["planned_s"] == 0.0

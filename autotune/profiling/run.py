@@ -111,7 +111,7 @@ def after_verdict(
     return run, outcome
 
 
-@state.phase(lambda run, *args: "engine settings (held back)")
+@state.phase(lambda run, *args: "engine settings (held back)", leftover=True)
 def engine_settings(
     run: RunState, budget: Budget, outcome: Outcome, measuring: Measuring, load_kept: float
 ) -> tuple[RunState, Outcome, str]:

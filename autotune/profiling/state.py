@@ -79,14 +79,24 @@ def planned(run: RunState, name: str) -> float:
     return next((p.seconds for p in schedule(run).phases if p.name == name), 0.0)
 
 
-def begin(run: RunState, name: str) -> tuple[RunState, OpenPhase]:
+def left_over(run: RunState) -> float:
+    """The seconds the plan made now leaves to no phase still to run: what a phase
+    outside the plan that takes the time left (``phase(..., leftover=True)``) may spend.
+    (The plan lists the measuring phases whether or not they ran: the ledger says.)"""
+    ahead = [p for p in schedule(run).phases if p.name not in run.evidence.done]
+    return max(0.0, seconds_left(run) - sum(p.seconds for p in ahead))
+
+
+def begin(run: RunState, name: str, leftover: bool = False) -> tuple[RunState, OpenPhase]:
     """The phase ``name`` starts: its share of the time left, from a fresh plan, and the
-    machine probed (a machine that became busy is said when it happens)."""
+    machine probed (a machine that became busy is said when it happens). ``leftover``:
+    the phase is outside the plan and takes what the plan leaves (``left_over``), which
+    the ledger records as its planned time."""
     try:
         share = schedule(run).begin(name)
         planned_s = share.seconds or 0.0
-    except KeyError:  # not in the plan any more (e.g. its time is gone): its least
-        share, planned_s = Budget(0.0), 0.0
+    except KeyError:  # not in the plan (any more: e.g. its time is gone): its least
+        share, planned_s = Budget(0.0), left_over(run) if leftover else 0.0
     started = run.budget.elapsed()
     reading = probe(run.ws.runner, forwards=PHASE_PROBE_FORWARDS)
     if reading.busy and not run.noise.busy:
@@ -112,21 +122,22 @@ def end(run: RunState, phase: OpenPhase, bought: str) -> RunState:
 
 
 def phase(
-    name_of: Callable[Concatenate[RunState, P], str],
+    name_of: Callable[Concatenate[RunState, P], str], leftover: bool = False
 ) -> Callable[
     [Callable[Concatenate[RunState, Budget, P], tuple[RunState, T, str]]],
     Callable[Concatenate[RunState, P], tuple[RunState, T]],
 ]:
     """A phase of the run: ``work(run, budget, *args)`` returns the new state, its result
     and what it bought; the phase named ``name_of(run, *args)`` is begun before it (its share
-    of the time, the machine probed) and recorded in the ledger after it."""
+    of the time, the machine probed) and recorded in the ledger after it. ``leftover``:
+    outside the plan, it takes the time the plan leaves (``begin``)."""
 
     def timed(
         work: Callable[Concatenate[RunState, Budget, P], tuple[RunState, T, str]],
     ) -> Callable[Concatenate[RunState, P], tuple[RunState, T]]:
         @functools.wraps(work)
         def run_phase(run: RunState, *args: P.args, **kwargs: P.kwargs) -> tuple[RunState, T]:
-            run, opened = begin(run, name_of(run, *args, **kwargs))
+            run, opened = begin(run, name_of(run, *args, **kwargs), leftover)
             run, result, bought = work(run, opened.budget, *args, **kwargs)
             return end(run, opened, bought), result
 
