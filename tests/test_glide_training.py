@@ -222,3 +222,11 @@ def test_heads_job_writes_the_record(tmp_path, tiny_llama_dir):
     assert [row["step"] for row in record["accuracy_held_back"]] == [1, 2, 3, 4, 5]
     assert trained_on(folder, prompts) == set(record["prompts"]["trained_on"])
     assert isinstance(result.trainer, GlideTrainer)
+
+
+def test_the_draft_trains_over_the_runs_own_runner(tiny_target):
+    """A profile's runner is the one GLIDE reads the target's cache through: on a GPU a
+    second one would record its steps and lay out its cache again."""
+    runner = Runner(tiny_target.model)
+    assert GlideTrainer().view(tiny_target, runner) is runner
+    assert isinstance(GlideTrainer().view(tiny_target), Runner)

@@ -308,8 +308,10 @@ class GlideTrainer(HeadTrainer):
     )
     LOSS = "final_loss"
 
-    def view(self, target) -> Runner:
-        return Runner(target.model)
+    def view(self, target, runner=None) -> Runner:
+        # the run's own where there is one: on a GPU a second runner would record its
+        # steps and lay out its cache again
+        return runner if runner is not None else Runner(target.model)
 
     def examples(
         self, view, answers: AnswerSplit, options: GlideOptions

@@ -63,9 +63,9 @@ class HeadTrainer(ABC):
     METHOD: ClassVar[str]  # how the heads were made, as their folder's record says
     LOSS: ClassVar[str]  # the record's name for what ``TrainStats.losses`` hold
 
-    def view(self, target) -> Any:
+    def view(self, target, runner=None) -> Any:
         """The target as the kind's steps take it (``view``): its model; GLIDE's, a runner
-        over it (built once: it reads the target's KV cache)."""
+        over it (``runner`` where one is given: it reads the target's KV cache)."""
         return target.model
 
     def prefill(self, options) -> bool:
@@ -120,7 +120,7 @@ class HeadTrainer(ABC):
         (None: one is made where any is needed)."""
         began = time.perf_counter()
         started = began if started is None else started
-        view = self.view(target)
+        view = self.view(target, runner)
         torch.manual_seed(options.seed)
         split = AnswerSplit(
             *answer_prompts(
