@@ -278,3 +278,20 @@ def test_on_a_gpu_the_budget_buys_every_method_its_training_and_its_trials():
     # answers decode 20x faster: the time goes to training and tuning, not to waiting
     assert seconds_of(on_gpu, "answers")["answers"] < seconds_of(on_cpu, "answers")["answers"] / 5
     assert sum(gpu_training.values()) > sum(cpu_training.values())
+
+
+def test_named_methods_are_probed_only_where_the_probe_can_lead():
+    """With --methods no bound skips a method: a head kind's slice of training and a
+    proxy's bound decide nothing, and a draft-free method's measurement leads only where
+    there are others to tune after it."""
+
+    def probes(f: Facts) -> set[str]:
+        return {p.name for p in plan.phases(f, Evidence(), 1200.0)} & {
+            f"probe {m}" for m in f.methods
+        }
+
+    assert probes(facts()) == {"probe ngram", "probe self_spec", "probe medusa", "probe eagle"}
+    assert probes(facts(named=True, draft_free=("ngram",))) == {"probe ngram"}
+    alone = facts(named=True, methods=("ngram",), draft_free=("ngram",), train={}, min_training={})
+    assert probes(alone) == set()
+    assert probes(facts(named=True, methods=("medusa",), train={"medusa": "medusa"})) == set()

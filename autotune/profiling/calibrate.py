@@ -53,11 +53,15 @@ def check_machine(ws: Workspace, threads_chosen: bool = False) -> NoiseRecord:
 
 
 def measure_facts(
-    setup: Setup, ws: Workspace, measuring: Measuring, budget_s: float | None = None
+    setup: Setup,
+    ws: Workspace,
+    measuring: Measuring,
+    budget_s: float | None = None,
+    named: bool = False,
 ) -> plan.Facts:
     """What the plan is made from: this machine's forward time and verify curve, the
     methods in the order they run (draft-free first, head methods last), and what the
-    answers phase has to decode."""
+    answers phase has to decode. ``named``: the user named the methods."""
     from autotune.training.calibration import answered, calibration_extras, search_thirds
     from autotune.training.kinds import KINDS
     from autotune.workspace import SHARED_CURVE_TOKENS
@@ -93,6 +97,7 @@ def measure_facts(
         cpu=ws.runner.device.type == "cpu",
         budget_s=budget_s,
         load_levels=len(measuring.concurrency),
+        named=named,
     )
 
 
@@ -114,7 +119,7 @@ def start(
         ws=ws,
         tuning=tuning,
         budget=budget,
-        facts=measure_facts(setup, ws, measuring, budget.seconds),
+        facts=measure_facts(setup, ws, measuring, budget.seconds, tuning.named),
         evidence=plan.Evidence(skipped=dict(setup.skipped)),
         noise=noise,
         heads=dict(setup.heads),

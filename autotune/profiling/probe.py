@@ -23,16 +23,20 @@ def probe_all(run: RunState) -> RunState:
     from autotune.methods import registry
 
     for method in (registry.method(name) for name in run.facts.methods):
-        if method.name not in run.evidence.skipped and probes(method, run.facts):
+        if method.name not in run.evidence.skipped and probes(method, run):
             run, _ = probe(run, method)
             run = weigh(run, method)
     return run
 
 
-def probes(method: Method, facts: plan.Facts) -> bool:
+def probes(method: Method, run: RunState) -> bool:
     """Whether ``method`` has cheap evidence to gather (its heads are trained in the run,
-    or it says how to probe it); else it is tuned whatever the others measured."""
-    return method.name in facts.train or method.probes
+    or it says how to probe it) that can change the run (``plan.probe_pays``); else it
+    is tuned whatever the others measured."""
+    facts = run.facts
+    return (method.name in facts.train or method.probes) and plan.probe_pays(
+        facts, method.name, run.evidence.contenders(facts)
+    )
 
 
 @state.phase(lambda run, method: f"probe {method.name}")
